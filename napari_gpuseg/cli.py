@@ -1,0 +1,93 @@
+"""``napari-gpuseg``: open napari with the plugin docked, or run jobs from a terminal.
+
+    napari-gpuseg [IMAGE ...]            open napari with our docks (sample image if none)
+    napari-gpuseg batch IN OUT ...       segment a folder (see ``napari-gpuseg batch -h``)
+    napari-gpuseg train ...              train a U-Net (see ``napari-gpuseg train -h``)
+    napari-gpuseg info                   device, precision, memory, models
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (module, add-parser function, run function) for each optional subcommand
+_SUBCOMMANDS = {
+    "batch": ("napari_gpuseg.cli_batch", "add_batch_parser", "run_batch"),
+    "train": ("napari_gpuseg.cli_train", "add_train_parser", "run_train"),
+}
+
+# docks opened by default, in order: (npe2 widget display name)
+DEFAULT_DOCKS = ("SAM annotator", "GPU monitor")
+
+
+def _info(args) -> int:
+    from .engine import memory
+    from .engine.device import make_policy
+
+    policy = make_policy(args.device, args.precision)
+    snap = memory.snapshot(policy.device)
+    print(f"device:    {policy.describe()} ({policy.reason})")
+    print(f"process:   {memory.format_bytes(snap.process_rss)} RSS")
+    if snap.total is not None:
+        print(f"gpu mem:   {memory.format_bytes(snap.free)} free of {memory.format_bytes(snap.total)}")
+    try:
+        from .models import registry
+
+        for name in registry.list_models():
+            print(f"model:     {name}")
+    except ImportError:
+        pass
+    return 0
+
+
+def _open_viewer(args) -> int:
+    import napari
+
+    from .engine.device import set_policy
+
+    set_policy(args.device, args.precision)
+    viewer = napari.Viewer(title="napari-gpuseg")
+    if args.images:
+        for path in args.images:
+            viewer.open(path)
+    else:
+        viewer.open_sample("napari-gpuseg", "bbbc039")
+    for name in DEFAULT_DOCKS:
+        try:
+            viewer.window.add_plugin_dock_widget("napari-gpuseg", name)
+        except Exception as exc:  # a dock that is not available must not stop the app
+            print(f"napari-gpuseg: could not open dock {name!r}: {exc}", file=sys.stderr)
+    if not args.no_run:
+        napari.run()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="napari-gpuseg", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("images", nargs="*", help="images to open (default: a sample image)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    parser.add_argument("--no-run", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _SUBCOMMANDS:
+        mod_name, add_name, run_name = _SUBCOMMANDS[argv[0]]
+        mod = importlib.import_module(mod_name)
+        parser = argparse.ArgumentParser(prog="napari-gpuseg")
+        sub = parser.add_subparsers(dest="command")
+        getattr(mod, add_name)(sub)
+        args = parser.parse_args(argv)
+        return int(getattr(mod, run_name)(args) or 0)
+    if argv and argv[0] == "info":
+        args = build_parser().parse_args(argv[1:])
+        return _info(args)
+    return _open_viewer(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Adaptive batching: split work into batches, back off on out-of-memory, keep order.
+
+``run_batched(fn, items)`` calls ``fn`` on consecutive slices of ``items`` (a list or a
+tensor whose first dimension indexes items) and returns the per-item results in input
+order. On ``torch.cuda.OutOfMemoryError`` (or any ``torch.OutOfMemoryError``) the batch
+size is halved and the failed batch retried, so no item is lost. The size that worked is
+remembered per ``key`` (for example ``(model_name, input_shape)``) for the next call.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Callable, Hashable, Iterator, Sequence
+
+import torch
+
+from .jobs import CancelToken, ProgressFn, check, report
+
+_OOM_TYPES: tuple[type[BaseException], ...] = tuple(
+    t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t
+)
+
+DEFAULT_CPU_BATCH = 4
+MAX_BATCH = 256
+
+_memory: dict[Hashable, int] = {}
+_memory_lock = threading.Lock()
+
+
+def is_oom(exc: BaseException) -> bool:
+    if _OOM_TYPES and isinstance(exc, _OOM_TYPES):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def remembered_batch_size(key: Hashable) -> int | None:
+    with _memory_lock:
+        return _memory.get(key)
+
+
+def remember_batch_size(key: Hashable, size: int) -> None:
+    with _memory_lock:
+        _memory[key] = int(size)
+
+
+def forget_batch_sizes() -> None:
+    with _memory_lock:
+        _memory.clear()
+
+
+def initial_batch_size(
+    n_items: int,
+    device: torch.device | str = "cpu",
+    item_bytes: int | None = None,
+    headroom: float = 0.7,
+    max_batch: int = MAX_BATCH,
+) -> int:
+    """A starting batch size from free device memory and the per-item footprint."""
+    device = torch.device(device)
+    if device.type == "cuda" and item_bytes:
+        free, _total = torch.cuda.mem_get_info(device)
+        size = int(free * headroom // max(1, item_bytes))
+    elif device.type == "cuda":
+        size = 16
+    else:
+        size = DEFAULT_CPU_BATCH
+    return max(1, min(size, max_batch, max(1, n_items)))
+
+
+def _take(items: Any, start: int, stop: int) -> Any:
+    return items[start:stop]
+
+
+def _split(result: Any, n: int) -> list:
+    """Turn one batch result into a list of ``n`` per-item results."""
+    if isinstance(result, torch.Tensor):
+        return list(result.unbind(0)) if n else []
+    if isinstance(result, tuple) and result and all(isinstance(r, torch.Tensor) for r in result):
+        parts = [r.unbind(0) for r in result]
+        return [tuple(p[i] for p in parts) for i in range(n)]
+    result = list(result)
+    if len(result) != n:
+        raise ValueError(f"batch function returned {len(result)} results for {n} items")
+    return result
+
+
+def to_device(batch: Any, device: torch.device, pin: bool = True) -> Any:
+    """Copy a CPU tensor to ``device``: pinned host memory and non_blocking on CUDA."""
+    if not isinstance(batch, torch.Tensor) or batch.device == device:
+        return batch
+    if device.type == "cuda":
+        if pin and batch.device.type == "cpu" and not batch.is_pinned():
+            batch = batch.pin_memory()
+        return batch.to(device, non_blocking=True)
+    return batch.to(device)
+
+
+class BatchRunner:
+    """Runs ``fn`` over items in adaptive batches. See module docstring."""
+
+    def __init__(
+        self,
+        batch_size: int | None = None,
+        key: Hashable | None = None,
+        device: torch.device | str = "cpu",
+        item_bytes: int | None = None,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        self.user_batch_size = batch_size
+        self.key = key
+        self.device = torch.device(device)
+        self.item_bytes = item_bytes
+        self.max_batch = max_batch
+        self.oom_events = 0
+        self.batch_size: int | None = None
+
+    def _start_size(self, n: int) -> int:
+        if self.user_batch_size:
+            return max(1, int(self.user_batch_size))
+        if self.key is not None:
+            known = remembered_batch_size(self.key)
+            if known:
+                return known
+        return initial_batch_size(n, self.device, self.item_bytes, max_batch=self.max_batch)
+
+    def iter(
+        self,
+        fn: Callable[[Any], Any],
+        items: Sequence | torch.Tensor,
+        progress: ProgressFn = None,
+        cancel: CancelToken | None = None,
+    ) -> Iterator[Any]:
+        """Yield per-item results in input order."""
+        n = len(items)
+        size = self._start_size(n)
+        self.batch_size = size
+        done = 0
+        report(progress, 0, n)
+        while done < n:
+            check(cancel)
+            stop = min(n, done + size)
+            try:
+                out = fn(_take(items, done, stop))
+                results = _split(out, stop - done)
+            except Exception as exc:  # noqa: BLE001 - re-raised unless OOM
+                if not is_oom(exc) or size == 1:
+                    raise
+                self.oom_events += 1
+                del exc
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                size = max(1, size // 2)
+                self.batch_size = size
+                continue  # retry the same items with a smaller batch
+            if self.key is not None:
+                remember_batch_size(self.key, size)
+            yield from results
+            done = stop
+            report(progress, done, n)
+
+    def run(self, fn, items, progress: ProgressFn = None, cancel: CancelToken | None = None) -> list:
+        return list(self.iter(fn, items, progress=progress, cancel=cancel))
+
+
+def run_batched(
+    fn: Callable[[Any], Any],
+    items: Sequence | torch.Tensor,
+    batch_size: int | None = None,
+    key: Hashable | None = None,
+    device: torch.device | str = "cpu",
+    item_bytes: int | None = None,
+    progress: ProgressFn = None,
+    cancel: CancelToken | None = None,
+) -> list:
+    """Functional form of :class:`BatchRunner`; returns a list in input order."""
+    runner = BatchRunner(batch_size=batch_size, key=key, device=device, item_bytes=item_bytes)
+    return runner.run(fn, items, progress=progress, cancel=cancel)
+
+
+def n_batches(n: int, size: int) -> int:
+    return math.ceil(n / max(1, size))

@@ -1,0 +1,150 @@
+"""Memory and utilisation probes: torch.cuda, NVML (optional), process RSS and system RAM.
+
+Every probe degrades gracefully: no CUDA, no NVML library, no permission: the field is
+``None`` and ``nvml_error`` says why. Nothing here raises.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import psutil
+import torch
+
+
+@dataclass
+class MemorySnapshot:
+    device: str
+    # torch.cuda allocator (bytes), None on CPU
+    allocated: int | None = None
+    reserved: int | None = None
+    peak: int | None = None
+    free: int | None = None
+    total: int | None = None
+    # NVML (None when unavailable)
+    utilization: float | None = None  # percent
+    temperature: float | None = None  # deg C
+    power: float | None = None  # watts
+    nvml_error: str | None = None
+    # host
+    process_rss: int = 0
+    system_used: int = 0
+    system_total: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.total is not None
+
+
+class _Nvml:
+    """Lazy NVML access; remembers why it is unavailable instead of raising."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: bool | None = None
+        self.error: str | None = None
+        self._mod = None
+
+    def _init(self) -> bool:
+        if self._ready is not None:
+            return self._ready
+        try:
+            import pynvml  # from nvidia-ml-py
+
+            pynvml.nvmlInit()
+            self._mod = pynvml
+            self._ready = True
+        except Exception as exc:  # NVMLError_LibraryNotFound, ImportError, ...
+            self.error = f"NVML unavailable: {exc.__class__.__name__}: {exc}".strip()
+            self._ready = False
+        return self._ready
+
+    def query(self, index: int) -> tuple[float | None, float | None, float | None]:
+        with self._lock:
+            if not self._init():
+                return None, None, None
+            nv = self._mod
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+            except Exception as exc:
+                self.error = f"NVML: {exc}"
+                return None, None, None
+            util = temp = power = None
+            try:
+                util = float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except Exception:
+                pass
+            try:
+                temp = float(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
+            except Exception:
+                pass
+            try:
+                power = nv.nvmlDeviceGetPowerUsage(handle) / 1000.0
+            except Exception:
+                pass
+            return util, temp, power
+
+
+_nvml = _Nvml()
+
+
+def nvml_status() -> str | None:
+    """None when NVML works (or was never needed), else the reason it does not."""
+    return _nvml.error
+
+
+def host_memory() -> tuple[int, int, int]:
+    """(process RSS, system used, system total) in bytes."""
+    rss = psutil.Process().memory_info().rss
+    vm = psutil.virtual_memory()
+    return rss, vm.total - vm.available, vm.total
+
+
+def snapshot(device: torch.device | str | None = None) -> MemorySnapshot:
+    """One reading of everything we can measure for ``device`` (default: current policy's)."""
+    if device is None:
+        from .device import get_policy
+
+        device = get_policy().device
+    device = torch.device(device)
+    rss, used, total = host_memory()
+    snap = MemorySnapshot(str(device), process_rss=rss, system_used=used, system_total=total)
+    if device.type == "cuda" and torch.cuda.is_available():
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        snap.allocated = torch.cuda.memory_allocated(idx)
+        snap.reserved = torch.cuda.memory_reserved(idx)
+        snap.peak = torch.cuda.max_memory_allocated(idx)
+        snap.free, snap.total = torch.cuda.mem_get_info(idx)
+        snap.utilization, snap.temperature, snap.power = _nvml.query(idx)
+        snap.nvml_error = _nvml.error
+    elif device.type == "mps":
+        try:
+            snap.allocated = torch.mps.current_allocated_memory()
+            snap.reserved = torch.mps.driver_allocated_memory()
+        except Exception:
+            pass
+    return snap
+
+
+def reset_peak(device: torch.device | str | None = None) -> None:
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        torch.cuda.reset_peak_memory_stats(device if device is not None else None)
+
+
+def empty_cache() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if hasattr(torch, "mps") and getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        torch.mps.empty_cache()
+
+
+def format_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

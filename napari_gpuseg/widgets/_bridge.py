@@ -1,0 +1,53 @@
+"""Deliver :class:`~napari_gpuseg.engine.worker.InferenceWorker` callbacks on the Qt thread."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from qtpy.QtCore import QObject, Qt, Signal
+
+from ..engine.worker import InferenceWorker, Job, default_worker
+
+
+class _Relay(QObject):
+    call = Signal(object, tuple)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.call.connect(self._run, Qt.ConnectionType.QueuedConnection)
+
+    def _run(self, fn: Callable, args: tuple) -> None:
+        fn(*args)
+
+
+_relay: _Relay | None = None
+
+
+def relay() -> _Relay:
+    """Created on first use, which must be on the GUI thread."""
+    global _relay
+    if _relay is None:
+        _relay = _Relay()
+    return _relay
+
+
+def _on_gui(fn: Callable | None) -> Callable | None:
+    if fn is None:
+        return None
+    r = relay()
+
+    def forward(*args: Any) -> None:
+        r.call.emit(fn, args)
+
+    return forward
+
+
+def submit(fn: Callable, *args, worker: InferenceWorker | None = None, on_result=None,
+           on_error=None, on_progress=None, on_cancelled=None, **kwargs) -> Job:
+    """Submit to the worker; every callback runs on the GUI thread."""
+    worker = worker or default_worker()
+    return worker.submit(
+        fn, *args,
+        on_result=_on_gui(on_result), on_error=_on_gui(on_error),
+        on_progress=_on_gui(on_progress), on_cancelled=_on_gui(on_cancelled),
+        **kwargs,
+    )

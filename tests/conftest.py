@@ -1,0 +1,26 @@
+import os
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+if not SHARED_DATA.exists():  # CI clones next to ../shared as well; allow an override
+    SHARED_DATA = Path(os.environ.get("NAPARI_GPUSEG_SHARED_DATA", SHARED_DATA))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.exists():
+        pytest.fail(f"real test data not found at {SHARED_DATA} (set NAPARI_GPUSEG_SHARED_DATA)")
+    return SHARED_DATA
+
+
+@pytest.fixture
+def cpu_policy():
+    from napari_gpuseg.engine.device import Policy
+    import torch
+
+    return Policy(torch.device("cpu"), "fp32")

@@ -1,0 +1,84 @@
+import pytest
+import torch
+
+from napari_gpuseg.engine import batching
+from napari_gpuseg.engine.jobs import Cancelled, CancelToken
+
+
+class FlakyNet:
+    """Squares its input; raises a CUDA-style OOM whenever a batch exceeds ``limit``."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.sizes = []
+
+    def __call__(self, batch):
+        self.sizes.append(len(batch))
+        if len(batch) > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return batch * batch + 1
+
+
+def test_oom_backoff_identical_to_small_fixed_batch():
+    batching.forget_batch_sizes()
+    x = torch.randn(37, 3, 5)
+    net = FlakyNet(limit=5)
+    runner = batching.BatchRunner(batch_size=32, key=("net", (3, 5)))
+    got = torch.stack(runner.run(net, x))
+    ref = torch.stack(batching.run_batched(lambda b: b * b + 1, x, batch_size=2))
+    assert torch.equal(got, ref)
+    assert runner.oom_events == 3  # 32 -> 16 -> 8 -> 4
+    assert runner.batch_size == 4
+    assert sum(s for s in net.sizes if s <= 5) == 37  # every item processed exactly once
+    # the size that worked is remembered for the same key
+    assert batching.remembered_batch_size(("net", (3, 5))) == 4
+    runner2 = batching.BatchRunner(key=("net", (3, 5)))
+    net2 = FlakyNet(limit=5)
+    runner2.run(net2, x)
+    assert max(net2.sizes) == 4 and runner2.oom_events == 0
+
+
+def test_order_preserved_with_lists_and_tuples():
+    items = list(range(23))
+    out = batching.run_batched(lambda b: [v * 10 for v in b], items, batch_size=4)
+    assert out == [v * 10 for v in items]
+    x = torch.arange(10.0)
+    pairs = batching.run_batched(lambda b: (b, -b), x, batch_size=3)
+    assert [float(p[0]) for p in pairs] == list(range(10))
+    assert [float(p[1]) for p in pairs] == [-v for v in range(10)]
+
+
+def test_non_oom_errors_propagate_and_oom_at_size_one_raises():
+    with pytest.raises(ValueError):
+        batching.run_batched(lambda b: (_ for _ in ()).throw(ValueError("bad")), [1, 2], batch_size=2)
+    with pytest.raises(torch.OutOfMemoryError):
+        batching.run_batched(FlakyNet(limit=0), torch.ones(3), batch_size=4)
+
+
+def test_wrong_result_count_is_an_error():
+    with pytest.raises(ValueError, match="returned 1 results for 2 items"):
+        batching.run_batched(lambda b: [0], [1, 2], batch_size=2)
+
+
+def test_progress_and_cancel():
+    seen = []
+    token = CancelToken()
+
+    def fn(b):
+        if len(seen) >= 2:
+            token.cancel()
+        return b
+
+    def progress(done, total):
+        seen.append((done, total))
+
+    with pytest.raises(Cancelled):
+        batching.run_batched(fn, list(range(20)), batch_size=3, progress=progress, cancel=token)
+    assert seen[0] == (0, 20) and seen[1] == (3, 20)
+
+
+def test_initial_batch_size_from_free_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (10 * 2**30, 80 * 2**30))
+    size = batching.initial_batch_size(1000, "cuda", item_bytes=2**30, headroom=0.7)
+    assert size == 7
+    assert batching.initial_batch_size(3, "cpu") == 3

@@ -1,0 +1,79 @@
+import pytest
+import torch
+
+from napari_gpuseg.engine import device as dev
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    def install(cc):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: cc)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake GPU")
+    return install
+
+
+@pytest.mark.parametrize("cc, expected", [((9, 0), "bf16"), ((8, 0), "bf16"), ((8, 6), "bf16"),
+                                          ((7, 5), "fp16"), ((7, 0), "fp16"), ((6, 1), "fp32")])
+def test_cuda_precision_by_capability(fake_cuda, monkeypatch, cc, expected):
+    fake_cuda(cc)
+    monkeypatch.delenv("NAPARI_GPUSEG_PRECISION", raising=False)
+    policy = dev.make_policy("auto", "auto")
+    assert policy.device.type == "cuda"
+    assert policy.precision == expected
+    assert torch.backends.cudnn.benchmark is True
+    assert torch.backends.cuda.matmul.allow_tf32 is True
+
+
+def test_cuda_preferred_over_mps_and_cpu(fake_cuda, monkeypatch):
+    fake_cuda((8, 0))
+    monkeypatch.setattr(dev, "mps_available", lambda: True)
+    assert dev.pick_device("auto").type == "cuda"
+
+
+def test_mps_then_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dev, "mps_available", lambda: True)
+    assert dev.pick_device("auto").type == "mps"
+    monkeypatch.setattr(dev, "mps_available", lambda: False)
+    assert dev.pick_device("auto").type == "cpu"
+
+
+@pytest.mark.parametrize("fast, expected", [(True, "bf16"), (False, "fp32")])
+def test_cpu_precision_follows_bf16_support(monkeypatch, fast, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dev, "cpu_has_fast_bf16", lambda: fast)
+    monkeypatch.delenv("NAPARI_GPUSEG_PRECISION", raising=False)
+    assert dev.make_policy("cpu", "auto").precision == expected
+
+
+def test_user_overrides(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert dev.make_policy("cpu", "fp32").precision == "fp32"
+    monkeypatch.setenv("NAPARI_GPUSEG_PRECISION", "fp32")
+    assert dev.make_policy("cpu", None).precision == "fp32"
+    with pytest.raises(ValueError, match="fp16 is not supported on CPU"):
+        dev.make_policy("cpu", "fp16")
+    with pytest.raises(ValueError):
+        dev.make_policy("cpu", "int4")
+
+
+def test_requesting_missing_gpu_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="no CUDA GPU is available"):
+        dev.pick_device("cuda")
+
+
+def test_global_policy_override_and_autocast():
+    try:
+        p = dev.set_policy("cpu", "bf16")
+        assert dev.get_policy() is p
+        with p.autocast():
+            a = torch.randn(4, 4)
+            assert (a @ a).dtype == torch.bfloat16
+        p32 = dev.set_policy("cpu", "fp32")
+        with p32.autocast():
+            assert (a @ a).dtype == torch.float32
+    finally:
+        dev.reset_policy()

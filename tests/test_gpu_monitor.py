@@ -1,0 +1,29 @@
+import numpy as np
+
+from napari_gpuseg.widgets.gpu_monitor import GpuMonitorWidget
+
+
+def test_monitor_dock_on_real_viewer(make_napari_viewer, qtbot):
+    viewer = make_napari_viewer()
+    viewer.add_image(np.zeros((8, 8)))
+    dock, widget = viewer.window.add_plugin_dock_widget("napari-gpuseg", "GPU monitor")
+    assert isinstance(widget, GpuMonitorWidget)
+    assert "CPU" in widget.device_label.text()
+    first = len(widget.plot.series["process RSS MiB"])
+    qtbot.waitUntil(lambda: len(widget.plot.series["process RSS MiB"]) >= first + 2, timeout=3000)
+    assert "MiB" in widget.fields["rss"].text() or "GiB" in widget.fields["rss"].text()
+    assert widget.last.process_rss > 0
+    assert not widget.reset_button.isEnabled()  # nothing to reset on CPU
+    widget.close()
+    assert not widget.timer.isActive()
+
+
+def test_refresh_is_cheap(qtbot):
+    import time
+
+    w = GpuMonitorWidget()
+    qtbot.addWidget(w)
+    t0 = time.perf_counter()
+    for _ in range(50):
+        w.refresh()
+    assert (time.perf_counter() - t0) / 50 < 0.02

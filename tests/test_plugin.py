@@ -1,0 +1,36 @@
+import subprocess
+import sys
+
+import numpy as np
+
+
+def test_manifest_validates():
+    out = subprocess.run([sys.executable, "-m", "npe2", "validate", "napari-gpuseg"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_sample_data_opens_real_images(make_napari_viewer):
+    viewer = make_napari_viewer()
+    viewer.open_sample("napari-gpuseg", "bbbc039_masks")
+    image, labels = viewer.layers
+    assert image.data.shape == labels.data.shape == (520, 696)
+    assert labels.data.max() > 50
+    viewer.open_sample("napari-gpuseg", "nuclei3d")
+    assert viewer.layers[-1].data.ndim == 3
+
+
+def test_tiff_drag_and_drop_uses_builtin_reader_without_dialog(make_napari_viewer, tmp_path):
+    import tifffile
+
+    path = tmp_path / "x.tif"
+    tifffile.imwrite(path, np.arange(64, dtype=np.uint16).reshape(8, 8))
+    viewer = make_napari_viewer()
+    layers = viewer.open(str(path))  # no plugin given: must not need a choice
+    assert layers[0].data.shape == (8, 8)
+
+
+def test_cli_info_runs():
+    out = subprocess.run([sys.executable, "-m", "napari_gpuseg.cli", "info", "--device", "cpu"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "device:" in out.stdout
