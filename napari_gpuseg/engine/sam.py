@@ -1,0 +1,262 @@
+"""SAM predictor engine: batched, cached embeddings and batched prompt decoding.
+
+    engine = SamEngine(sam_model, SamModelInfo("lite_medsam", image_size=256, normalization="minmax"))
+    img = engine.prepare(numpy_image)             # contrast + channels, once per image
+    engine.embed([img])                           # all tiles of all images, batched, cached
+    masks = engine.predict(img, [Prompt(box=[x0, y0, x1, y1])])
+
+Coordinates follow SAM: (x, y) in image pixels. Nothing here imports Qt or napari.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .batching import run_batched, to_device
+from .device import Policy, get_policy
+from .embedding_cache import EmbeddingCache
+from .jobs import CancelToken, ProgressFn, check
+from .sam_inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
+from .sam_views import View, grid_views, prompt_box, route_box
+
+
+@dataclass(frozen=True)
+class SamModelInfo:
+    name: str
+    image_size: int = 1024
+    normalization: str = "sam"  # "sam" (mean/std on 0..255) or "minmax" (LiteMedSAM)
+    box_trained: bool = False  # True for models that respond to boxes, not single points
+
+
+@dataclass
+class Prompt:
+    """One object: points (K, 2) xy with labels (1 positive, 0 negative), a box, a prior mask."""
+
+    points: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    box: np.ndarray | None = None
+    mask_input: "MaskResult | None" = None  # previous result to refine
+
+    def __post_init__(self):
+        if self.points is not None:
+            self.points = np.asarray(self.points, dtype=np.float64).reshape(-1, 2)
+            if self.labels is None:
+                self.labels = np.ones(len(self.points), dtype=np.int64)
+            self.labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
+            if len(self.labels) != len(self.points):
+                raise ValueError("points and labels must have the same length")
+            if len(self.points) == 0:
+                self.points = self.labels = None
+        if self.box is not None:
+            b = np.asarray(self.box, dtype=np.float64).reshape(4)
+            self.box = np.array([min(b[0], b[2]), min(b[1], b[3]), max(b[0], b[2]), max(b[1], b[3])])
+        if self.points is None and self.box is None:
+            raise ValueError("a prompt needs at least one point or a box")
+
+
+@dataclass
+class MaskResult:
+    """A mask at native resolution for the region of its view; paste with :meth:`full`."""
+
+    mask: np.ndarray  # (h, w) bool over the view's region
+    y0: int
+    x0: int
+    score: float  # predicted IoU
+    low_res: torch.Tensor = field(repr=False)  # (L, L) logits, for refinement
+    view: View = field(repr=False)
+    all_scores: np.ndarray | None = None
+
+    def full(self, shape: tuple[int, int]) -> np.ndarray:
+        out = np.zeros(shape, dtype=bool)
+        out[self.y0:self.y0 + self.mask.shape[0], self.x0:self.x0 + self.mask.shape[1]] = self.mask
+        return out
+
+    @property
+    def area(self) -> int:
+        return int(self.mask.sum())
+
+
+class SamEngine:
+    """Owns one SAM model on one device; embeds images in batches and decodes prompts."""
+
+    def __init__(self, sam: torch.nn.Module, info: SamModelInfo, policy: Policy | None = None,
+                 cache: EmbeddingCache | None = None, tile_overlap: int | None = None,
+                 contrast: tuple[float, float] = (0.0, 100.0)):
+        self.policy = policy or get_policy()
+        self.sam = sam.to(self.policy.device).eval()
+        self.info = info
+        self.cache = cache if cache is not None else EmbeddingCache()
+        self.tile_overlap = tile_overlap
+        self.contrast = contrast
+        self.last_batch_size: int | None = None
+        self._extra_views: dict[str, list[View]] = {}  # ad-hoc views made per image digest
+
+    # -- images and views ----------------------------------------------------
+    @property
+    def input_size(self) -> int:
+        return self.info.image_size
+
+    def prepare(self, image: np.ndarray | PreparedImage) -> PreparedImage:
+        if isinstance(image, PreparedImage):
+            return image
+        return prepare_image(image, self.contrast)
+
+    def views(self, image: PreparedImage) -> list[View]:
+        return grid_views(image.shape, self.input_size, self.tile_overlap)
+
+    def _key(self, image: PreparedImage, view: View) -> tuple:
+        return (image.digest, self.info.name, self.policy.precision, str(self.policy.device),
+                view.y0, view.x0, view.h, view.w, view.input_size)
+
+    def is_embedded(self, image: PreparedImage, views: Sequence[View] | None = None) -> bool:
+        return all(self._key(image, v) in self.cache for v in (views or self.views(image)))
+
+    # -- encoder --------------------------------------------------------------
+    def _encode(self, batch: torch.Tensor) -> torch.Tensor:
+        x = to_device(batch, self.policy.device)
+        with torch.inference_mode(), self.policy.autocast():
+            return self.sam.image_encoder(x)
+
+    def embed(self, images: Sequence[np.ndarray | PreparedImage],
+              views: Sequence[Sequence[View]] | None = None, batch_size: int | None = None,
+              progress: ProgressFn = None, cancel: CancelToken | None = None) -> list[PreparedImage]:
+        """Embed every (missing) view of every image; several views per encoder call."""
+        prepared = [self.prepare(im) for im in images]
+        todo: list[tuple[PreparedImage, View]] = []
+        seen = set()
+        for i, img in enumerate(prepared):
+            for v in (views[i] if views is not None else self.views(img)):
+                key = self._key(img, v)
+                if key not in seen and self.cache.get(key) is None:
+                    seen.add(key)
+                    todo.append((img, v))
+        if not todo:
+            if progress:
+                progress(1, 1)
+            return prepared
+        s = self.input_size
+
+        def encode(pairs):
+            check(cancel)
+            x = torch.stack([view_input(img, v, self.info.normalization) for img, v in pairs])
+            return self._encode(x)
+
+        key = ("sam-encoder", self.info.name, s, self.policy.precision)
+        item_bytes = 40 * 3 * s * s * 4  # activations of one image, a loose upper bound
+        runner_out = run_batched(encode, todo, batch_size=batch_size, key=key,
+                                 device=self.policy.device, item_bytes=item_bytes,
+                                 progress=progress, cancel=cancel)
+        for (img, v), emb in zip(todo, runner_out):
+            self.cache.put(self._key(img, v), emb.clone())
+        return prepared
+
+    def embedding(self, image: PreparedImage, view: View) -> torch.Tensor:
+        emb = self.cache.get(self._key(image, view))
+        if emb is None:
+            self.embed([image], [[view]])
+            emb = self.cache.get(self._key(image, view))
+            if emb is None:  # cache too small to hold even one entry
+                raise MemoryError("embedding cache is too small for one embedding")
+        return emb
+
+    # -- decoder --------------------------------------------------------------
+    def route(self, image: PreparedImage, prompt: Prompt) -> View:
+        """The view a prompt is decoded in: a grid tile, or a view made (and reused) for it."""
+        if prompt.mask_input is not None:
+            return prompt.mask_input.view
+        extra = self._extra_views.setdefault(image.digest, [])
+        view = route_box(prompt_box(prompt.points, prompt.box), self.views(image) + extra,
+                         image.shape, self.input_size)
+        if view not in extra and view not in self.views(image):
+            extra.append(view)
+            del extra[:-256]  # bounded
+        return view
+
+    def predict(self, image: np.ndarray | PreparedImage, prompts: Sequence[Prompt],
+                multimask: bool = False, cancel: CancelToken | None = None) -> list[MaskResult]:
+        """Masks for ``prompts``; prompts sharing a view and a shape go in one decoder call.
+
+        ``multimask=True`` asks for three candidates and keeps the one with the highest
+        predicted IoU (``all_scores`` keeps the three scores).
+        """
+        image = self.prepare(image)
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        routed = [self.route(image, p) for p in prompts]
+        for i, (p, v) in enumerate(zip(prompts, routed)):
+            k = (v, 0 if p.points is None else len(p.points), p.box is not None,
+                 p.mask_input is not None)
+            groups[k].append(i)
+        results: list[MaskResult | None] = [None] * len(prompts)
+        for (view, _npts, _hasbox, _hasmask), idx in groups.items():
+            check(cancel)
+            emb = self.embedding(image, view)
+            for i, res in zip(idx, self._decode(emb, view, [prompts[i] for i in idx], multimask)):
+                results[i] = res
+        return results  # type: ignore[return-value]
+
+    def _decode(self, emb: torch.Tensor, view: View, prompts: list[Prompt],
+                multimask: bool) -> list[MaskResult]:
+        dev = self.policy.device
+        points = boxes = masks = None
+        if prompts[0].points is not None:
+            coords = np.stack([view.to_input(p.points) for p in prompts])
+            labels = np.stack([p.labels for p in prompts])
+            points = (torch.as_tensor(coords, dtype=torch.float32, device=dev),
+                      torch.as_tensor(labels, dtype=torch.int64, device=dev))
+        if prompts[0].box is not None:
+            boxes = torch.as_tensor(np.stack([view.to_input(p.box) for p in prompts]),
+                                    dtype=torch.float32, device=dev)
+        if prompts[0].mask_input is not None:
+            masks = torch.stack([p.mask_input.low_res for p in prompts])[:, None].to(dev)
+        with torch.inference_mode(), self.policy.autocast():
+            sparse, dense = self.sam.prompt_encoder(points=points, boxes=boxes, masks=masks)
+            low_res, iou = self.sam.mask_decoder(
+                image_embeddings=emb[None].to(dev),
+                image_pe=self.sam.prompt_encoder.get_dense_pe(),
+                sparse_prompt_embeddings=sparse,
+                dense_prompt_embeddings=dense,
+                multimask_output=multimask,
+            )
+        low_res, iou = low_res.float(), iou.float()
+        if multimask:
+            best = iou.argmax(dim=1)
+            ar = torch.arange(len(prompts), device=low_res.device)
+            chosen, scores = low_res[ar, best], iou[ar, best]
+        else:
+            chosen, scores = low_res[:, 0], iou[:, 0]
+        full = logits_to_view_mask(chosen, view) > 0
+        full_np = full.cpu().numpy()
+        scores_np = scores.cpu().numpy()
+        all_scores = iou.cpu().numpy()
+        return [MaskResult(full_np[i], view.y0, view.x0, float(scores_np[i]), chosen[i].detach(),
+                           view, all_scores[i]) for i in range(len(prompts))]
+
+    # -- conveniences -----------------------------------------------------------
+    def predict_boxes(self, image, boxes: np.ndarray, cancel: CancelToken | None = None,
+                      embed_batch_size: int | None = None) -> list[MaskResult]:
+        """One mask per (x0, y0, x1, y1) box; all boxes routed, embedded and decoded in batches."""
+        image = self.prepare(image)
+        prompts = [Prompt(box=b) for b in np.asarray(boxes, dtype=np.float64).reshape(-1, 4)]
+        needed = sorted({self.route(image, p) for p in prompts})
+        self.embed([image], [needed], batch_size=embed_batch_size, cancel=cancel)
+        return self.predict(image, prompts, cancel=cancel)
+
+
+def paste_labels(results: Sequence[MaskResult], shape: tuple[int, int],
+                 start_id: int = 1, order: str = "score", out: np.ndarray | None = None) -> np.ndarray:
+    """Instance labels from masks; overlaps go to the higher-scoring (or smaller) object."""
+    labels = np.zeros(shape, dtype=np.int32) if out is None else out
+    idx = list(range(len(results)))
+    if order == "score":  # paint low scores first so high scores win overlaps
+        idx.sort(key=lambda i: results[i].score)
+    elif order == "area":  # paint large first so small objects stay visible
+        idx.sort(key=lambda i: -results[i].area)
+    for rank, i in enumerate(idx):
+        r = results[i]
+        region = labels[r.y0:r.y0 + r.mask.shape[0], r.x0:r.x0 + r.mask.shape[1]]
+        region[r.mask] = start_id + i
+    return labels

@@ -1,0 +1,437 @@
+"""SAM annotator dock: click or box objects, see the mask at once, commit labels.
+
+All network work runs in the shared inference worker; this dock only reads prompts from
+layers, submits jobs, and shows results that still match what the user is looking at.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from napari.layers import Image
+from napari.utils.notifications import show_error, show_info
+from qtpy.QtWidgets import (
+    QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QProgressBar,
+    QPushButton, QSpinBox, QVBoxLayout, QWidget,
+)
+
+from ..engine.annotation import LabelCommitter
+from ..engine.device import get_policy
+from ..engine.sam_loader import DEFAULT_MODEL, load_engine
+from ..engine.worker import InferenceWorker, default_worker
+from . import _bridge
+from ._prompts import boxes_xyxy, current_prompt, plane, plane_index
+
+BROWSE = "Browse for a checkpoint…"
+
+
+def _model_names() -> list[str]:
+    try:
+        from ..models import registry
+
+        names = list(registry.list_models())
+    except Exception:  # registry problems must not break the dock
+        names = []
+    if DEFAULT_MODEL in names:
+        names.remove(DEFAULT_MODEL)
+    return [DEFAULT_MODEL] + names
+
+
+class SamAnnotatorWidget(QWidget):
+    def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
+        super().__init__(parent)
+        self.viewer = napari_viewer
+        self.worker = worker or default_worker()
+        self.policy = get_policy()
+        self.committer = LabelCommitter()
+        self.image_layer: Image | None = None
+        self.pos_layer = self.neg_layer = self.box_layer = None
+        self.labels_layer = self.preview_layer = None
+        self._generation = 0
+        self._prepared: dict[tuple, object] = {}
+        self._preview = None  # (layer, index, generation, MaskResult)
+        self._embed_job = self._stack_job = self._preview_job = None
+        self._embed_started = 0.0
+        self.last_embed_seconds: float | None = None
+        self._build_ui()
+        self.viewer.layers.selection.events.active.connect(self._on_active_layer)
+        self.viewer.dims.events.current_step.connect(self._on_step)
+        for key, fn in (("Shift-C", self.commit), ("Shift-X", self.clear_prompts),
+                        ("Shift-Z", self.undo)):
+            self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
+        active = self.viewer.layers.selection.active
+        if isinstance(active, Image):
+            self.set_image_layer(active)
+        else:
+            images = [ly for ly in self.viewer.layers if isinstance(ly, Image)]
+            if images:
+                self.set_image_layer(images[-1])
+
+    # -- UI ---------------------------------------------------------------------
+    def _build_ui(self) -> None:
+        self.model_combo = QComboBox()
+        self.model_combo.addItems(_model_names() + [BROWSE])
+        self.model_combo.activated.connect(self._on_model_chosen)
+        self.device_label = QLabel(self.policy.describe())
+        self.device_label.setWordWrap(True)
+        self.image_label = QLabel("no image layer")
+        self.hint_label = QLabel()
+        self.hint_label.setWordWrap(True)
+        self.status = QLabel("idle")
+        self.status.setWordWrap(True)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+        self.multimask = QCheckBox("best of 3 masks for point prompts")
+        self.multimask.setChecked(True)
+
+        self.commit_btn = QPushButton("Commit [Shift-C]")
+        self.clear_btn = QPushButton("Clear [Shift-X]")
+        self.undo_btn = QPushButton("Undo commit [Shift-Z]")
+        self.all_boxes_btn = QPushButton("Segment all boxes")
+        self.commit_btn.clicked.connect(self.commit)
+        self.clear_btn.clicked.connect(self.clear_prompts)
+        self.undo_btn.clicked.connect(self.undo)
+        self.all_boxes_btn.clicked.connect(self.segment_all_boxes)
+
+        self.batch_spin = QSpinBox()
+        self.batch_spin.setRange(0, 256)
+        self.batch_spin.setSpecialValueText("Auto")
+        self.batch_spin.setToolTip("Images (tiles) per encoder call; Auto adapts to memory")
+        self.precompute_btn = QPushButton("Precompute stack")
+        self.cancel_btn = QPushButton("Cancel")
+        self.precompute_btn.clicked.connect(self.precompute_stack)
+        self.cancel_btn.clicked.connect(self.cancel)
+
+        form = QFormLayout()
+        form.addRow("Model", self.model_combo)
+        form.addRow("Device", self.device_label)
+        form.addRow("Image", self.image_label)
+        form.addRow("Batch size", self.batch_spin)
+        row1, row2, row3 = QHBoxLayout(), QHBoxLayout(), QHBoxLayout()
+        row1.addWidget(self.commit_btn)
+        row1.addWidget(self.clear_btn)
+        row2.addWidget(self.undo_btn)
+        row2.addWidget(self.all_boxes_btn)
+        row3.addWidget(self.precompute_btn)
+        row3.addWidget(self.cancel_btn)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.hint_label)
+        layout.addWidget(self.multimask)
+        layout.addLayout(row1)
+        layout.addLayout(row2)
+        layout.addLayout(row3)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addStretch(1)
+        self._update_hint()
+
+    @property
+    def model_name(self) -> str:
+        return self.model_combo.currentText()
+
+    def _update_hint(self) -> None:
+        box_model = "medsam" in self.model_name.lower()
+        self.hint_label.setText(
+            "This model was trained with boxes: draw a box around each object "
+            "(points alone give poor masks)." if box_model else
+            "Click positive points (SAM positive layer) and negative points (SAM negative), "
+            "or draw a box.")
+
+    def _on_model_chosen(self, _index: int) -> None:
+        if self.model_name == BROWSE:
+            path, _ = QFileDialog.getOpenFileName(self, "SAM checkpoint", "", "Checkpoints (*.pth *.pt)")
+            if not path:
+                self.model_combo.setCurrentIndex(0)
+                return
+            self.model_combo.insertItem(0, path)
+            self.model_combo.setCurrentIndex(0)
+        self._update_hint()
+        self._prepared.clear()
+        self._embed_current()
+
+    def _set_status(self, text: str) -> None:
+        self.status.setText(text)
+
+    def _on_progress(self, done: int, total: int) -> None:
+        self.progress.setRange(0, max(1, total))
+        self.progress.setValue(done)
+
+    def _on_error(self, exc: BaseException) -> None:
+        msg = f"SAM annotator: {exc.__class__.__name__}: {exc}"
+        self._set_status(msg)
+        show_error(msg)
+
+    # -- engine jobs (bodies run in the worker thread) ------------------------------
+    def _engine(self, model: str):
+        policy = self.worker.policy
+        return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy))
+
+    def _job_embed(self, model: str, planes: list[np.ndarray], batch_size: int | None,
+                   progress=None, cancel=None):
+        engine = self._engine(model)
+        t0 = time.perf_counter()
+        prepared = engine.embed(planes, batch_size=batch_size, progress=progress, cancel=cancel)
+        return prepared, time.perf_counter() - t0
+
+    def _job_predict(self, model: str, image, prompts, multimask: bool, cancel=None):
+        engine = self._engine(model)
+        return engine.predict(image, prompts, multimask=multimask, cancel=cancel)
+
+    def _job_boxes(self, model: str, image, boxes, cancel=None):
+        return self._engine(model).predict_boxes(image, boxes, cancel=cancel)
+
+    # -- layers -----------------------------------------------------------------------
+    def _on_active_layer(self, event=None) -> None:
+        layer = self.viewer.layers.selection.active
+        if isinstance(layer, Image) and layer is not self.image_layer:
+            self.set_image_layer(layer)
+
+    def set_image_layer(self, layer: Image) -> None:
+        self.image_layer = layer
+        self.image_label.setText(layer.name)
+        self._ensure_layers()
+        self._generation += 1
+        self._clear_preview()
+        self._embed_current()
+
+    def _spatial_shape(self) -> tuple:
+        data = self.image_layer.data
+        return tuple(data.shape[:-1] if self.image_layer.rgb else data.shape)
+
+    def _ensure_layers(self) -> None:
+        shape = self._spatial_shape()
+        ndim = len(shape)
+        active = self.image_layer
+        layers = self.viewer.layers
+
+        def fresh(name):
+            return name not in layers
+
+        if fresh("SAM positive") or layers["SAM positive"].ndim != ndim:
+            if not fresh("SAM positive"):
+                layers.remove("SAM positive")
+            self.pos_layer = self.viewer.add_points(ndim=ndim, name="SAM positive", face_color="lime", size=8)
+        self.pos_layer = layers["SAM positive"]
+        if fresh("SAM negative") or layers["SAM negative"].ndim != ndim:
+            if not fresh("SAM negative"):
+                layers.remove("SAM negative")
+            self.viewer.add_points(ndim=ndim, name="SAM negative", face_color="red", size=8)
+        self.neg_layer = layers["SAM negative"]
+        if fresh("SAM boxes") or layers["SAM boxes"].ndim != ndim:
+            if not fresh("SAM boxes"):
+                layers.remove("SAM boxes")
+            self.viewer.add_shapes(ndim=ndim, name="SAM boxes", edge_color="yellow",
+                                   face_color="transparent", edge_width=2)
+        self.box_layer = layers["SAM boxes"]
+        label_name = f"{active.name} SAM labels"
+        if fresh(label_name) or layers[label_name].data.shape != shape:
+            if not fresh(label_name):
+                label_name = f"{label_name} {shape}"
+            if fresh(label_name):
+                self.viewer.add_labels(np.zeros(shape, np.int32), name=label_name,
+                                       scale=active.scale[-ndim:], translate=active.translate[-ndim:])
+        self.labels_layer = layers[label_name]
+        if fresh("SAM preview") or layers["SAM preview"].data.shape != shape:
+            if not fresh("SAM preview"):
+                layers.remove("SAM preview")
+            self.viewer.add_labels(np.zeros(shape, np.uint8), name="SAM preview", opacity=0.6,
+                                   scale=active.scale[-ndim:], translate=active.translate[-ndim:])
+        self.preview_layer = layers["SAM preview"]
+        for ly in (self.pos_layer, self.neg_layer, self.box_layer):
+            try:
+                ly.events.data.disconnect(self._on_prompts_changed)
+            except (TypeError, ValueError, RuntimeError):
+                pass
+            ly.events.data.connect(self._on_prompts_changed)
+        self.viewer.layers.selection.active = self.box_layer
+        self.box_layer.mode = "add_rectangle"
+
+    # -- embedding --------------------------------------------------------------------
+    def _plane_key(self, index=None) -> tuple:
+        index = plane_index(self.image_layer, self.viewer) if index is None else index
+        return (id(self.image_layer), self.model_name, index)
+
+    def _embed_current(self) -> None:
+        if self.image_layer is None:
+            return
+        index = plane_index(self.image_layer, self.viewer)
+        key = self._plane_key(index)
+        if key in self._prepared:
+            self._set_status("embedding cached")
+            return
+        img = np.array(plane(self.image_layer, index), copy=True)
+        self._embed_started = time.perf_counter()
+        self._set_status(f"computing embedding of {self.image_layer.name} {index or ''}…")
+        self._embed_job = _bridge.submit(
+            self._job_embed, self.model_name, [img], self.batch_spin.value() or None,
+            worker=self.worker, tag="embed", replace=True,
+            on_result=lambda r, key=key: self._on_embedded(key, r),
+            on_error=self._on_error, on_progress=self._on_progress,
+            on_cancelled=lambda: self._set_status("embedding cancelled"))
+
+    def _on_embedded(self, key: tuple, result) -> None:
+        prepared, seconds = result
+        self._prepared[key] = prepared[0]
+        self.last_embed_seconds = seconds
+        if key == self._plane_key():
+            self._set_status(f"embedding ready ({seconds:.2f} s)")
+            self._on_prompts_changed()
+
+    def _on_step(self, event=None) -> None:
+        if self.image_layer is None:
+            return
+        self._generation += 1
+        self._clear_preview()
+        self._embed_current()
+        self._on_prompts_changed()
+
+    def precompute_stack(self) -> None:
+        if self.image_layer is None:
+            return
+        shape = self._spatial_shape()
+        if len(shape) <= 2:
+            self._embed_current()
+            return
+        lead = shape[:-2]
+        indices = [tuple(int(i) for i in np.unravel_index(k, lead)) for k in range(int(np.prod(lead)))]
+        indices = [i for i in indices if self._plane_key(i) not in self._prepared]
+        planes = [np.array(plane(self.image_layer, i), copy=True) for i in indices]
+        t0 = time.perf_counter()
+        self._set_status(f"precomputing {len(planes)} slices…")
+
+        def done(result, keys=[self._plane_key(i) for i in indices]):
+            prepared, seconds = result
+            self._prepared.update(zip(keys, prepared))
+            self._set_status(f"stack ready: {len(keys)} slices in {time.perf_counter() - t0:.1f} s")
+
+        self._stack_job = _bridge.submit(
+            self._job_embed, self.model_name, planes, self.batch_spin.value() or None,
+            worker=self.worker, tag="stack", on_result=done, on_error=self._on_error,
+            on_progress=self._on_progress,
+            on_cancelled=lambda: self._set_status("precompute cancelled"))
+
+    def cancel(self) -> None:
+        n = self.worker.cancel()
+        self._set_status(f"cancelled {n} job(s)")
+
+    # -- prompts and preview ------------------------------------------------------------
+    def _on_prompts_changed(self, event=None) -> None:
+        if self.image_layer is None or self.pos_layer is None:
+            return
+        self._generation += 1
+        index = plane_index(self.image_layer, self.viewer)
+        try:
+            prompt = current_prompt(self.pos_layer, self.neg_layer, self.box_layer, index)
+        except ValueError:
+            prompt = None
+        if prompt is None:
+            self._clear_preview()
+            return
+        key = self._plane_key(index)
+        image = self._prepared.get(key)
+        if image is None:
+            image = np.array(plane(self.image_layer, index), copy=True)
+        gen, layer = self._generation, self.image_layer
+        multimask = self.multimask.isChecked() and prompt.box is None
+        self._preview_job = _bridge.submit(
+            self._job_predict, self.model_name, image, [prompt], multimask,
+            worker=self.worker, tag="preview", replace=True,
+            on_result=lambda res: self._show_preview(layer, index, gen, res[0]),
+            on_error=self._on_error)
+
+    def _show_preview(self, layer, index, generation, result) -> None:
+        if layer is not self.image_layer or generation != self._generation:
+            return  # stale: the image, slice or prompts changed since
+        self._preview = (layer, index, generation, result)
+        data = self.preview_layer.data
+        target = data[index] if index else data
+        if index:
+            data[...] = 0
+        target[...] = result.full(target.shape)
+        self.preview_layer.refresh()
+        self._set_status(f"preview: {result.area} px, predicted IoU {result.score:.2f}")
+
+    def _clear_preview(self) -> None:
+        self._preview = None
+        if self.preview_layer is not None and self.preview_layer.data.any():
+            self.preview_layer.data[...] = 0
+            self.preview_layer.refresh()
+
+    def has_preview(self) -> bool:
+        return self._preview is not None
+
+    # -- commit, clear, undo ------------------------------------------------------------
+    def _commit_masks(self, index: tuple, masks: list[np.ndarray]) -> list[int]:
+        ids = self.committer.commit(self.labels_layer.data, masks, index)
+        self.labels_layer.refresh()
+        return ids
+
+    def commit(self) -> list[int]:
+        if self._preview is None:
+            self._set_status("nothing to commit: add a prompt and wait for the preview")
+            return []
+        layer, index, _gen, result = self._preview
+        if layer is not self.image_layer:
+            return []
+        plane_shape = self._spatial_shape()[-2:]
+        ids = self._commit_masks(index, [result.full(plane_shape)])
+        self.clear_prompts()
+        self._set_status(f"committed object {ids[0] if ids else '(empty)'}")
+        return ids
+
+    def _remove_on_plane(self, layer, index) -> None:
+        if layer is None or len(layer.data) == 0:
+            return
+        if not index:
+            layer.data = [] if layer is self.box_layer else np.zeros((0, layer.ndim))
+            return
+        if layer is self.box_layer:
+            keep = [d for d in layer.data if tuple(np.round(d[0, :len(index)]).astype(int)) != index]
+            layer.data = keep
+        else:
+            d = np.asarray(layer.data)
+            lead = np.round(d[:, :len(index)]).astype(int)
+            layer.data = d[~np.all(lead == np.asarray(index), axis=1)]
+
+    def clear_prompts(self) -> None:
+        if self.image_layer is None:
+            return
+        index = plane_index(self.image_layer, self.viewer)
+        for ly in (self.pos_layer, self.neg_layer, self.box_layer):
+            self._remove_on_plane(ly, index)
+        self._generation += 1
+        self._clear_preview()
+
+    def undo(self) -> None:
+        if self.labels_layer is None:
+            return
+        ids = self.committer.undo(self.labels_layer.data)
+        self.labels_layer.refresh()
+        self._set_status(f"undid object(s) {ids}" if ids else "nothing to undo")
+
+    def segment_all_boxes(self) -> None:
+        if self.image_layer is None:
+            return
+        index = plane_index(self.image_layer, self.viewer)
+        boxes = boxes_xyxy(self.box_layer, index)
+        if len(boxes) == 0:
+            show_info("Draw one or more boxes in the 'SAM boxes' layer first.")
+            return
+        image = self._prepared.get(self._plane_key(index))
+        if image is None:
+            image = np.array(plane(self.image_layer, index), copy=True)
+        layer, t0 = self.image_layer, time.perf_counter()
+        self._set_status(f"segmenting {len(boxes)} boxes…")
+
+        def done(results):
+            if layer is not self.image_layer:
+                return
+            shape = self._spatial_shape()[-2:]
+            ids = self._commit_masks(index, [r.full(shape) for r in results])
+            self.clear_prompts()
+            self._set_status(f"committed {len(ids)} objects from {len(boxes)} boxes "
+                             f"in {time.perf_counter() - t0:.2f} s")
+
+        _bridge.submit(self._job_boxes, self.model_name, image, boxes, worker=self.worker,
+                       tag="boxes", on_result=done, on_error=self._on_error)
