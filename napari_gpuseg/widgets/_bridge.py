@@ -30,24 +30,40 @@ def relay() -> _Relay:
     return _relay
 
 
-def _on_gui(fn: Callable | None) -> Callable | None:
+def alive(obj: QObject | None) -> bool:
+    """False once the C++ side of a Qt object was deleted (a closed dock, say)."""
+    if obj is None:
+        return True
+    try:
+        obj.objectName()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _on_gui(fn: Callable | None, owner: QObject | None) -> Callable | None:
     if fn is None:
         return None
     r = relay()
 
+    def guarded(*args: Any) -> None:
+        if alive(owner):
+            fn(*args)
+
     def forward(*args: Any) -> None:
-        r.call.emit(fn, args)
+        r.call.emit(guarded, args)
 
     return forward
 
 
-def submit(fn: Callable, *args, worker: InferenceWorker | None = None, on_result=None,
-           on_error=None, on_progress=None, on_cancelled=None, **kwargs) -> Job:
-    """Submit to the worker; every callback runs on the GUI thread."""
+def submit(fn: Callable, *args, worker: InferenceWorker | None = None, owner: QObject | None = None,
+           on_result=None, on_error=None, on_progress=None, on_cancelled=None, **kwargs) -> Job:
+    """Submit to the worker; every callback runs on the GUI thread, and only while ``owner``
+    (the dock that asked) still exists."""
     worker = worker or default_worker()
     return worker.submit(
         fn, *args,
-        on_result=_on_gui(on_result), on_error=_on_gui(on_error),
-        on_progress=_on_gui(on_progress), on_cancelled=_on_gui(on_cancelled),
+        on_result=_on_gui(on_result, owner), on_error=_on_gui(on_error, owner),
+        on_progress=_on_gui(on_progress, owner), on_cancelled=_on_gui(on_cancelled, owner),
         **kwargs,
     )

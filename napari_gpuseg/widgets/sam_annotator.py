@@ -53,7 +53,9 @@ class SamAnnotatorWidget(QWidget):
         self._embed_job = self._stack_job = self._preview_job = None
         self._embed_started = 0.0
         self.last_embed_seconds: float | None = None
+        self._jobs: list = []
         self._build_ui()
+        self.destroyed.connect(lambda *_: self._cancel_own_jobs())
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
         for key, fn in (("Shift-C", self.commit), ("Shift-X", self.clear_prompts),
@@ -163,6 +165,19 @@ class SamAnnotatorWidget(QWidget):
         show_error(msg)
 
     # -- engine jobs (bodies run in the worker thread) ------------------------------
+    def _submit(self, fn, *args, **kwargs):
+        job = _bridge.submit(fn, *args, worker=self.worker, owner=self, **kwargs)
+        self._jobs = [j for j in self._jobs if not j.wait(0)] + [job]
+        return job
+
+    def _cancel_own_jobs(self) -> int:
+        n = 0
+        for job in self._jobs:
+            if not job.wait(0):
+                job.cancel()
+                n += 1
+        return n
+
     def _engine(self, model: str):
         policy = self.worker.policy
         return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy))
@@ -263,9 +278,9 @@ class SamAnnotatorWidget(QWidget):
         img = np.array(plane(self.image_layer, index), copy=True)
         self._embed_started = time.perf_counter()
         self._set_status(f"computing embedding of {self.image_layer.name} {index or ''}…")
-        self._embed_job = _bridge.submit(
+        self._embed_job = self._submit(
             self._job_embed, self.model_name, [img], self.batch_spin.value() or None,
-            worker=self.worker, tag="embed", replace=True,
+            tag="embed", replace=True,
             on_result=lambda r, key=key: self._on_embedded(key, r),
             on_error=self._on_error, on_progress=self._on_progress,
             on_cancelled=lambda: self._set_status("embedding cancelled"))
@@ -305,14 +320,14 @@ class SamAnnotatorWidget(QWidget):
             self._prepared.update(zip(keys, prepared))
             self._set_status(f"stack ready: {len(keys)} slices in {time.perf_counter() - t0:.1f} s")
 
-        self._stack_job = _bridge.submit(
+        self._stack_job = self._submit(
             self._job_embed, self.model_name, planes, self.batch_spin.value() or None,
-            worker=self.worker, tag="stack", on_result=done, on_error=self._on_error,
+            tag="stack", on_result=done, on_error=self._on_error,
             on_progress=self._on_progress,
             on_cancelled=lambda: self._set_status("precompute cancelled"))
 
     def cancel(self) -> None:
-        n = self.worker.cancel()
+        n = self._cancel_own_jobs()
         self._set_status(f"cancelled {n} job(s)")
 
     # -- prompts and preview ------------------------------------------------------------
@@ -334,9 +349,9 @@ class SamAnnotatorWidget(QWidget):
             image = np.array(plane(self.image_layer, index), copy=True)
         gen, layer = self._generation, self.image_layer
         multimask = self.multimask.isChecked() and prompt.box is None
-        self._preview_job = _bridge.submit(
+        self._preview_job = self._submit(
             self._job_predict, self.model_name, image, [prompt], multimask,
-            worker=self.worker, tag="preview", replace=True,
+            tag="preview", replace=True,
             on_result=lambda res: self._show_preview(layer, index, gen, res[0]),
             on_error=self._on_error)
 
@@ -433,5 +448,5 @@ class SamAnnotatorWidget(QWidget):
             self._set_status(f"committed {len(ids)} objects from {len(boxes)} boxes "
                              f"in {time.perf_counter() - t0:.2f} s")
 
-        _bridge.submit(self._job_boxes, self.model_name, image, boxes, worker=self.worker,
+        self._submit(self._job_boxes, self.model_name, image, boxes, 
                        tag="boxes", on_result=done, on_error=self._on_error)
