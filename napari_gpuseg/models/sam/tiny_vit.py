@@ -1,0 +1,294 @@
+"""TinyViT image encoders: MobileSAM's ``vit_t`` and LiteMedSAM's variant.
+
+Both share one network (TinyViT-5M: dims 64/128/160/320, depths 2/2/6/2, heads
+2/4/5/10, windows 7/7/14/7, MBConv stage first, conv neck to 256 channels) and the
+official key names (``patch_embed.seq.*``, ``layers.*``, ``neck.*``). They differ in:
+
+============  ===============================  ==========================
+              MobileSAM (``vit_t``)            LiteMedSAM
+============  ===============================  ==========================
+input         1024 px                          256 px
+patch embed   two 3x3 stride-2 convs (/4)      two 1x1 stride-1 convs (/1)
+classifier    ``norm_head`` + ``head`` (1000)  none
+              (in the checkpoint, unused)
+============  ===============================  ==========================
+
+Both produce a ``B x 256 x 64 x 64`` embedding at their native input size. Unlike the
+reference code the token grid is taken from the input at run time (no hard-coded 64),
+and the cached attention bias of the reference (``ab``, stale if weights are loaded after
+``.eval()``) is recomputed from the parameters on every call.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .common import LayerNorm2d, layer_norm, softmax_lastdim
+
+
+class Conv2d_BN(nn.Sequential):  # noqa: N801 - official name
+    """Conv (no bias) + BatchNorm, keys ``c`` and ``bn``."""
+
+    def __init__(self, a, b, ks=1, stride=1, pad=0, groups=1, bn_weight_init=1.0):
+        super().__init__()
+        self.add_module("c", nn.Conv2d(a, b, ks, stride, pad, groups=groups, bias=False))
+        bn = nn.BatchNorm2d(b)
+        nn.init.constant_(bn.weight, bn_weight_init)
+        nn.init.constant_(bn.bias, 0)
+        self.add_module("bn", bn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c, bn = self.c, self.bn
+        if self.training or not bn.track_running_stats or bn.running_var is None:
+            return bn(c(x))
+        # eval: fold the BatchNorm into the conv (one pass over the activations instead
+        # of two); folded from the current parameters on every call, so never stale
+        scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+        weight = c.weight * scale[:, None, None, None]
+        bias = bn.bias - bn.running_mean * scale
+        return F.conv2d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups)
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, in_chans: int, embed_dim: int, kernel: int, stride: int):
+        super().__init__()
+        self.reduction = stride * stride  # input px per token along each axis
+        pad = kernel // 2
+        self.seq = nn.Sequential(
+            Conv2d_BN(in_chans, embed_dim // 2, kernel, stride, pad),
+            nn.GELU(),
+            Conv2d_BN(embed_dim // 2, embed_dim, kernel, stride, pad),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.seq(x)
+
+
+class MBConv(nn.Module):
+    def __init__(self, in_chans: int, out_chans: int, expand_ratio: float):
+        super().__init__()
+        hidden = int(in_chans * expand_ratio)
+        self.conv1 = Conv2d_BN(in_chans, hidden, ks=1)
+        self.act1 = nn.GELU()
+        self.conv2 = Conv2d_BN(hidden, hidden, ks=3, stride=1, pad=1, groups=hidden)
+        self.act2 = nn.GELU()
+        self.conv3 = Conv2d_BN(hidden, out_chans, ks=1, bn_weight_init=0.0)
+        self.act3 = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act1(self.conv1(x))
+        y = self.act2(self.conv2(y))
+        y = self.conv3(y)
+        return self.act3(y + x)
+
+
+class PatchMerging(nn.Module):
+    """1x1 conv, depthwise 3x3 conv (stride ``stride``), 1x1 conv; tokens out."""
+
+    def __init__(self, dim: int, out_dim: int, stride: int):
+        super().__init__()
+        self.act = nn.GELU()
+        self.conv1 = Conv2d_BN(dim, out_dim, 1, 1, 0)
+        self.conv2 = Conv2d_BN(out_dim, out_dim, 3, stride, 1, groups=out_dim)
+        self.conv3 = Conv2d_BN(out_dim, out_dim, 1, 1, 0)
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]):
+        if x.ndim == 3:  # B x L x C tokens -> B x C x H x W
+            x = x.transpose(1, 2).reshape(x.shape[0], -1, hw[0], hw[1])
+        x = self.act(self.conv1(x))
+        x = self.act(self.conv2(x))
+        x = self.conv3(x)
+        new_hw = (x.shape[2], x.shape[3])
+        return x.flatten(2).transpose(1, 2), new_hw
+
+
+class ConvLayer(nn.Module):
+    def __init__(self, dim: int, depth: int, out_dim: int, expand_ratio: float, merge_stride: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(MBConv(dim, dim, expand_ratio) for _ in range(depth))
+        self.downsample = PatchMerging(dim, out_dim, merge_stride)
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]):
+        for blk in self.blocks:
+            x = blk(x)
+        return self.downsample(x, hw)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(layer_norm(x, self.norm))))
+
+
+class Attention(nn.Module):
+    """Window attention with a learned bias per (|dy|, |dx|) offset and head."""
+
+    def __init__(self, dim: int, key_dim: int, num_heads: int, resolution: Tuple[int, int]):
+        super().__init__()
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.scale = key_dim**-0.5
+        self.d = key_dim  # attn_ratio = 1 in every TinyViT-SAM block
+        self.norm = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, (2 * key_dim + self.d) * num_heads)
+        self.proj = nn.Linear(self.d * num_heads, dim)
+        # Offsets (|dy|, |dx|) are numbered in order of first appearance when both
+        # points run row-major over the window (the reference's loop); the first query
+        # point (0, 0) meets every offset, so the number of (dy, dx) is dy * rw + dx.
+        rh, rw = resolution
+        ys = torch.arange(rh).repeat_interleave(rw)
+        xs = torch.arange(rw).repeat(rh)
+        idxs = (ys[:, None] - ys[None, :]).abs() * rw + (xs[:, None] - xs[None, :]).abs()
+        self.attention_biases = nn.Parameter(torch.zeros(num_heads, rh * rw))
+        self.register_buffer("attention_bias_idxs", idxs, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # B x N x C
+        b, n, _ = x.shape
+        qkv = self.qkv(layer_norm(x, self.norm)).view(b, n, self.num_heads, -1)
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.d], dim=3)
+        q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+        attn = (q @ k.transpose(-2, -1)) * self.scale
+        bias = self.attention_biases[:, self.attention_bias_idxs]
+        attn = attn + bias.to(torch.float32 if attn.dtype == torch.float16 else attn.dtype)
+        attn = softmax_lastdim(attn)
+        out = (attn.to(v.dtype) @ v).transpose(1, 2).reshape(b, n, -1)
+        return self.proj(out)
+
+
+class TinyViTBlock(nn.Module):
+    def __init__(self, dim: int, num_heads: int, window_size: int, mlp_ratio: float, local_conv_size: int):
+        super().__init__()
+        self.window_size = window_size
+        self.attn = Attention(dim, dim // num_heads, num_heads, (window_size, window_size))
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.local_conv = Conv2d_BN(
+            dim, dim, ks=local_conv_size, stride=1, pad=local_conv_size // 2, groups=dim
+        )
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        h, w = hw
+        b, l, c = x.shape
+        ws = self.window_size
+        res = x
+        if h == ws and w == ws:
+            x = self.attn(x)
+        else:
+            x = x.view(b, h, w, c)
+            pad_b, pad_r = (ws - h % ws) % ws, (ws - w % ws) % ws
+            if pad_b or pad_r:  # zero tokens join the windows (same as the reference)
+                x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
+            ph, pw = h + pad_b, w + pad_r
+            nh, nw = ph // ws, pw // ws
+            x = x.view(b, nh, ws, nw, ws, c).transpose(2, 3).reshape(b * nh * nw, ws * ws, c)
+            x = self.attn(x)
+            x = x.view(b, nh, nw, ws, ws, c).transpose(2, 3).reshape(b, ph, pw, c)
+            if pad_b or pad_r:
+                x = x[:, :h, :w]
+            x = x.reshape(b, l, c)
+        x = res + x
+        x = self.local_conv(x.transpose(1, 2).reshape(b, c, h, w))
+        x = x.view(b, c, l).transpose(1, 2)
+        return x + self.mlp(x)
+
+
+class BasicLayer(nn.Module):
+    def __init__(self, dim, depth, num_heads, window_size, mlp_ratio, local_conv_size, out_dim, merge_stride):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            TinyViTBlock(dim, num_heads, window_size, mlp_ratio, local_conv_size) for _ in range(depth)
+        )
+        self.downsample = PatchMerging(dim, out_dim, merge_stride) if out_dim is not None else None
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]):
+        for blk in self.blocks:
+            x = blk(x, hw)
+        if self.downsample is not None:
+            x, hw = self.downsample(x, hw)
+        return x, hw
+
+
+class TinyViT(nn.Module):
+    """TinyViT encoder for SAM: ``B x 3 x S x S`` -> ``B x 256 x S/r x S/r``.
+
+    ``patch_embed="conv3x3"`` (MobileSAM, r = 16) or ``"conv1x1"`` (LiteMedSAM, r = 4).
+    ``num_classes > 0`` adds the unused classifier head that MobileSAM's checkpoint holds.
+    """
+
+    def __init__(
+        self,
+        img_size: int = 1024,
+        in_chans: int = 3,
+        embed_dims: Sequence[int] = (64, 128, 160, 320),
+        depths: Sequence[int] = (2, 2, 6, 2),
+        num_heads: Sequence[int] = (2, 4, 5, 10),
+        window_sizes: Sequence[int] = (7, 7, 14, 7),
+        mlp_ratio: float = 4.0,
+        mbconv_expand_ratio: float = 4.0,
+        local_conv_size: int = 3,
+        patch_embed: str = "conv3x3",
+        num_classes: int = 1000,
+        out_chans: int = 256,
+    ) -> None:
+        super().__init__()
+        if patch_embed not in ("conv3x3", "conv1x1"):
+            raise ValueError(f"patch_embed must be 'conv3x3' or 'conv1x1', got {patch_embed!r}")
+        self.img_size = img_size
+        self.out_chans = out_chans
+        kernel, stride = (3, 2) if patch_embed == "conv3x3" else (1, 1)
+        self.patch_embed = PatchEmbed(in_chans, embed_dims[0], kernel, stride)
+        n = len(depths)
+        layers = []
+        for i in range(n):
+            out_dim = embed_dims[i + 1] if i < n - 1 else None
+            merge_stride = 1 if i == n - 2 else 2  # the last merge keeps the resolution
+            if i == 0:
+                layers.append(
+                    ConvLayer(embed_dims[0], depths[0], out_dim, mbconv_expand_ratio, merge_stride)
+                )
+            else:
+                layers.append(
+                    BasicLayer(
+                        embed_dims[i], depths[i], num_heads[i], window_sizes[i], mlp_ratio,
+                        local_conv_size, out_dim, merge_stride,
+                    )
+                )
+        self.layers = nn.ModuleList(layers)
+        if num_classes > 0:
+            self.norm_head = nn.LayerNorm(embed_dims[-1])
+            self.head = nn.Linear(embed_dims[-1], num_classes)
+        self.neck = nn.Sequential(
+            nn.Conv2d(embed_dims[-1], out_chans, kernel_size=1, bias=False),
+            LayerNorm2d(out_chans),
+            nn.Conv2d(out_chans, out_chans, kernel_size=3, padding=1, bias=False),
+            LayerNorm2d(out_chans),
+        )
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+        hw = (x.shape[2], x.shape[3])
+        x, hw = self.layers[0](x, hw)
+        for layer in self.layers[1:]:
+            x, hw = layer(x, hw)
+        b, _, c = x.shape
+        x = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
+        return self.neck(x)
