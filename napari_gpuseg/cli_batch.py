@@ -1,0 +1,187 @@
+"""``napari-gpuseg batch IN_DIR OUT_DIR``: segment a folder from a terminal or a cluster job.
+
+Exit codes: 0 every file ok or skipped, 1 at least one file failed, 2 the run could not
+start (bad arguments, unknown method, model failed to load), 130 interrupted (Ctrl-C).
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+EPILOG = """\
+examples:
+  napari-gpuseg batch images/ labels/ --method threshold
+  napari-gpuseg batch images/ labels/ --method unet --devices cuda:0,cuda:1 --image-batch 8
+  # SLURM job array: each task takes its share (SLURM_ARRAY_TASK_ID / _COUNT are read)
+  sbatch --array=0-7 --wrap "napari-gpuseg batch images/ labels/ --method unet"
+
+Outputs: OUT/<name>_labels.tif (compressed TIFF), OUT/<name>_objects.csv, OUT/report.csv and
+OUT/report.json. A rerun skips files whose output is complete (use --overwrite to redo).
+"""
+
+
+def _batch_size(text: str) -> int | None:
+    if text.lower() == "auto":
+        return None
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("batch size must be >= 1 or 'auto'")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def add_batch_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``batch`` subcommand to an ``argparse`` subparsers object."""
+    p = subparsers.add_parser(
+        "batch", help="segment every image in a folder",
+        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("in_dir", nargs="?", help="folder of input images")
+    p.add_argument("out_dir", nargs="?", help="folder for label images, object tables and the report")
+    p.add_argument("--method", default="threshold",
+                   help="segmentation method (see --list-methods); default: threshold")
+    p.add_argument("--model", default=None, help="model name or checkpoint file for the method")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="options",
+                   help="method option, repeatable (e.g. --set detector=unet --set min_size=20)")
+    p.add_argument("--pattern", default="*.tif*",
+                   help="file name glob(s), comma-separated (default: *.tif*)")
+    p.add_argument("--recursive", action="store_true", help="also scan subfolders")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="process shard I of N (0-based); default: SLURM_ARRAY_TASK_ID/COUNT if set")
+    p.add_argument("--devices", default=None,
+                   help="comma-separated devices, one worker each (e.g. cuda:0,cuda:1); default: best")
+    p.add_argument("--io-workers", type=_positive, default=2, help="reader and writer threads each")
+    p.add_argument("--image-batch", type=_positive, default=4, help="images per device call")
+    p.add_argument("--batch-size", type=_batch_size, default=None, metavar="auto|N",
+                   help="prompts/tiles per device call inside the method (default: auto)")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    p.add_argument("--overwrite", action="store_true", help="redo files that already have output")
+    p.add_argument("--max-image-gb", type=float, default=None,
+                   help="refuse images needing more memory than this (GiB)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE|FILE.py",
+                   help="import a module that registers extra methods (repeatable)")
+    p.add_argument("--list-methods", action="store_true", help="list methods and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_batch)
+    return p
+
+
+class _Bar:
+    """tqdm progress bar fed from pipeline Progress events (stderr)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.bar = None
+        self.quiet = quiet
+
+    def __call__(self, p) -> None:
+        if self.quiet:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=p.total, unit="img", dynamic_ncols=True, file=sys.stderr)
+        self.bar.n = p.done
+        self.bar.set_postfix(ok=p.ok, skip=p.skipped, err=p.errors,
+                             rate=f"{p.images_per_s:.2f}/s", refresh=False)
+        self.bar.refresh()
+        if p.row is not None and p.row.status == "error":
+            self.bar.write(f"error: {p.row.file}: {p.row.error}", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _list_methods() -> int:
+    from .engine.methods import available_methods, method_description
+
+    for name in available_methods():
+        print(f"{name:16s} {method_description(name)}")
+    return 0
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    """Run the ``batch`` subcommand; returns the process exit code."""
+    from .engine.jobs import CancelToken
+    from .engine.methods import MethodUnavailable, load_plugin, method_factory, parse_options
+    from .engine.pipeline import PipelineError, run_folder
+    from .engine.sharding import resolve_shard
+
+    try:
+        for plugin in args.plugin:
+            load_plugin(plugin)
+        if args.list_methods:
+            return _list_methods()
+        if not args.in_dir or not args.out_dir:
+            raise ValueError("IN_DIR and OUT_DIR are required")
+        shard = resolve_shard(args.shard)
+        options = {**parse_options(args.options), "model": args.model, "batch_size": args.batch_size}
+        method_factory(args.method)  # fail fast on an unknown method
+    except (MethodUnavailable, ValueError, ImportError, OSError) as exc:
+        print(f"napari-gpuseg batch: {exc}", file=sys.stderr)
+        return 2
+
+    cancel = CancelToken()
+    interrupted = threading.Event()
+
+    def on_sigint(signum, frame):  # first Ctrl-C: stop cleanly; second: hard stop
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        interrupted.set()
+        cancel.cancel()
+        print("\ninterrupted: stopping (Ctrl-C again to abort)", file=sys.stderr)
+
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGINT, on_sigint)
+    bar = _Bar(args.quiet)
+    max_bytes = int(args.max_image_gb * 2**30) if args.max_image_gb else None
+    try:
+        report = run_folder(
+            args.in_dir, args.out_dir, args.method,
+            method_options=options, pattern=args.pattern, recursive=args.recursive,
+            shard=shard, devices=args.devices, io_workers=args.io_workers,
+            image_batch=args.image_batch, overwrite=args.overwrite, progress=bar,
+            cancel=cancel, precision=args.precision, max_image_bytes=max_bytes,
+        )
+    except KeyboardInterrupt:
+        bar.close()
+        print("aborted", file=sys.stderr)
+        return 130
+    except (PipelineError, MethodUnavailable, NotADirectoryError, ValueError, RuntimeError) as exc:
+        bar.close()
+        print(f"napari-gpuseg batch: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+    bar.close()
+    print(f"{report.summary()}{' (shard ' + report.shard + ')' if report.shard else ''}")
+    for row in [r for r in report.rows if r.status == "error"][:20]:
+        print(f"  error  {row.file}: {row.error}")
+    if report.errors > 20:
+        print(f"  ... {report.errors - 20} more errors")
+    print(f"report: {report.report_csv}")
+    if report.cancelled or interrupted.is_set():
+        return 130
+    return 1 if report.failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point (``python -m napari_gpuseg.cli_batch IN OUT ...``)."""
+    parser = argparse.ArgumentParser(prog="napari-gpuseg")
+    add_batch_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["batch", *(sys.argv[1:] if argv is None else argv)])
+    return run_batch(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""Segmentation methods for folder jobs: one small interface, a registry by name.
+
+A method is a :class:`Segmenter`. The pipeline uses it like this::
+
+    seg = create_method("threshold", model=None, batch_size=None)   # cheap: no weights yet
+    x = seg.prepare(image, rgb)          # reader threads: CPU-side checks / conversion
+    seg.load(policy)                     # once, inside the device worker thread
+    raws = seg.segment([x1, x2, ...])    # same-shape images, one device call
+    result = seg.finish(raws[0])         # writer threads: CPU post-processing -> SegResult
+
+Adding a method (the U-Net and SAM engines do this)::
+
+    register_method("sam-boxes", "napari_gpuseg.engine.sam_folder:SamBoxSegmenter",
+                    "LiteMedSAM refines threshold/U-Net boxes")
+
+``factory`` is a callable ``factory(**options) -> Segmenter`` or a ``"module:attribute"``
+string resolved on first use, so listing methods never imports torch models. Options
+are ``model`` (registry name or file), ``batch_size`` (prompts/tiles per device call,
+None = automatic) and method-specific keywords. Constructing a segmenter must be cheap;
+weights load in :meth:`Segmenter.load`. Third-party code can register methods from a
+module given to ``napari-gpuseg batch --plugin``.
+
+GUI-free: no Qt or napari imports here.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..io import UnsupportedDimensionsError, is_rgb, to_gray
+from .jobs import CancelToken
+
+
+@dataclass
+class SegResult:
+    """Instance labels for one image (0 = background) and optional per-object scores.
+
+    ``scores`` maps label id -> score, or is an array with ``scores[id - 1]``.
+    """
+
+    labels: np.ndarray
+    scores: Mapping[int, float] | np.ndarray | None = None
+
+
+class Segmenter:
+    """Base class of a folder-job method. Subclasses override :meth:`segment` (and
+    :meth:`load` when they have weights).
+
+    Class attributes describe what the method accepts:
+
+    - ``spatial_ndims``: spatial dimensionalities handled (2 = YX, 3 = ZYX);
+    - ``accepts_rgb``: True to receive YXC RGB images as they are (SAM); False to get
+      them converted to gray by :meth:`prepare` (U-Net, threshold).
+    """
+
+    name = "segmenter"
+    spatial_ndims: tuple[int, ...] = (2,)
+    accepts_rgb = False
+
+    def __init__(self, model: str | None = None, batch_size: int | None = None, **options: Any):
+        self.model = model
+        self.batch_size = batch_size
+        self.options = options
+        self.policy = None
+        self.cancel: CancelToken | None = None  # set by the pipeline; check it in long loops
+
+    # -- lifecycle ----------------------------------------------------------------
+    def load(self, policy) -> None:
+        """Load weights onto ``policy.device``. Called once, in the device worker thread."""
+        self.policy = policy
+
+    def unload(self) -> None:
+        """Release device memory (called when the worker thread ends)."""
+
+    # -- per image ----------------------------------------------------------------
+    def prepare(self, image: np.ndarray, rgb: bool | None = None) -> np.ndarray:
+        """CPU-side conversion run in the reader threads; raises
+        :class:`~napari_gpuseg.io.UnsupportedDimensionsError` for shapes it cannot take."""
+        rgb = is_rgb(image) if rgb is None else rgb
+        if rgb and not self.accepts_rgb:
+            image, rgb = to_gray(image), False
+        spatial = image.ndim - 1 if rgb else image.ndim
+        if spatial not in self.spatial_ndims:
+            names = {2: "YX", 3: "ZYX", 4: "TZYX"}
+            ok = ", ".join(names.get(n, f"{n}-D") for n in self.spatial_ndims)
+            raise UnsupportedDimensionsError(
+                "image", f"method {self.name!r} takes {ok} images, got shape {tuple(image.shape)}"
+            )
+        return image
+
+    def segment(self, images: Sequence[np.ndarray]) -> list:
+        """Segment same-shape images (one device call where the method can).
+
+        Returns one :class:`SegResult` per image, or one raw output per image that
+        :meth:`finish` turns into a :class:`SegResult`.
+        """
+        raise NotImplementedError
+
+    def finish(self, raw) -> SegResult:
+        """CPU post-processing of one :meth:`segment` output (e.g. probabilities ->
+        instances). The pipeline runs it in its writer threads, on an unloaded instance,
+        so the device worker moves on to the next batch: it must not use the weights and
+        must be thread-safe. Default: ``raw`` is already a :class:`SegResult`."""
+        return raw
+
+    def describe(self) -> str:
+        return self.name if not self.model else f"{self.name} ({self.model})"
+
+
+class FunctionSegmenter(Segmenter):
+    """Wraps ``fn(image) -> labels`` (or ``-> (labels, scores)``) as a method."""
+
+    def __init__(self, fn: Callable, name: str = "function", spatial_ndims=(2,), **options):
+        super().__init__(**options)
+        self.fn = fn
+        self.name = name
+        self.spatial_ndims = tuple(spatial_ndims)
+
+    def segment(self, images):
+        out = []
+        for img in images:
+            if self.cancel is not None:
+                self.cancel.check()
+            res = self.fn(img, **self.options)
+            out.append(res if isinstance(res, SegResult) else
+                       SegResult(*res) if isinstance(res, tuple) else SegResult(res))
+        return out
+
+
+# ----------------------------------------------------------------------------- built-ins
+class ThresholdSegmenter(Segmenter):
+    """Gaussian blur, Otsu threshold, distance-transform watershed (CPU, 2D and 3D).
+
+    Options: ``sigma``, ``min_distance``, ``min_size``, ``threshold`` (see
+    :func:`napari_gpuseg.engine.classical.classical_segment`).
+    """
+
+    name = "threshold"
+    spatial_ndims = (2, 3)
+
+    def __init__(self, **options):
+        import inspect
+
+        from .classical import classical_segment
+
+        super().__init__(**options)
+        known = set(inspect.signature(classical_segment).parameters) - {"image"}
+        unknown = sorted(set(self.options) - known)
+        if unknown:
+            raise TypeError(f"threshold method: unknown option(s) {unknown}; known: {sorted(known)}")
+
+    def segment(self, images):
+        from .classical import classical_segment
+
+        out = []
+        for img in images:
+            if self.cancel is not None:
+                self.cancel.check()
+            out.append(SegResult(classical_segment(img, **self.options)))
+        return out
+
+
+class UNetSegmenter(Segmenter):
+    """The U-Net engine: ``model`` = checkpoint file (None = the bundled nuclei model).
+
+    ``batch_size`` = sliding windows per device call (None = adaptive). Same-shape images
+    go to the engine as one stack; each object's score is its mean interior probability.
+    Options: ``overlap``, ``roi_size`` and the post-processing keywords of
+    :func:`napari_gpuseg.engine.unet.probabilities_to_labels`.
+    """
+
+    name = "unet"
+    spatial_ndims = (2, 3)
+    _POST = ("interior_threshold", "foreground_threshold", "min_size", "min_seed")
+
+    def load(self, policy) -> None:
+        from . import unet
+
+        super().load(policy)
+        self._unet = unet
+        self.net = unet.load_model(self.model, device=policy.device)
+        self.dims = self.net.config.spatial_dims
+
+    def finish(self, raw) -> SegResult:
+        """Probabilities -> instance labels; score = mean interior probability per object."""
+        from scipy import ndimage as ndi
+
+        from . import unet
+
+        probs, dims, post = raw
+        labels = unet.probabilities_to_labels(probs, spatial_dims=dims, **post)
+        n = int(labels.max())
+        scores = ndi.mean(probs[1], labels, np.arange(1, n + 1)) if n else np.zeros(0)
+        return SegResult(labels, np.asarray(scores, dtype=float))
+
+    def segment(self, images):
+        kw = {k: v for k, v in self.options.items() if k not in self._POST}
+        kw.update(policy=self.policy, sw_batch_size=self.batch_size, cancel=self.cancel)
+        user_post = {k: v for k, v in self.options.items() if k in self._POST}
+        if images[0].ndim == self.dims:  # one stack of same-shape images, one engine call
+            post = {**self.net.meta.get("postprocess", {}), **user_post}
+            probs = self._unet.predict_probabilities(self.net, np.stack(images), **kw)
+            return [(p, self.dims, post) for p in probs]  # finish() runs in the writers
+        return [SegResult(np.asarray(self._unet.predict_labels(self.net, img, postprocess=user_post, **kw)))
+                for img in images]  # stacks of slices for a 2D model
+
+
+# ----------------------------------------------------------------------------- registry
+@dataclass
+class MethodSpec:
+    name: str
+    factory: Callable[..., Segmenter] | str
+    description: str = ""
+    requires: str | None = None  # module that must be importable for the method to be offered
+
+
+class MethodUnavailable(RuntimeError):
+    """The method is unknown or its engine module is not installed/importable."""
+
+
+_registry: dict[str, MethodSpec] = {}
+_lock = threading.Lock()
+
+
+def register_method(
+    name: str,
+    factory: Callable[..., Segmenter] | str,
+    description: str = "",
+    requires: str | None = None,
+) -> None:
+    """Register (or replace) a method. ``factory``: ``callable(**options)`` or "module:attr".
+
+    ``requires``: a module name; the method is listed only when it can be imported
+    (defaults to the module of a string factory).
+    """
+    if isinstance(factory, str) and requires is None:
+        requires = factory.split(":", 1)[0]
+    with _lock:
+        _registry[name] = MethodSpec(name, factory, description, requires)
+
+
+def unregister_method(name: str) -> None:
+    with _lock:
+        _registry.pop(name, None)
+
+
+def _importable(module: str | None) -> bool:
+    if not module:
+        return True
+    if module in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def available_methods(all_registered: bool = False) -> list[str]:
+    """Names of methods that can be created now (or every registered name)."""
+    with _lock:
+        specs = list(_registry.values())
+    return [s.name for s in specs if all_registered or _importable(s.requires)]
+
+
+def method_description(name: str) -> str:
+    with _lock:
+        spec = _registry.get(name)
+    return spec.description if spec else ""
+
+
+def _resolve(factory: Callable[..., Segmenter] | str) -> Callable[..., Segmenter]:
+    if callable(factory):
+        return factory
+    module, _, attr = factory.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def method_factory(name: str, **options: Any) -> Callable[[], Segmenter]:
+    """A zero-argument factory for ``name`` (the pipeline makes one segmenter per device).
+
+    ``None`` options are dropped so method defaults apply.
+    """
+    with _lock:
+        spec = _registry.get(name)
+    if spec is None:
+        known = ", ".join(available_methods()) or "none"
+        raise MethodUnavailable(f"unknown method {name!r}; available: {known}")
+    if not _importable(spec.requires):
+        raise MethodUnavailable(
+            f"method {name!r} needs module {spec.requires!r}, which is not available"
+        )
+    try:
+        make = _resolve(spec.factory)
+    except (ImportError, AttributeError) as exc:
+        raise MethodUnavailable(f"method {name!r} could not be loaded: {exc}") from exc
+    opts = {k: v for k, v in options.items() if v is not None}
+
+    def build() -> Segmenter:
+        seg = make(**opts)
+        if not isinstance(seg, Segmenter):
+            raise TypeError(f"factory of {name!r} returned {type(seg).__name__}, not a Segmenter")
+        return seg
+
+    return build
+
+
+def create_method(name: str, **options: Any) -> Segmenter:
+    """Construct (not load) the method ``name`` with ``options``."""
+    return method_factory(name, **options)()
+
+
+def parse_options(items: str | Sequence[str] | None) -> dict[str, Any]:
+    """``"detector=unet, points_per_side=32"`` (or a list of ``KEY=VALUE``) -> a dict;
+    values are read as JSON where they parse (numbers, true/false, null), else strings."""
+    import json
+
+    if not items:
+        return {}
+    if isinstance(items, str):
+        items = items.split(",")
+    out: dict[str, Any] = {}
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"method option must look like KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(value.strip())
+        except ValueError:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def load_plugin(spec: str) -> None:
+    """Import a module that registers methods: a dotted module name or a ``.py`` path."""
+    if spec.endswith(".py") or Path(spec).is_file():
+        path = Path(spec).resolve()
+        mod_name = f"napari_gpuseg_plugin_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError(f"cannot import plugin file {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[mod_name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        importlib.import_module(spec)
+
+
+# Built-in methods; string factories are imported on first use, and a method is listed
+# only while the module it needs imports (the U-Net and SAM engines).
+register_method("threshold", ThresholdSegmenter,
+                "classical: Gaussian blur, Otsu threshold, distance-transform watershed (CPU)")
+register_method("unet", UNetSegmenter, "U-Net (bundled nuclei model or a checkpoint file)",
+                requires="napari_gpuseg.engine.unet")
+register_method("sam-boxes", "napari_gpuseg.engine.sam_methods:SamBoxSegmenter",
+                "SAM (default LiteMedSAM) refines detector boxes: U-Net when installed, else threshold")
+register_method("sam-everything", "napari_gpuseg.engine.sam_methods:SamEverythingSegmenter",
+                "SAM segment-everything from a grid of point prompts (SamAutomaticMaskGenerator parameters)")

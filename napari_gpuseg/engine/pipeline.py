@@ -1,0 +1,434 @@
+"""Folder jobs: reader threads -> one worker per device -> writer threads.
+
+``run_folder(in_dir, out_dir, "threshold")`` segments every matching image and writes,
+for ``a/b.tif``, ``OUT/a/b_labels.tif`` (compressed TIFF) and ``OUT/a/b_objects.csv``,
+plus ``OUT/report.csv`` and ``OUT/report.json`` (one row per file: file, shape, objects,
+seconds, status ok|skipped|error, error).
+
+- Bounded queues join the stages, so reading and writing overlap with device work and
+  at most a few batches of images are in memory.
+- Each device worker creates its own segmenter and loads it once, in its own thread;
+  images of the same shape are segmented together (``image_batch`` per call).
+- Resumable: an existing valid label file is skipped (``overwrite`` forces a rerun).
+  Every file is written to a temp file and renamed, object table first and label image
+  last, so a killed run never leaves a truncated file that looks finished.
+- One bad file never stops the run: it gets an error row. A method that cannot load
+  stops the run with :class:`PipelineError`.
+- ``cancel.cancel()`` stops within about a second; temp files are removed.
+
+GUI-free and print-free; progress goes to the ``progress`` callback.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .. import io as gio
+from .jobs import Cancelled, CancelToken
+from .methods import SegResult, Segmenter, method_factory
+from .report import ImageStatus, Progress, RunReport, report_names, write_report  # noqa: F401 - re-exported
+from .sharding import resolve_shard, shard_files  # noqa: F401 - re-exported
+
+LABELS_SUFFIX = "_labels.tif"
+TABLE_SUFFIX = "_objects.csv"
+_POLL = 0.05
+_STOP = object()
+
+
+class PipelineError(RuntimeError):
+    """The run as a whole failed (for example the model could not be loaded)."""
+
+
+@dataclass
+class _Item:
+    idx: int
+    path: Path
+    rel: str
+    labels_path: Path
+    table_path: Path
+    labels_rel: str = ""  # labels path relative to out_dir, for the report
+    data: np.ndarray | None = None
+    notes: str = ""
+    seconds: float = 0.0
+    result: object = None
+    device: str = ""
+
+
+def output_paths(in_dir: str | os.PathLike, out_dir: str | os.PathLike, file: str | os.PathLike):
+    """(labels path, object table path) for an input ``file`` under ``in_dir``."""
+    rel = Path(file).resolve().relative_to(Path(in_dir).resolve())
+    stem = rel.name.split(".")[0] if rel.name.lower().endswith((".ome.tif", ".ome.tiff")) else rel.stem
+    base = Path(out_dir) / rel.parent / stem
+    return base.with_name(stem + LABELS_SUFFIX), base.with_name(stem + TABLE_SUFFIX)
+
+
+def list_inputs(in_dir, out_dir, pattern="*.tif*", recursive=False) -> list[Path]:
+    """Input files, leaving out the output folder and our own outputs."""
+    files = gio.scan_folder(in_dir, pattern, recursive, exclude=[out_dir])
+    return [f for f in files if not f.name.endswith(LABELS_SUFFIX)]
+
+
+def _parse_devices(devices) -> list[str]:
+    if devices is None or devices == "" or devices == []:
+        return ["auto"]
+    if isinstance(devices, str):
+        devices = devices.split(",")
+    return [str(d).strip() for d in devices if str(d).strip()]
+
+
+def _shape_str(a: np.ndarray) -> str:
+    return "x".join(str(s) for s in a.shape) + f" {a.dtype}"
+
+
+class _Run:
+    """The threads and queues of one :func:`run_folder` call."""
+
+    def __init__(self, items, factory, policies, io_workers, image_batch, overwrite,
+                 max_image_bytes, cancel):
+        self.items = items
+        self.factory = factory
+        self.policies = policies
+        self.image_batch = max(1, int(image_batch))
+        self.overwrite = overwrite
+        self.max_image_bytes = max_image_bytes
+        self.cancel = cancel
+        self.stop = threading.Event()
+        self.fatal: BaseException | None = None
+        n_dev = len(policies)
+        depth = max(2, 2 * self.image_batch * n_dev)
+        self.tasks: queue.Queue = queue.Queue()
+        for it in items:
+            self.tasks.put(it)
+        self.in_q: queue.Queue = queue.Queue(maxsize=depth)
+        self.out_q: queue.Queue = queue.Queue(maxsize=depth)
+        self.rows: queue.Queue = queue.Queue()
+        self.n_readers = max(1, int(io_workers))
+        self.n_writers = max(1, int(io_workers))
+        self._alive = {"readers": self.n_readers, "workers": n_dev}
+        self._alive_lock = threading.Lock()
+        self.prep = factory()  # unloaded instance: prepare() runs in the reader threads
+        self.threads: list[threading.Thread] = []
+
+    # -- plumbing ---------------------------------------------------------------------
+    def _put(self, q: queue.Queue, obj) -> bool:
+        while not self.stop.is_set():
+            try:
+                q.put(obj, timeout=_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _get(self, q: queue.Queue):
+        while not self.stop.is_set():
+            try:
+                return q.get(timeout=_POLL)
+            except queue.Empty:
+                continue
+        return _STOP
+
+    def _last_out(self, stage: str, q: queue.Queue, n_next: int) -> None:
+        with self._alive_lock:
+            self._alive[stage] -= 1
+            last = self._alive[stage] == 0
+        if last:
+            for _ in range(n_next):
+                self._put(q, _STOP)
+
+    def _error(self, item: _Item, exc: BaseException, shape: str = "") -> None:
+        msg = exc.message if isinstance(exc, gio.ImageReadError) else f"{type(exc).__name__}: {exc}"
+        self.rows.put(ImageStatus(item.rel, shape, None, round(item.seconds, 4), "error", msg,
+                                  notes=item.notes, device=item.device))
+
+    # -- stages -----------------------------------------------------------------------
+    def reader(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    item: _Item = self.tasks.get_nowait()
+                except queue.Empty:
+                    break
+                t0 = time.perf_counter()
+                if not self.overwrite and gio.is_valid_output(item.labels_path):
+                    self.rows.put(ImageStatus(item.rel, status="skipped",
+                                              labels=item.labels_rel,
+                                              notes="existing valid output"))
+                    continue
+                try:
+                    loaded = gio.load_image(item.path, max_bytes=self.max_image_bytes)
+                    item.notes = "; ".join(loaded.notes)
+                    item.data = self.prep.prepare(loaded.data, loaded.rgb)
+                except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                    item.seconds = time.perf_counter() - t0
+                    if isinstance(exc, gio.ImageReadError) and exc.path == "image":
+                        exc = type(exc)(item.path, exc.message)
+                    self._error(item, exc)
+                    continue
+                item.seconds = time.perf_counter() - t0
+                if not self._put(self.in_q, item):
+                    return
+        finally:
+            self._last_out("readers", self.in_q, len(self.policies))
+
+    def worker(self, policy) -> None:
+        seg: Segmenter | None = None
+        try:
+            seg = self.factory()
+            seg.cancel = self.cancel
+            seg.load(policy)
+        except BaseException as exc:  # noqa: BLE001 - the whole run fails
+            self.fatal = exc
+            self.stop.set()
+            self._last_out("workers", self.out_q, self.n_writers)
+            return
+        device = str(getattr(policy, "device", policy))
+        try:
+            finished = False
+            while not finished and not self.stop.is_set():
+                first = self._get(self.in_q)
+                if first is _STOP:
+                    break
+                batch = [first]
+                while len(batch) < self.image_batch:
+                    try:
+                        nxt = self.in_q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is _STOP:
+                        finished = True
+                        break
+                    batch.append(nxt)
+                groups: dict[tuple, list[_Item]] = {}
+                for it in batch:
+                    groups.setdefault((it.data.shape, it.data.dtype.str), []).append(it)
+                for group in groups.values():
+                    if self.stop.is_set():
+                        return
+                    self._segment(seg, group, device)
+        except Cancelled:
+            self.stop.set()
+        finally:
+            try:
+                seg.unload()
+            except Exception:  # noqa: BLE001
+                pass
+            self._last_out("workers", self.out_q, self.n_writers)
+
+    def _segment(self, seg: Segmenter, group: list[_Item], device: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            results = seg.segment([it.data for it in group])
+            if len(results) != len(group):
+                raise RuntimeError(f"method returned {len(results)} results for {len(group)} images")
+        except Cancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if len(group) > 1:  # find the culprit: retry one by one
+                for it in group:
+                    self._segment(seg, [it], device)
+                return
+            group[0].device = device
+            group[0].seconds += time.perf_counter() - t0
+            self._error(group[0], exc, _shape_str(group[0].data))
+            return
+        share = (time.perf_counter() - t0) / len(group)
+        for it, res in zip(group, results):
+            it.result, it.device = res, device
+            it.seconds += share
+            if not self._put(self.out_q, it):
+                return
+
+    def writer(self) -> None:
+        while True:
+            item = self._get(self.out_q)
+            if item is _STOP:
+                return
+            t0 = time.perf_counter()
+            shape = _shape_str(item.data)
+            try:
+                res = item.result
+                if not isinstance(res, SegResult):
+                    res = self.prep.finish(res)  # CPU post-processing, off the device thread
+                labels = np.asarray(res.labels)
+                if labels.shape != item.data.shape[: labels.ndim] or labels.dtype.kind not in "uib":
+                    raise RuntimeError(f"method returned labels of shape {labels.shape} "
+                                       f"dtype {labels.dtype} for an image of shape {item.data.shape}")
+                table = gio.object_table(labels, res.scores)
+                n_obj = int(len(table["label"]))
+                gio.atomic_write_text(item.table_path, gio.table_to_csv(table))
+                gio.write_labels(item.labels_path, labels)  # last: its presence means done
+            except Exception as exc:  # noqa: BLE001
+                item.seconds += time.perf_counter() - t0
+                self._error(item, exc, shape)
+                continue
+            item.seconds += time.perf_counter() - t0
+            self.rows.put(ImageStatus(item.rel, shape, n_obj, round(item.seconds, 4), "ok",
+                                      labels=item.labels_rel, notes=item.notes,
+                                      device=item.device))
+            item.data = item.result = None
+
+    def start(self) -> None:
+        specs = [(self.reader, ()) for _ in range(self.n_readers)]
+        specs += [(self.worker, (p,)) for p in self.policies]
+        specs += [(self.writer, ()) for _ in range(self.n_writers)]
+        for i, (fn, args) in enumerate(specs):
+            t = threading.Thread(target=fn, args=args, daemon=True,
+                                 name=f"gpuseg-{fn.__name__}-{i}")
+            t.start()
+            self.threads.append(t)
+
+    def alive(self) -> bool:
+        return any(t.is_alive() for t in self.threads)
+
+    def join(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, end - time.monotonic()))
+
+
+def _make_factory(method, method_options) -> tuple[Callable[[], Segmenter], str]:
+    if isinstance(method, str):
+        return method_factory(method, **(method_options or {})), method
+    if isinstance(method, Segmenter):
+        return (lambda: method), method.name
+    if callable(method):
+        return method, getattr(method, "__name__", "custom")
+    raise TypeError(f"method must be a name, a Segmenter or a factory, not {type(method).__name__}")
+
+
+def run_folder(
+    in_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    method: str | Segmenter | Callable[[], Segmenter] = "threshold",
+    pattern: str = "*.tif*",
+    recursive: bool = False,
+    shard: str | tuple[int, int] | None = None,
+    devices: str | Sequence[str] | None = None,
+    io_workers: int = 2,
+    image_batch: int = 4,
+    overwrite: bool = False,
+    progress: Callable[[Progress], None] | None = None,
+    cancel: CancelToken | None = None,
+    method_options: dict | None = None,
+    precision: str = "auto",
+    max_image_bytes: int | None = None,
+    files: Sequence[str | os.PathLike] | None = None,
+    env: dict | None = None,
+) -> RunReport:
+    """Segment every image of ``in_dir`` matching ``pattern`` into ``out_dir``.
+
+    ``method``: a registered name (``method_options`` go to its factory: ``model``,
+    ``batch_size``, ...), a :class:`Segmenter` (single device) or a zero-argument factory.
+    ``shard``: ``"I/N"`` or ``(I, N)``; None reads ``SLURM_ARRAY_TASK_ID`` /
+    ``SLURM_ARRAY_TASK_COUNT`` from ``env`` (default ``os.environ``) when set.
+    ``devices``: e.g. ``"cuda:0,cuda:1"``: one worker per device (None = the best one).
+    ``files``: an explicit file list instead of scanning (paths under ``in_dir``).
+    ``max_image_bytes``: images needing more memory get an error row (default: half the
+    RAM available at the start).
+    """
+    from .device import get_policy, make_policy
+
+    t_start = time.perf_counter()
+    in_dir, out_dir = Path(in_dir), Path(out_dir)
+    factory, method_name = _make_factory(method, method_options)
+    dev_names = _parse_devices(devices)
+    if isinstance(method, Segmenter) and len(dev_names) > 1:
+        raise ValueError("one Segmenter instance cannot serve several devices; pass a name or factory")
+    if dev_names == ["auto"] and precision in (None, "auto"):
+        policies = [get_policy()]  # what the user chose for the session (set_policy)
+    elif dev_names == ["auto"]:
+        policies = [make_policy(str(get_policy().device), precision)]
+    else:
+        policies = [make_policy(d, precision) for d in dev_names]
+    found = [Path(f) for f in files] if files is not None else list_inputs(in_dir, out_dir, pattern, recursive)
+    shard_t = resolve_shard(shard, os.environ if env is None else env)
+    if shard_t is not None:
+        found = shard_files(found, *shard_t, root=in_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if max_image_bytes is None:  # refuse what cannot fit instead of swapping or dying
+        import psutil
+
+        max_image_bytes = psutil.virtual_memory().available // 2
+
+    report = RunReport(str(in_dir), str(out_dir), method_name, len(found),
+                       shard=f"{shard_t[0]}/{shard_t[1]}" if shard_t else "")
+    items, seen = [], {}
+    for i, f in enumerate(found):
+        rel = Path(f).resolve().relative_to(in_dir.resolve()).as_posix()
+        lp, tp = output_paths(in_dir, out_dir, f)
+        item = _Item(i, Path(f), rel, lp, tp, lp.relative_to(out_dir).as_posix())
+        if lp in seen:
+            report.rows.append(ImageStatus(rel, status="error",
+                                           error=f"output name {lp.name} already used by {seen[lp]}"))
+            continue
+        seen[lp] = rel
+        items.append(item)
+
+    ours = [p for it in items for p in (it.labels_path, it.table_path)]
+    ours += [out_dir / n for n in report_names(shard_t)]
+    gio.remove_temp_files(out_dir, targets=ours)  # left over from a killed run of these files
+    try:
+        run = _Run(items, factory, policies, io_workers, image_batch, overwrite, max_image_bytes,
+                   cancel or CancelToken())
+    except Exception as exc:  # noqa: BLE001 - e.g. an option the method does not take
+        raise PipelineError(f"method {method_name!r} could not be created: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    counts = {"ok": 0, "skipped": 0, "error": 0}
+    for r in report.rows:
+        counts[r.status] += 1
+
+    def _emit(row: ImageStatus | None) -> None:
+        now = time.perf_counter()
+        processed = counts["ok"] + counts["error"]
+        rate = processed / (now - t_start) if now > t_start else 0.0
+        remaining = report.total - len(report.rows)
+        eta = remaining / rate if rate > 0 else None
+        if progress is not None:
+            progress(Progress(len(report.rows), report.total, rate, eta, counts["ok"],
+                              counts["skipped"], counts["error"], now - t_start, row))
+
+    run.start()
+    try:
+        _emit(None)
+        while len(report.rows) < report.total:
+            if run.cancel.cancelled:
+                report.cancelled = True
+                break
+            if run.fatal is not None:
+                break
+            try:
+                row = run.rows.get(timeout=_POLL)
+            except queue.Empty:
+                if not run.alive() and run.rows.empty():
+                    break
+                continue
+            report.rows.append(row)
+            counts[row.status] += 1
+            _emit(row)
+    except (Cancelled, KeyboardInterrupt):
+        report.cancelled = True
+    finally:
+        report.cancelled = report.cancelled or (run.cancel.cancelled and run.fatal is None)
+        run.stop.set()
+        if report.cancelled:
+            run.cancel.cancel()  # a method checking the token stops mid-batch
+        run.join(timeout=1.5)
+        gio.remove_temp_files(out_dir, targets=ours)
+        report.seconds = time.perf_counter() - t_start
+    if run.fatal is not None:
+        raise PipelineError(f"method {method_name!r} could not start: "
+                            f"{type(run.fatal).__name__}: {run.fatal}") from run.fatal
+    if not report.cancelled:  # every file gets a row, whatever happened
+        done = {r.file for r in report.rows}
+        report.rows += [ImageStatus(it.rel, status="error", error="not processed (internal error)")
+                        for it in items if it.rel not in done]
+    report.rows.sort(key=lambda r: r.file)
+    write_report(report, out_dir, shard_t)
+    return report

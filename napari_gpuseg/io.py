@@ -1,0 +1,430 @@
+"""Reading and writing images, label files and object tables; folder scans.
+
+GUI-free and torch-free. Every user-caused read problem raises a subclass of
+:class:`ImageReadError` whose message says what is wrong with which file, so a folder job
+can record it and move on.
+
+Writes are atomic: the data goes to a hidden temp file in the destination folder (prefix
+:data:`TEMP_PREFIX`), is flushed and fsynced, then renamed over the target with
+``os.replace``. A crash or SIGKILL therefore leaves either the old file, no file, or a
+temp file that :func:`remove_temp_files` cleans up, never a truncated file under the real
+name.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import fnmatch
+import io as _io
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+TIFF_SUFFIXES = (".tif", ".tiff")
+TEMP_PREFIX = ".gpuseg-tmp-"
+MAX_NDIM = 4  # YX, ZYX, TZYX (+ a trailing RGB(A) channel axis)
+
+
+class ImageReadError(ValueError):
+    """A file could not be used as an image; the message is meant for the user."""
+
+    kind = "unreadable"
+
+    def __init__(self, path: str | os.PathLike, message: str) -> None:
+        self.path = str(path)
+        self.message = message
+        super().__init__(f"{Path(path).name}: {message}")
+
+
+class EmptyFileError(ImageReadError):
+    kind = "empty"
+
+
+class NotAnImageError(ImageReadError):
+    kind = "not-an-image"
+
+
+class UnsupportedDimensionsError(ImageReadError):
+    kind = "dimensions"
+
+
+class UnsupportedDtypeError(ImageReadError):
+    kind = "dtype"
+
+
+class AllNaNError(ImageReadError):
+    kind = "all-nan"
+
+
+class TooLargeError(ImageReadError):
+    kind = "too-large"
+
+
+@dataclass
+class LoadedImage:
+    """An image as read from disk, validated and cleaned.
+
+    ``data`` is YX, YXC (``rgb`` True, C == 3), ZYX or TZYX with a numeric real dtype and
+    no NaN/inf; ``notes`` says what was changed on the way (NaNs replaced, alpha dropped).
+    """
+
+    data: np.ndarray
+    path: str
+    rgb: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- reading
+def _peek_nbytes(path: Path) -> int | None:
+    """Uncompressed size of a TIFF's first series without reading pixels (None if unknown)."""
+    if path.suffix.lower() not in TIFF_SUFFIXES:
+        return None
+    try:
+        import tifffile
+
+        with tifffile.TiffFile(path) as tf:
+            series = tf.series[0]
+            return int(np.prod(series.shape)) * np.dtype(series.dtype).itemsize
+    except Exception:  # noqa: BLE001 - the real read reports the problem
+        return None
+
+
+def _read_raw(path: Path) -> np.ndarray:
+    if path.suffix.lower() in TIFF_SUFFIXES:
+        import tifffile
+
+        try:
+            return np.asarray(tifffile.imread(path))
+        except Exception as exc:  # noqa: BLE001 - tifffile raises many types
+            raise NotAnImageError(
+                path, f"not a readable TIFF (corrupt, truncated or not a TIFF): {exc}"
+            ) from exc
+    try:
+        import imageio.v3 as iio
+
+        return np.asarray(iio.imread(path))
+    except Exception as exc:  # noqa: BLE001
+        raise NotAnImageError(path, f"not a readable image: {exc}") from exc
+
+
+def _squeeze(data: np.ndarray) -> np.ndarray:
+    """Drop length-1 axes, keeping at least 2 dimensions."""
+    shape = [s for s in data.shape if s != 1]
+    if len(shape) < 2:
+        shape = list(data.shape[-2:])
+    return data.reshape(shape)
+
+
+def _clean_dtype(path: Path, data: np.ndarray, notes: list[str]) -> np.ndarray:
+    kind = data.dtype.kind
+    if kind == "b":
+        notes.append("boolean image converted to uint8")
+        return data.astype(np.uint8)
+    if kind in "ui":
+        return data
+    if kind == "f":
+        if data.dtype.itemsize < 4:
+            data = data.astype(np.float32)
+        finite = np.isfinite(data)
+        if not finite.all():
+            n_bad = int(data.size - np.count_nonzero(finite))
+            if n_bad == data.size:
+                raise AllNaNError(path, "every pixel is NaN or infinite: nothing to segment")
+            fill = float(np.min(data[finite]))
+            data = np.where(finite, data, data.dtype.type(fill))
+            notes.append(f"{n_bad} NaN/inf pixels replaced by the image minimum ({fill:g})")
+        return data
+    raise UnsupportedDtypeError(
+        path,
+        f"unsupported pixel type {data.dtype} (use integer or real floating-point images)",
+    )
+
+
+def load_image(path: str | os.PathLike, max_bytes: int | None = None) -> LoadedImage:
+    """Read and validate one image file.
+
+    Raises an :class:`ImageReadError` subclass for a missing or zero-byte file, a file that
+    is not a (readable) image, more than 4 dimensions, a complex/object dtype, an all-NaN
+    image, or an image whose pixels need more than ``max_bytes`` of memory.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ImageReadError(path, "file not found")
+    if path.stat().st_size == 0:
+        raise EmptyFileError(path, "zero-byte file (empty or interrupted copy)")
+    if max_bytes is not None:
+        need = _peek_nbytes(path)
+        if need is not None and need > max_bytes:
+            raise TooLargeError(
+                path,
+                f"needs {need / 2**30:.2f} GiB in memory, more than the limit "
+                f"{max_bytes / 2**30:.2f} GiB; split it into tiles first",
+            )
+    try:
+        data = _read_raw(path)
+    except MemoryError as exc:
+        raise TooLargeError(path, "too large to load into memory; split it into tiles first") from exc
+    if data.dtype == object or data.size == 0:
+        raise NotAnImageError(path, f"no pixel data (shape {data.shape}, dtype {data.dtype})")
+    notes: list[str] = []
+    data = _squeeze(data)
+    rgb = data.ndim >= 3 and data.shape[-1] in (3, 4)
+    spatial = data.ndim - 1 if rgb else data.ndim
+    if spatial > MAX_NDIM or (rgb and spatial > 3):
+        raise UnsupportedDimensionsError(
+            path,
+            f"unsupported shape {tuple(data.shape)}: {data.ndim}-D; expected YX, YXC (RGB), "
+            "ZYX or TZYX",
+        )
+    if rgb and data.shape[-1] == 4:
+        data = data[..., :3]
+        notes.append("alpha channel dropped")
+    data = _clean_dtype(path, data, notes)
+    return LoadedImage(np.ascontiguousarray(data), str(path), rgb, notes)
+
+
+def read_image(path: str | os.PathLike, max_bytes: int | None = None) -> np.ndarray:
+    """The pixel array of :func:`load_image`."""
+    return load_image(path, max_bytes=max_bytes).data
+
+
+def is_rgb(image: np.ndarray) -> bool:
+    return image.ndim >= 3 and image.shape[-1] in (3, 4)
+
+
+def to_gray(image: np.ndarray) -> np.ndarray:
+    """Luminance (ITU-R 601) of a YXC RGB(A) image as float32; other images unchanged."""
+    if not is_rgb(image):
+        return image
+    weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    return image[..., :3].astype(np.float32) @ weights
+
+
+# ----------------------------------------------------------------------------- scans
+def _patterns(pattern: str | Sequence[str]) -> list[str]:
+    if isinstance(pattern, str):
+        parts = pattern.replace(";", ",").split(",")
+    else:
+        parts = list(pattern)
+    return [p.strip() for p in parts if p.strip()] or ["*"]
+
+
+def scan_folder(
+    folder: str | os.PathLike,
+    pattern: str | Sequence[str] = "*.tif*",
+    recursive: bool = False,
+    exclude: Iterable[str | os.PathLike] = (),
+) -> list[Path]:
+    """Files in ``folder`` whose name matches ``pattern`` (comma-separated globs allowed).
+
+    Sorted by their path relative to ``folder`` (POSIX form), so the order is the same on
+    every machine. Hidden files, our temp files and anything under ``exclude`` (for
+    example an output folder inside the input folder) are left out.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise NotADirectoryError(f"input folder not found: {root}")
+    pats = [p.lower() for p in _patterns(pattern)]
+    excluded = [Path(e).resolve() for e in exclude]
+    found: list[Path] = []
+    walker = os.walk(root) if recursive else [(str(root), [], os.listdir(root))]
+    for dirpath, dirnames, filenames in walker:
+        here = Path(dirpath)
+        dirnames[:] = [
+            d for d in dirnames
+            if not d.startswith(".") and (here / d).resolve() not in excluded
+        ]
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            full = here / name
+            if not any(fnmatch.fnmatch(name.lower(), p) for p in pats) or not full.is_file():
+                continue
+            found.append(full)
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+# ----------------------------------------------------------------------------- writing
+def _temp_path(target: Path) -> tuple[int, str]:
+    """A new hidden temp file beside ``target`` (mode 0666 minus the umask, like open())."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = target.parent / f"{TEMP_PREFIX}{target.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), str(tmp)
+        except FileExistsError:
+            continue
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = _temp_path(target)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def label_dtype(labels: np.ndarray) -> np.dtype:
+    """The smallest unsigned dtype that holds every label id."""
+    top = int(labels.max()) if labels.size else 0
+    for dt in (np.uint8, np.uint16, np.uint32):
+        if top <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    return np.dtype(np.uint64)
+
+
+def write_labels(path: str | os.PathLike, labels: np.ndarray) -> Path:
+    """Write an instance label image as a zlib-compressed TIFF, atomically."""
+    import tifffile
+
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "ui" and labels.dtype != bool:
+        raise TypeError(f"labels must be integers, got {labels.dtype}")
+    buf = _io.BytesIO()
+    tifffile.imwrite(buf, labels.astype(label_dtype(labels), copy=False), compression="zlib")
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def read_labels(path: str | os.PathLike) -> np.ndarray:
+    import tifffile
+
+    return np.asarray(tifffile.imread(path))
+
+
+def is_valid_output(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a complete, readable TIFF (all pixel data decodes)."""
+    path = Path(path)
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return False
+        import tifffile
+
+        with tifffile.TiffFile(path) as tf:
+            if not tf.pages:
+                return False
+            tf.asarray()
+        return True
+    except Exception:  # noqa: BLE001 - anything unreadable is not a valid output
+        return False
+
+
+def temp_target(temp: str | os.PathLike) -> Path:
+    """The file a temp file of :func:`atomic_write_bytes` was going to become."""
+    temp = Path(temp)
+    return temp.with_name(temp.name[len(TEMP_PREFIX):].rsplit(".", 2)[0])
+
+
+def remove_temp_files(
+    folder: str | os.PathLike, recursive: bool = True,
+    targets: Iterable[str | os.PathLike] | None = None,
+) -> int:
+    """Delete temp files left by interrupted atomic writes; returns how many.
+
+    ``targets``: only temp files of these destination paths (so concurrent jobs writing
+    other files into the same folder, e.g. the shards of a job array, are left alone).
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        return 0
+    wanted = None if targets is None else {os.path.abspath(t) for t in targets}
+    it = root.rglob(TEMP_PREFIX + "*") if recursive else root.glob(TEMP_PREFIX + "*")
+    n = 0
+    for p in it:
+        if wanted is not None and os.path.abspath(temp_target(p)) not in wanted:
+            continue
+        with contextlib.suppress(OSError):
+            p.unlink()
+            n += 1
+    return n
+
+
+# ----------------------------------------------------------------------------- tables
+_AXES = {2: ("y", "x"), 3: ("z", "y", "x"), 4: ("t", "z", "y", "x")}
+
+
+def object_table(
+    labels: np.ndarray, scores: Mapping[int, float] | np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """Per-object area, bounding box (end exclusive) and centroid, and the score when
+    given, one row per label id present (the same numbers as skimage's
+    ``regionprops_table``, computed in a few vectorised passes).
+
+    ``scores`` maps label id -> score, or is an array with ``scores[id - 1]``.
+    """
+    from scipy import ndimage as ndi
+
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "ui":
+        labels = labels.astype(np.int64)
+    nd = labels.ndim
+    axes = _AXES.get(nd, tuple(f"d{i}" for i in range(nd)))
+    flat = labels.ravel()
+    counts = np.bincount(flat) if flat.size else np.zeros(1, np.int64)
+    ids = np.nonzero(counts)[0]
+    ids = ids[ids > 0]
+    area = counts[ids]
+    slices = ndi.find_objects(labels) if ids.size else []
+    table: dict[str, np.ndarray] = {"label": ids, "area": area}
+    for i, ax in enumerate(axes):
+        table[f"bbox_{ax}0"] = np.array([slices[k - 1][i].start for k in ids], dtype=np.int64)
+    for i, ax in enumerate(axes):
+        table[f"bbox_{ax}1"] = np.array([slices[k - 1][i].stop for k in ids], dtype=np.int64)
+    for i, ax in enumerate(axes):
+        shape = [1] * nd
+        shape[i] = labels.shape[i]
+        coord = np.broadcast_to(np.arange(labels.shape[i], dtype=np.float64).reshape(shape), labels.shape)
+        sums = np.bincount(flat, weights=coord.ravel(), minlength=counts.size)
+        table[f"centroid_{ax}"] = sums[ids] / np.maximum(area, 1)
+    if scores is not None:
+        if isinstance(scores, Mapping):
+            table["score"] = np.array([float(scores.get(int(i), np.nan)) for i in ids])
+        else:
+            arr = np.asarray(scores, dtype=float)
+            table["score"] = np.array([arr[i - 1] if 0 < i <= arr.size else np.nan for i in ids])
+    return table
+
+
+def table_to_csv(table: Mapping[str, Sequence]) -> str:
+    """CSV text of a column table (floats with 6 significant digits)."""
+    buf = _io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    cols = list(table)
+    writer.writerow(cols)
+    columns = []
+    for c in cols:
+        values = table[c].tolist() if isinstance(table[c], np.ndarray) else list(table[c])
+        columns.append([f"{v:.6g}" if isinstance(v, float) else v for v in values])
+    writer.writerows(zip(*columns))
+    return buf.getvalue()
+
+
+def write_object_table(
+    path: str | os.PathLike,
+    labels: np.ndarray,
+    scores: Mapping[int, float] | np.ndarray | None = None,
+) -> Path:
+    """Write :func:`object_table` as CSV, atomically."""
+    return atomic_write_text(path, table_to_csv(object_table(labels, scores)))
+
+
+def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))

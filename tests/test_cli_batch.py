@@ -1,0 +1,134 @@
+"""``napari-gpuseg batch``: exit codes, sharding, Ctrl-C, and SIGKILL then resume."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from batch_helpers import BAD, GOOD, make_mixed_folder
+from napari_gpuseg import io as gio
+from napari_gpuseg.cli import main
+
+HELPERS = Path(__file__).with_name("batch_helpers.py")
+PATTERN = "*.tif*,*.png"
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory, shared_data):
+    folder = tmp_path_factory.mktemp("mixed")
+    make_mixed_folder(folder, shared_data)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def eight(tmp_path_factory, shared_data):
+    """Eight real BBBC039 images."""
+    folder = tmp_path_factory.mktemp("eight")
+    for src in sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[:8]:
+        shutil.copy(src, folder / src.name)
+    return folder
+
+
+def test_exit_code_says_files_failed(mixed, tmp_path, capsys):
+    rc = main(["batch", str(mixed), str(tmp_path), "--pattern", PATTERN, "--quiet",
+               "--method", "threshold", "--image-batch", "2", "--io-workers", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert f"{len(GOOD)} ok" in out and f"{len(BAD)} errors" in out
+    for name in BAD:
+        assert f"error  {name}:" in out
+    assert len(list(tmp_path.glob("*_labels.tif"))) == len(GOOD)
+    # only good files -> exit code 0 (and they are skipped now: already done)
+    rc = main(["batch", str(mixed), str(tmp_path), "--pattern", "IXM*,rgb.png", "--quiet"])
+    assert rc == 0 and "0 ok, 4 skipped" in capsys.readouterr().out
+
+
+def test_usage_errors_exit_2(mixed, tmp_path, capsys):
+    assert main(["batch", str(mixed), str(tmp_path), "--method", "nope", "--quiet"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
+    assert main(["batch", str(tmp_path / "missing"), str(tmp_path), "--quiet"]) == 2
+    assert main(["batch", str(mixed), str(tmp_path), "--shard", "5/2", "--quiet"]) == 2
+    assert main(["batch", str(mixed), str(tmp_path), "--set", "sigmaa=1", "--quiet"]) == 2
+    assert "unknown option(s) ['sigmaa']" in capsys.readouterr().err
+    assert main(["batch", str(mixed), str(tmp_path), "--set", "oops", "--quiet"]) == 2
+    assert main(["batch", "--list-methods"]) == 0
+    assert "threshold" in capsys.readouterr().out
+
+
+def test_cli_shards_cover_every_file_once(eight, tmp_path, capsys):
+    for i in range(3):
+        assert main(["batch", str(eight), str(tmp_path), "--shard", f"{i}/3", "--quiet"]) == 0
+    rows = []
+    for i in range(3):
+        rows += [r["file"] for r in gio.read_csv(tmp_path / f"report_shard{i}of3.csv")]
+    assert sorted(rows) == sorted(p.name for p in eight.glob("*.tif")) and len(set(rows)) == 8
+
+
+def test_ctrl_c_exits_130_and_leaves_no_temp(eight, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NAPARI_GPUSEG_TEST_DELAY", "0.5")
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.perf_counter()
+    try:
+        rc = main(["batch", str(eight), str(tmp_path), "--method", "slow-threshold", "--plugin",
+                   str(HELPERS), "--image-batch", "1", "--quiet"])
+    finally:
+        timer.cancel()
+    assert rc == 130 and time.perf_counter() - t0 < 4.0
+    assert "cancelled" in capsys.readouterr().out
+    assert not list(tmp_path.rglob(gio.TEMP_PREFIX + "*"))
+    done = list(tmp_path.glob("*_labels.tif"))
+    assert 0 < len(done) < 8 and all(gio.is_valid_output(p) for p in done)
+
+
+def _cli(*args, env_extra=None):
+    env = dict(os.environ, OMP_NUM_THREADS="2", **(env_extra or {}))
+    return [sys.executable, "-m", "napari_gpuseg.cli", "batch", *map(str, args)], env
+
+
+def test_sigkill_then_rerun_completes_without_rewriting(eight, tmp_path, capsys):
+    out = tmp_path / "out"
+    cmd, env = _cli(eight, out, "--method", "slow-threshold", "--plugin", HELPERS,
+                    "--image-batch", "1", "--io-workers", "2", "--quiet",
+                    env_extra={"NAPARI_GPUSEG_TEST_DELAY": "0.4"})
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 40
+        while len(list(out.glob("*_labels.tif"))) < 3:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no progress before the kill"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*_labels.tif")}
+    assert 3 <= len(before) < 8
+    # every file under its real name is complete, whatever the kill interrupted
+    for p in out.glob("*_labels.tif"):
+        assert gio.is_valid_output(p), p
+    assert not (out / "report.csv").exists()
+
+    assert main(["batch", str(eight), str(out), "--quiet", "--method", "threshold"]) == 0
+    assert f"{8 - len(before)} ok, {len(before)} skipped, 0 errors" in capsys.readouterr().out
+    after = {p.name: p.stat().st_mtime_ns for p in out.glob("*_labels.tif")}
+    assert len(after) == 8 and all(after[n] == t for n, t in before.items())  # none rewritten
+    for p in out.glob("*_labels.tif"):
+        labels = tifffile.imread(p)
+        assert labels.shape == (520, 696) and labels.max() > 0
+        assert (out / p.name.replace("_labels.tif", "_objects.csv")).is_file()
+    assert not list(out.rglob(gio.TEMP_PREFIX + "*"))
+    rows = gio.read_csv(out / "report.csv")
+    assert sorted(r["status"] for r in rows) == sorted(["ok"] * (8 - len(before)) + ["skipped"] * len(before))
+    assert np.all([r["error"] == "" for r in rows])
