@@ -7,6 +7,7 @@ thread; the Qt bridge (``widgets/_bridge.py``) forwards them to the GUI thread.
 """
 from __future__ import annotations
 
+import atexit
 import inspect
 import itertools
 import queue
@@ -207,6 +208,15 @@ class _null:
 
 _default: InferenceWorker | None = None
 _default_lock = threading.Lock()
+
+
+@atexit.register
+def _shutdown_default() -> None:
+    """Stop the shared worker before the interpreter tears down (a thread still inside
+    torch at exit aborts the process)."""
+    worker = _default
+    if worker is not None and worker._thread.is_alive():
+        worker.shutdown(timeout=10.0)
 
 
 def default_worker() -> InferenceWorker:

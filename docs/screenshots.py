@@ -1,0 +1,83 @@
+"""Regenerate the README screenshots (real napari window under Xvfb).
+
+    QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" python docs/screenshots.py [NAME ...]
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import tifffile
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "images"
+DATA = HERE.parents[1] / "shared" / "data"
+
+
+def pump(app, until=lambda: False, seconds=600.0):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        app.processEvents()
+        if until():
+            break
+        time.sleep(0.01)
+    for _ in range(20):
+        app.processEvents()
+        time.sleep(0.02)
+
+
+def annotator(viewer, app):
+    from skimage.measure import regionprops
+
+    f = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[17]
+    img = tifffile.imread(f)
+    gt = tifffile.imread(DATA / "bbbc039" / "masks" / f.name)
+    viewer.add_image(img, name="BBBC039 nuclei", contrast_limits=(0, np.percentile(img, 99.8)))
+    _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    viewer.window.add_plugin_dock_widget("napari-gpuseg", "GPU monitor")
+    pump(app, lambda: w._plane_key() in w._prepared)
+    props = [p for p in regionprops(gt) if 60 < p.centroid[0] < 300 and 60 < p.centroid[1] < 400]
+    for p in props[:10]:
+        r0, c0, r1, c1 = p.bbox
+        w.box_layer.add_rectangles(np.array([[r0 - 3, c0 - 3], [r1 + 3, c1 + 3]], float))
+        pump(app, w.has_preview, 120)
+        w.commit()
+    p = props[10]
+    r0, c0, r1, c1 = p.bbox
+    w.box_layer.add_rectangles(np.array([[r0 - 3, c0 - 3], [r1 + 3, c1 + 3]], float))
+    pump(app, w.has_preview, 120)
+    viewer.scene.camera.zoom = 1.6
+    viewer.scene.camera.center = (180, 230)
+    pump(app)
+
+
+def gpu_monitor(viewer, app):
+    viewer.open_sample("napari-gpuseg", "bbbc039")
+    viewer.window.add_plugin_dock_widget("napari-gpuseg", "GPU monitor")
+    pump(app, seconds=4)
+
+
+SHOTS = {"annotator": annotator, "gpu_monitor": gpu_monitor}
+
+
+def main(names):
+    import napari
+    from qtpy.QtWidgets import QApplication
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name in names or SHOTS:
+        viewer = napari.Viewer(title="napari-gpuseg")
+        viewer.window._qt_window.resize(1500, 900)
+        app = QApplication.instance()
+        SHOTS[name](viewer, app)
+        viewer.screenshot(str(OUT / f"{name}.png"), canvas_only=False)
+        print("wrote", OUT / f"{name}.png")
+        viewer.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
