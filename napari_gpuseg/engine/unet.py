@@ -1,0 +1,301 @@
+"""U-Net prediction: checkpoints, normalisation, tiled probabilities, instance labels.
+
+Images enter as numpy arrays of any dtype. A 2D model takes YX, a stack or time series
+(..., Y, X) as a batch of slices, or YXC / RGB with ``rgb=True``; a 3D model takes ZYX or
+a batch (..., Z, Y, X). Probabilities are (3, *spatial) per image: background, interior,
+boundary. Labels come from connected interior components grown by watershed into the
+foreground.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy import ndimage as ndi
+from skimage.segmentation import watershed
+
+from ..models.unet import CLASS_NAMES, UNet, UNetConfig, build_unet
+from .classical import relabel_small
+from .device import Policy, get_policy
+from .jobs import CancelToken, ProgressFn, check
+from .normalize import apply_normalization, normalization_spec
+from .tiling import sliding_window_inference
+
+FORMAT = "napari-gpuseg-unet"
+FORMAT_VERSION = 1
+BUNDLED_NAME = "unet_nuclei.pt"
+STACK_CHUNK_BYTES = 512 * 2**20  # stitched output per engine call
+
+
+def bundled_model_path() -> Path:
+    """Path of the nuclei model shipped in the package (see weights/MODEL_CARD.md)."""
+    return Path(str(resources.files("napari_gpuseg") / "weights" / BUNDLED_NAME))
+
+
+# -- checkpoints ----------------------------------------------------------------------
+def make_checkpoint(model: UNet, normalization: dict | None = None, **meta) -> dict:
+    """A checkpoint dict of primitive types and tensors (loads with weights_only=True)."""
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    ckpt = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "config": model.config.to_dict(),
+        "classes": list(CLASS_NAMES),
+        "normalization": normalization or normalization_spec(),
+        "state_dict": state,
+    }
+    ckpt.update(plain(meta))
+    return ckpt
+
+
+def plain(obj):
+    """``obj`` with numpy scalars, paths and other objects turned into primitive types, so
+    the checkpoint loads with ``weights_only=True``."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, (bool, type(None))):
+        return obj
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj)
+    return str(obj)
+
+
+def save_checkpoint(path, model: UNet, normalization: dict | None = None, **meta) -> Path:
+    """Write ``model`` and metadata (training summary, metrics, ...) to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(make_checkpoint(model, normalization, **meta), tmp)
+    tmp.replace(path)
+    return path
+
+
+def load_checkpoint(path, map_location="cpu") -> dict:
+    """Read a checkpoint with ``weights_only=True`` and check its format."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"U-Net checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{path} is not a readable U-Net checkpoint: {exc}") from exc
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a napari-gpuseg U-Net checkpoint (no '{FORMAT}' format tag)")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: dict, device="cpu") -> UNet:
+    model = build_unet(UNetConfig.from_dict(ckpt["config"]))
+    state = ckpt["state_dict"]
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the architecture: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    model.load_state_dict(state, strict=True)
+    return model.to(device).eval()
+
+
+@dataclass
+class LoadedModel:
+    model: UNet
+    meta: dict
+    path: Path
+
+    @property
+    def config(self) -> UNetConfig:
+        return self.model.config
+
+    @property
+    def normalization(self) -> dict:
+        return self.meta.get("normalization") or normalization_spec()
+
+
+def load_model(path=None, device=None) -> LoadedModel:
+    """Load a checkpoint (None = the bundled nuclei model) onto ``device`` (policy default)."""
+    path = Path(path) if path else bundled_model_path()
+    device = torch.device(device) if device is not None else get_policy().device
+    ckpt = load_checkpoint(path)
+    model = model_from_checkpoint(ckpt, device)
+    meta = {k: v for k, v in ckpt.items() if k != "state_dict"}
+    return LoadedModel(model, meta, path)
+
+
+# -- prediction -----------------------------------------------------------------------
+def default_roi(config: UNetConfig, spatial_shape, tile: int | None = None) -> tuple[int, ...]:
+    """Window size: with ``tile``, ``min(tile, dimension)``; otherwise whole dimensions up
+    to 1024 (2D) / 128 (3D) pixels in one window (no redundant overlap) and longer
+    dimensions in windows of 512 (2D) / 96 (3D)."""
+    if tile:
+        return tuple(min(int(tile), int(s)) for s in spatial_shape)
+    whole, tile = (1024, 512) if config.spatial_dims == 2 else (128, 96)
+    return tuple(int(s) if s <= whole else tile for s in spatial_shape)
+
+
+def _as_batch(image: np.ndarray, config: UNetConfig, rgb: bool) -> tuple[np.ndarray, tuple]:
+    """-> (B, C, *spatial) float array and the leading batch shape."""
+    img = np.asarray(image)
+    d = config.spatial_dims
+    if rgb and config.in_channels == 1:
+        img = img[..., :3].astype(np.float32).mean(-1)
+    elif rgb:
+        img = np.moveaxis(img, -1, -d - 1)
+    if config.in_channels == 1:
+        if img.ndim < d:
+            raise ValueError(f"a {d}D model needs at least {d} dimensions, got shape {image.shape}")
+        img = np.expand_dims(img, -d - 1)
+    if img.ndim < d + 1:
+        raise ValueError(f"a {d}D model needs at least {d} dimensions, got shape {image.shape}")
+    lead = img.shape[: -(d + 1)]
+    if img.shape[-d - 1] != config.in_channels:
+        raise ValueError(f"model expects {config.in_channels} channels, image gives {img.shape[-d - 1]}")
+    return img.reshape((-1, config.in_channels) + img.shape[-d:]), lead
+
+
+def predict_probabilities(
+    model: UNet | LoadedModel,
+    image,
+    *,
+    rgb: bool = False,
+    normalization: dict | None = None,
+    roi_size=None,
+    tile: int | None = None,
+    overlap: float = 0.25,
+    sw_batch_size: int | None = None,
+    policy: Policy | None = None,
+    channels_last: bool | None = None,
+    output_device=None,
+    progress: ProgressFn = None,
+    cancel: CancelToken | None = None,
+) -> np.ndarray:
+    """Softmax probabilities, shape (*lead, 3, *spatial), float32.
+
+    ``lead`` is the stack/time shape (empty for a single image). Normalisation follows
+    the checkpoint (percentile 1-99.8 per image or slice) unless ``normalization`` is given.
+    Windows: ``roi_size`` if given, else :func:`default_roi` (``tile`` caps the window).
+    """
+    if isinstance(model, LoadedModel):
+        normalization = normalization or model.normalization
+        model = model.model
+    config = model.config
+    d = config.spatial_dims
+    policy = policy or get_policy()
+    batch, lead = _as_batch(image, config, rgb)
+    axis = tuple(range(-d, 0))
+    norm = apply_normalization(batch, normalization, axis=axis)
+    device = next(model.parameters()).device
+    if channels_last is None:
+        channels_last = device.type == "cuda" and d == 2
+    if channels_last and d == 2:
+        model = model.to(memory_format=torch.channels_last)
+    roi = roi_size or default_roi(config, batch.shape[2:], tile)
+    x = torch.from_numpy(np.ascontiguousarray(norm))
+    n = x.shape[0]
+    # images of a stack share window batches; chunks keep the stitched output bounded
+    per_image = config.out_channels * int(np.prod(x.shape[2:])) * 4
+    chunk = max(1, min(n, STACK_CHUNK_BYTES // max(1, per_image)))
+    outs = []
+    done = [0]
+
+    def sub_progress(k: int, total: int, m: int) -> None:
+        if progress is not None:
+            per = max(1, total // m)  # windows per image
+            progress(done[0] * per + k, n * per)
+
+    model.eval()
+    with torch.inference_mode():
+        for start in range(0, n, chunk):
+            check(cancel)
+            part = x[start : start + chunk]
+            logits = sliding_window_inference(
+                part, roi, model, sw_batch_size=sw_batch_size, overlap=overlap,
+                sw_device=device, device=output_device, policy=policy, channels_last=channels_last,
+                progress=lambda k, t, m=part.shape[0]: sub_progress(k, t, m),
+                cancel=cancel, batch_key=("unet", id(model), tuple(roi)),
+            )
+            outs.append(torch.softmax(logits, dim=1).cpu().numpy())
+            done[0] += part.shape[0]
+            del logits
+    probs = np.concatenate(outs)
+    return probs.reshape(tuple(lead) + probs.shape[1:])
+
+
+def probabilities_to_labels(
+    probs: np.ndarray,
+    interior_threshold: float = 0.5,
+    foreground_threshold: float = 0.5,
+    min_size: int = 12,
+    min_seed: int = 3,
+    spatial_dims: int | None = None,
+) -> np.ndarray:
+    """Instance labels (int32) from (..., 3, *spatial) probabilities.
+
+    Seeds: connected components of ``p_interior > interior_threshold`` (>= ``min_seed``
+    pixels). They grow by watershed on ``-p_interior`` into the foreground
+    ``p_interior + p_boundary > foreground_threshold``; foreground blobs without a seed
+    become objects of their own; objects under ``min_size`` pixels are dropped. Stacks
+    are labelled slice by slice with ids unique across the stack.
+    """
+    probs = np.asarray(probs)
+    if spatial_dims is None:
+        spatial_dims = probs.ndim - 1 if probs.shape[0] == 3 else probs.ndim - 2
+    if probs.ndim > spatial_dims + 1:
+        lead = probs.shape[: -(spatial_dims + 1)]
+        flat = probs.reshape((-1,) + probs.shape[-(spatial_dims + 1):])
+        out = np.zeros((flat.shape[0],) + flat.shape[2:], np.int32)
+        offset = 0
+        for i, p in enumerate(flat):
+            lab = probabilities_to_labels(p, interior_threshold, foreground_threshold, min_size,
+                                          min_seed, spatial_dims)
+            out[i] = np.where(lab > 0, lab + offset, 0)
+            offset += int(lab.max())
+        return out.reshape(tuple(lead) + out.shape[1:])
+    interior = probs[1]
+    fg = (probs[1] + probs[2]) > foreground_threshold
+    seeds, n = ndi.label(interior > interior_threshold)
+    if n:
+        seeds = relabel_small(seeds, min_seed)
+    labels = watershed(-interior, seeds, mask=fg) if seeds.max() else np.zeros(fg.shape, np.int32)
+    orphans = fg & (labels == 0)
+    if orphans.any():
+        extra, _ = ndi.label(orphans)
+        labels = np.where(orphans, extra + labels.max(), labels)
+    return relabel_small(labels, min_size)
+
+
+def predict_labels(model, image, *, return_probabilities: bool = False, postprocess: dict | None = None,
+                   **kwargs):
+    """Instance labels (and optionally the probabilities) for ``image``; see
+    :func:`predict_probabilities` for the keyword arguments."""
+    if isinstance(model, LoadedModel):
+        d = model.config.spatial_dims
+        postprocess = {**model.meta.get("postprocess", {}), **(postprocess or {})}
+    else:
+        d = model.config.spatial_dims
+    probs = predict_probabilities(model, image, **kwargs)
+    labels = probabilities_to_labels(probs, spatial_dims=d, **(postprocess or {}))
+    return (labels, probs) if return_probabilities else labels
+
+
+def detect_boxes(image, model=None, **kwargs) -> np.ndarray:
+    """Bounding boxes ``(N, 4)`` as ``x0, y0, x1, y1`` (exclusive end) of the objects the
+    U-Net finds in a 2D image (``model`` None = the bundled nuclei model); a detector for
+    box-prompted SAM, like :func:`engine.classical.detect_boxes`."""
+    from skimage.measure import regionprops
+
+    if model is None or isinstance(model, (str, Path)):
+        model = load_model(model, device=kwargs.get("policy", get_policy()).device)
+    labels = predict_labels(model, image, **kwargs)
+    boxes = [(r.bbox[1], r.bbox[0], r.bbox[3], r.bbox[2]) for r in regionprops(labels)]
+    return np.asarray(boxes, dtype=np.float32).reshape(-1, 4)

@@ -1,0 +1,219 @@
+"""U-Net predict dock: image layer -> instance labels and/or class probabilities.
+
+A thin skin over :mod:`napari_gpuseg.engine.unet`: the network runs in the shared
+inference worker (which caches the loaded model), progress and results come back on the
+GUI thread through ``_bridge``; the GUI thread only builds layers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from qtpy.QtWidgets import (
+    QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
+    QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+)
+
+from ..engine.worker import default_worker
+from ._bridge import submit
+
+BUNDLED = "Bundled nuclei model"
+FROM_FILE = "From file…"
+
+
+def layer_array(layer) -> np.ndarray:
+    """The full-resolution pixels of a layer as a numpy array (multiscale: level 0)."""
+    data = layer.data[0] if getattr(layer, "multiscale", False) else layer.data
+    return np.asarray(data)
+
+
+def layer_names(viewer, kind: str) -> list[str]:
+    if viewer is None:
+        return []
+    return [lyr.name for lyr in viewer.layers if lyr.__class__.__name__ == kind]
+
+
+def _predict_job(image, model_path, rgb, outputs, batch_size, overlap, tile, progress=None, cancel=None):
+    """Runs in the worker thread: load (cached) model, probabilities, labels."""
+    from ..engine import unet
+
+    worker = default_worker()
+    key = ("unet", str(model_path or unet.bundled_model_path()))
+    loaded = worker.model(key, lambda: unet.load_model(model_path, device=worker.policy.device))
+    d = loaded.config.spatial_dims
+    probs = unet.predict_probabilities(loaded, image, rgb=rgb, tile=tile or None, overlap=overlap,
+                                       sw_batch_size=batch_size, policy=worker.policy,
+                                       progress=progress, cancel=cancel)
+    out = {"spatial_dims": d}
+    if "labels" in outputs:
+        post = loaded.meta.get("postprocess", {})
+        out["labels"] = unet.probabilities_to_labels(probs, spatial_dims=d, **post)
+    if "probabilities" in outputs:
+        out["probabilities"] = probs
+    return out
+
+
+class UNetPredictWidget(QWidget):
+    """Image layer, model (bundled or file), outputs, batch size (Auto), tile, overlap."""
+
+    def __init__(self, napari_viewer=None, parent=None):
+        super().__init__(parent)
+        self.viewer = napari_viewer
+        self.setObjectName("UNetPredictWidget")
+        self.job = None
+        self.last_result: dict | None = None
+
+        self.image_combo = QComboBox()
+        self.model_combo = QComboBox()
+        self.model_combo.addItems([BUNDLED, FROM_FILE])
+        self.model_path = QLineEdit()
+        self.model_path.setPlaceholderText("checkpoint .pt")
+        self.browse = QPushButton("…")
+        self.browse.clicked.connect(self._browse)
+        model_row = QHBoxLayout()
+        model_row.addWidget(self.model_path)
+        model_row.addWidget(self.browse)
+        self.model_combo.currentTextChanged.connect(self._model_mode)
+        self.out_labels = QCheckBox("Labels")
+        self.out_labels.setChecked(True)
+        self.out_probs = QCheckBox("Probabilities")
+        outputs = QHBoxLayout()
+        outputs.addWidget(self.out_labels)
+        outputs.addWidget(self.out_probs)
+        self.batch = QSpinBox()
+        self.batch.setRange(0, 256)
+        self.batch.setSpecialValueText("Auto")
+        self.batch.setToolTip("windows per device call; Auto starts from free memory and halves on OOM")
+        self.tile = QSpinBox()
+        self.tile.setRange(0, 2048)
+        self.tile.setSingleStep(64)
+        self.tile.setSpecialValueText("Auto")
+        self.tile.setToolTip("largest window edge; Auto = whole image up to 1024 px, else 512 px tiles")
+        self.overlap = QDoubleSpinBox()
+        self.overlap.setRange(0.0, 0.9)
+        self.overlap.setSingleStep(0.05)
+        self.overlap.setValue(0.25)
+
+        form = QFormLayout()
+        form.addRow("Image", self.image_combo)
+        form.addRow("Model", self.model_combo)
+        form.addRow("", model_row)
+        form.addRow("Output", outputs)
+        form.addRow("Batch size", self.batch)
+        form.addRow("Tile", self.tile)
+        form.addRow("Overlap", self.overlap)
+        self.run_button = QPushButton("Run")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        self.run_button.clicked.connect(self.run)
+        self.cancel_button.clicked.connect(self.cancel)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.run_button)
+        buttons.addWidget(self.cancel_button)
+        self.progress = QProgressBar()
+        self.status = QLabel("")
+        self.status.setWordWrap(True)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addStretch(1)
+        self._model_mode(self.model_combo.currentText())
+        if self.viewer is not None:
+            for ev in (self.viewer.layers.events.inserted, self.viewer.layers.events.removed):
+                ev.connect(self.refresh_layers)
+        self.refresh_layers()
+
+    # -- UI -----------------------------------------------------------------
+    def refresh_layers(self, *_args) -> None:
+        current = self.image_combo.currentText()
+        self.image_combo.clear()
+        names = layer_names(self.viewer, "Image")
+        self.image_combo.addItems(names)
+        if current in names:
+            self.image_combo.setCurrentText(current)
+
+    def _model_mode(self, text: str) -> None:
+        from_file = text == FROM_FILE
+        self.model_path.setEnabled(from_file)
+        self.browse.setEnabled(from_file)
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "U-Net checkpoint", "", "Checkpoints (*.pt *.pth)")
+        if path:
+            self.model_path.setText(path)
+
+    def _busy(self, busy: bool) -> None:
+        self.run_button.setEnabled(not busy)
+        self.cancel_button.setEnabled(busy)
+
+    # -- actions -------------------------------------------------------------
+    def run(self):
+        name = self.image_combo.currentText()
+        if not name or self.viewer is None:
+            self.status.setText("Add an image layer first.")
+            return None
+        outputs = [k for k, box in (("labels", self.out_labels), ("probabilities", self.out_probs))
+                   if box.isChecked()]
+        if not outputs:
+            self.status.setText("Choose labels and/or probabilities.")
+            return None
+        model_path = None
+        if self.model_combo.currentText() == FROM_FILE:
+            model_path = self.model_path.text().strip()
+            if not model_path or not Path(model_path).is_file():
+                self.status.setText(f"Model file not found: {model_path or '(none)'}")
+                return None
+        layer = self.viewer.layers[name]
+        image = layer_array(layer)
+        self._busy(True)
+        self.progress.setValue(0)
+        self.status.setText(f"Predicting {name} {image.shape}…")
+        self.job = submit(
+            _predict_job, image, model_path, bool(getattr(layer, "rgb", False)), outputs,
+            self.batch.value() or None, float(self.overlap.value()), int(self.tile.value()),
+            tag="unet_predict", replace=True,
+            on_result=lambda r, layer=layer: self._done(r, layer), on_error=self._failed,
+            on_progress=self._progress, on_cancelled=self._cancelled,
+        )
+        return self.job
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+
+    def _progress(self, done: int, total: int) -> None:
+        self.progress.setMaximum(max(1, total))
+        self.progress.setValue(done)
+
+    def _done(self, result: dict, layer) -> None:
+        self._busy(False)
+        self.last_result = result
+        kw = {"scale": layer.scale, "translate": layer.translate}
+        if "labels" in result:
+            name = f"{layer.name} U-Net labels"
+            if name in self.viewer.layers:
+                self.viewer.layers[name].data = result["labels"]
+            else:
+                self.viewer.add_labels(result["labels"], name=name, **kw)
+        if "probabilities" in result:
+            probs = result["probabilities"]
+            axis = probs.ndim - result["spatial_dims"] - 1
+            fg = np.take(probs, [1, 2], axis=axis)
+            names = [f"{layer.name} interior prob", f"{layer.name} boundary prob"]
+            for n in names:
+                if n in self.viewer.layers:
+                    self.viewer.layers.remove(n)
+            self.viewer.add_image(fg, channel_axis=axis, name=names, colormap=["green", "magenta"],
+                                  blending="additive", contrast_limits=[0, 1], **kw)
+        n = int(result["labels"].max()) if "labels" in result else None
+        self.status.setText(f"Done: {n} objects." if n is not None else "Done.")
+
+    def _failed(self, exc: BaseException) -> None:
+        self._busy(False)
+        self.status.setText(f"Failed: {exc}")
+
+    def _cancelled(self) -> None:
+        self._busy(False)
+        self.status.setText("Cancelled.")

@@ -1,0 +1,132 @@
+"""A few training iterations on real BBBC039 crops produce a checkpoint that loads with
+weights_only=True and predicts; targets, loss, cancel, 3D and the CLI twin."""
+import numpy as np
+import pytest
+import tifffile
+import torch
+
+from napari_gpuseg.engine.device import Policy
+from napari_gpuseg.engine.jobs import Cancelled, CancelToken
+from napari_gpuseg.engine.training import TrainConfig, dice_ce_loss, make_targets, train_unet
+from napari_gpuseg.engine.unet import load_model, predict_labels, predict_probabilities
+from napari_gpuseg.models.unet import UNet, UNetConfig
+
+FP32 = Policy(torch.device("cpu"), "fp32")
+
+
+def _tiny(dims=2, **kw):
+    base = dict(model=UNetConfig(spatial_dims=dims, depth=2, base=8).to_dict(), crop_size=64, batch_size=2,
+                epochs=2, iters_per_epoch=3, warmup_iters=2, val_fraction=0.5, patience=5, val_roi=128)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def pairs(shared_data):
+    files = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[:2]
+    imgs = [tifffile.imread(f)[:160, :200] for f in files]
+    labs = [tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[:160, :200] for f in files]
+    return imgs, labs
+
+
+def test_targets_separate_touching_objects():
+    lab = np.zeros((12, 20), int)
+    lab[2:10, 2:10] = 1
+    lab[2:10, 10:18] = 2  # touching object
+    t = make_targets(lab)
+    assert set(np.unique(t)) == {0, 1, 2}
+    assert (t[lab == 0] == 0).all()
+    assert (t[2:10, 9] == 2).all() and (t[2:10, 10] == 2).all()  # both rims at the contact
+    assert t[5, 5] == 1 and t[5, 14] == 1
+    from scipy import ndimage as ndi
+
+    assert ndi.label(t == 1)[1] == 2  # interiors do not touch
+
+
+def test_loss_prefers_the_right_answer():
+    target = torch.randint(0, 3, (2, 16, 16))
+    good = torch.nn.functional.one_hot(target, 3).movedim(-1, 1).float() * 10
+    bad = torch.roll(good, 1, dims=1)
+    assert dice_ce_loss(good, target) < 0.05 < dice_ce_loss(bad, target)
+
+
+def test_training_writes_checkpoint_that_loads_and_predicts(pairs, tmp_path):
+    imgs, labs = pairs
+    events, prog = [], []
+    out = tmp_path / "m.pt"
+    res = train_unet(imgs, labs, _tiny(), out_path=out, policy=FP32, on_event=events.append,
+                     progress=lambda d, t: prog.append((d, t)), data_summary={"note": "test"})
+    assert res.checkpoint == str(out) and out.is_file()
+    assert prog[-1] == (6, 6)
+    iters = [e for e in events if e.kind == "iter"]
+    epochs = [e for e in events if e.kind == "epoch"]
+    assert len(iters) == 6 and len(epochs) == 2
+    assert all(np.isfinite(e.train_loss) for e in iters)
+    assert epochs[0].val_f1 is not None and 0 <= epochs[0].val_fg_iou <= 1
+    ckpt = torch.load(out, map_location="cpu", weights_only=True)
+    assert ckpt["config"]["depth"] == 2 and ckpt["training"]["data"]["note"] == "test"
+    assert ckpt["training"]["config"]["crop_size"] == 64 and "val_score" in ckpt["metrics"]
+    loaded = load_model(out, device="cpu")
+    probs = predict_probabilities(loaded, imgs[0], policy=FP32)
+    assert probs.shape == (3,) + imgs[0].shape
+    assert np.allclose(probs.sum(0), 1, atol=1e-5)
+    labels = predict_labels(loaded, imgs[0], policy=FP32)
+    assert labels.shape == imgs[0].shape and labels.dtype == np.int32
+
+
+def test_single_image_split_fine_tune_and_cancel(pairs, tmp_path):
+    imgs, labs = pairs
+    first = tmp_path / "a.pt"
+    train_unet(imgs[0], labs[0], _tiny(epochs=1, val_fraction=0.2), out_path=first, policy=FP32)
+    tuned = tmp_path / "b.pt"
+    res = train_unet(imgs[1], labs[1], _tiny(epochs=1, model=UNetConfig(base=4).to_dict()), out_path=tuned,
+                     policy=FP32, init_checkpoint=first)
+    assert res.model.config.base == 8  # architecture comes from the initial checkpoint
+    token = CancelToken()
+
+    def stop(ev):
+        if ev.iteration >= 2:
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        train_unet(imgs, labs, _tiny(epochs=5), policy=FP32, on_event=stop, cancel=token)
+    with pytest.raises(ValueError, match="no objects"):
+        train_unet(imgs[0], np.zeros_like(labs[0]), _tiny(), policy=FP32)
+
+
+def test_3d_training_with_gradient_checkpointing(shared_data, tmp_path):
+    vol = tifffile.imread(shared_data / "synthetic3d" / "image.tif")
+    lab = tifffile.imread(shared_data / "synthetic3d" / "mask.tif")
+    cfg = _tiny(dims=3, crop_size=16, epochs=1, iters_per_epoch=2, val_fraction=0.0,
+                gradient_checkpointing=True)
+    res = train_unet(vol, lab, cfg, out_path=tmp_path / "v.pt", policy=FP32)
+    loaded = load_model(res.checkpoint, device="cpu")
+    assert loaded.config.spatial_dims == 3
+    labels = predict_labels(loaded, vol, policy=FP32, roi_size=(16, 32, 32))
+    assert labels.shape == vol.shape
+
+
+def test_gradient_checkpointing_gives_same_gradients():
+    torch.manual_seed(0)
+    net = UNet(UNetConfig(depth=2, base=4, norm="group"))
+    x = torch.rand(2, 1, 32, 32)
+    net(x).sum().backward()
+    ref = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    net.gradient_checkpointing = True
+    net(x).sum().backward()
+    assert all(torch.allclose(a, p.grad, atol=1e-5) for a, p in zip(ref, net.parameters()))
+
+
+def test_cli_train_twin(shared_data, tmp_path):
+    from napari_gpuseg.cli import main
+
+    out = tmp_path / "cli.pt"
+    bb = shared_data / "bbbc039"
+    rc = main(["train", "--images", str(bb / "images"), "--labels", str(bb / "masks"), "--limit", "2",
+               "--out", str(out), "--depth", "2", "--base", "4", "--crop", "64", "--batch-size", "2",
+               "--epochs", "1", "--iters-per-epoch", "2", "--val-fraction", "0", "--device", "cpu",
+               "--precision", "fp32"])
+    assert rc == 0
+    ckpt = torch.load(out, map_location="cpu", weights_only=True)
+    assert ckpt["training"]["data"]["train_files"] == ["IXMtest_A02_s1.tif", "IXMtest_A09_s1.tif"]
