@@ -11,9 +11,11 @@ def plane_index(image_layer, viewer) -> tuple:
     ndim = image_layer.data.ndim - (1 if image_layer.rgb else 0)
     if ndim <= 2:
         return ()
-    step = viewer.dims.current_step
-    lead = step[len(step) - ndim: len(step) - 2]
+    step = tuple(viewer.dims.current_step)
     shape = image_layer.data.shape[: ndim - 2]
+    if len(step) < ndim:  # the viewer's dims have not caught up with a just-added layer yet
+        step = (0,) * (ndim - len(step)) + step
+    lead = step[len(step) - ndim: len(step) - 2]
     return tuple(int(min(max(s, 0), n - 1)) for s, n in zip(lead, shape))
 
 

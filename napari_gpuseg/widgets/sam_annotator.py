@@ -332,6 +332,9 @@ class SamAnnotatorWidget(QWidget):
 
     # -- prompts and preview ------------------------------------------------------------
     def _on_prompts_changed(self, event=None) -> None:
+        action = str(getattr(event, "action", "") or "")
+        if action.endswith("ing"):  # "adding"/"changing"/"removing": wait for the final event
+            return
         if self.image_layer is None or self.pos_layer is None:
             return
         self._generation += 1
