@@ -117,6 +117,7 @@ class Recorder(Segmenter):
     def load(self, policy):
         super().load(policy)
         self.log.append(("load", threading.current_thread().name, str(policy.device)))
+        time.sleep(0.5)  # a model load takes time: readers fill the queue meanwhile
 
     def segment(self, images):
         self.log.append(("batch", [im.shape for im in images]))
