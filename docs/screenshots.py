@@ -61,7 +61,24 @@ def gpu_monitor(viewer, app):
     pump(app, seconds=4)
 
 
-SHOTS = {"annotator": annotator, "gpu_monitor": gpu_monitor}
+def unet_predict(viewer, app):
+    f = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[16]  # a validation image
+    img = tifffile.imread(f)
+    viewer.add_image(img, name="BBBC039 nuclei", contrast_limits=(0, np.percentile(img, 99.8)))
+    _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "U-Net predict")
+    w.out_probs.setChecked(True)
+    w.run()
+    pump(app, lambda: "BBBC039 nuclei U-Net labels" in viewer.layers and w.run_button.isEnabled(), 300)
+    viewer.layers["BBBC039 nuclei boundary prob"].visible = False
+    viewer.layers["BBBC039 nuclei interior prob"].visible = False
+    viewer.layers["BBBC039 nuclei U-Net labels"].contour = 2
+    viewer.layers.selection.active = viewer.layers["BBBC039 nuclei U-Net labels"]
+    viewer.scene.camera.zoom = 1.5
+    viewer.scene.camera.center = (200, 260)
+    pump(app, seconds=3)
+
+
+SHOTS = {"annotator": annotator, "gpu_monitor": gpu_monitor, "unet_predict": unet_predict}
 
 
 def main(names):

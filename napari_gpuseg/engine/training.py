@@ -49,9 +49,10 @@ class TrainConfig:
     num_workers: int | None = None  # None = 0 on CPU, up to 4 on CUDA
     compile: bool = False
     gradient_checkpointing: bool = False
+    channels_last: bool | None = None  # None = on CUDA for 2D
     max_time_s: float | None = None
     normalization: dict = field(default_factory=normalization_spec)
-    val_roi: int | None = None  # validation window edge (None = whole image up to 1024)
+    val_roi: int | None = None  # validation window edge (None = automatic, see engine.unet.default_roi)
     contact_width: int = 2  # boundary thickness where objects touch (pixels)
     contact_weight: float = 5.0  # cross-entropy weight of those contact pixels
 
@@ -262,7 +263,7 @@ def evaluate(model: UNet, xs: list, ys: list, config: TrainConfig, policy: Polic
     for x in xs:
         inp = x[0] if model.config.in_channels == 1 else x
         probs = predict_probabilities(model, inp, normalization={"kind": "none"}, tile=config.val_roi,
-                                      sw_batch_size=4, policy=policy)
+                                      sw_batch_size=4, policy=policy, channels_last=False)
         preds.append(probabilities_to_labels(probs, spatial_dims=d))
     model.train()
     truth = [np.asarray(y) for y in ys]
@@ -286,6 +287,8 @@ def train_unet(
     ``on_event`` receives a :class:`TrainEvent` every iteration and after every
     validation; ``progress(done, total)`` counts iterations; ``cancel`` stops between
     iterations (raising ``Cancelled``; the best checkpoint so far stays on disk).
+    ``init_checkpoint``: start from these weights (fine-tuning); its architecture and
+    normalisation replace ``config.model`` and ``config.normalization``.
     """
     t0 = time.perf_counter()
     config = config or TrainConfig()
@@ -314,6 +317,12 @@ def train_unet(
         model.load_state_dict(init["state_dict"], strict=True)
     model = model.to(device)
     model.gradient_checkpointing = config.gradient_checkpointing
+    channels_last = config.channels_last
+    if channels_last is None:
+        channels_last = device.type == "cuda"
+    channels_last = channels_last and mcfg.spatial_dims == 2
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     fwd = torch.compile(model) if config.compile else model
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=fused)
@@ -346,6 +355,8 @@ def train_unet(
             for g in opt.param_groups:
                 g["lr"] = config.lr * _lr_factor(it, total, config.warmup_iters, _time_fraction(config, t0))
             xb = xb.to(device, non_blocking=True)
+            if channels_last:
+                xb = xb.contiguous(memory_format=torch.channels_last)
             yb = yb.to(device, non_blocking=True)
             amp = policy.autocast() if use_amp else contextlib.nullcontext()
             with amp:

@@ -88,7 +88,7 @@ class UNetPredictWidget(QWidget):
         self.tile.setRange(0, 2048)
         self.tile.setSingleStep(64)
         self.tile.setSpecialValueText("Auto")
-        self.tile.setToolTip("largest window edge; Auto = whole image up to 1024 px, else 512 px tiles")
+        self.tile.setToolTip("largest window edge; Auto = whole image up to 768 px, else 256-512 px tiles")
         self.overlap = QDoubleSpinBox()
         self.overlap.setRange(0.0, 0.9)
         self.overlap.setSingleStep(0.05)
