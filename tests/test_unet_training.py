@@ -54,7 +54,7 @@ def test_training_writes_checkpoint_that_loads_and_predicts(pairs, tmp_path):
     imgs, labs = pairs
     events, prog = [], []
     out = tmp_path / "m.pt"
-    res = train_unet(imgs, labs, _tiny(), out_path=out, policy=FP32, on_event=events.append,
+    res = train_unet(imgs, labs, _tiny(channels_last=True), out_path=out, policy=FP32, on_event=events.append,
                      progress=lambda d, t: prog.append((d, t)), data_summary={"note": "test"})
     assert res.checkpoint == str(out) and out.is_file()
     assert prog[-1] == (6, 6)
