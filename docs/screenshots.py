@@ -18,7 +18,11 @@ OUT = HERE / "images"
 DATA = HERE.parents[1] / "shared" / "data"
 
 
-def pump(app, until=lambda: False, seconds=600.0):
+def pump(app, until=None, seconds=None):
+    """Process events until ``until()`` is true (at most 600 s) or for ``seconds``."""
+    if seconds is None:
+        seconds = 2.0 if until is None else 600.0
+    until = until or (lambda: False)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         app.processEvents()
