@@ -1,0 +1,218 @@
+"""Automatic SAM benchmark: segment everything, ours vs the official generator, and box mode.
+
+    OMP_NUM_THREADS=2 python benchmarks/automatic.py [--pps 8] [--repeats 1] [--out FILE]
+
+1. Segment everything, ours vs ``segment_anything.SamAutomaticMaskGenerator`` in the same
+   run: the same network object (LiteMedSAM, real weights), the same image (a 256 x 256
+   BBBC039 validation crop, one view, no resizing) and the same parameters. The official
+   generator re-embeds on every ``generate``; ours is timed cold (empty embedding cache:
+   encoder included) and warm (a re-run, e.g. after a threshold change: embedding from
+   the cache). Parameter sets: everything passes (``pred_iou_thresh=0``: every prompt
+   needs its masks, our worst case) and the box-trained defaults of the dock. Peak
+   memory is the resident memory the call adds (``PeakRSS`` from ``benchmarks/sam.py``).
+   Both sides must return the same masks (>= 95 % matched at IoU >= 0.9).
+2. Box mode throughput (boxes/s): all ground-truth boxes of the 8 validation crops,
+   batched decoder calls vs one box per call (embeddings cached, decode + render timed).
+3. On CUDA only: images/s of both modes and the speed-up over the official generator.
+
+Runs interleave ours and the official code so both see the same machine load.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+import sam_reference as ref  # noqa: E402
+from sam import PeakRSS, val_crops  # noqa: E402  (benchmarks/sam.py)
+
+from napari_gpuseg.engine.automatic import AutomaticParams, segment_everything  # noqa: E402
+from napari_gpuseg.engine.device import Policy, device_name  # noqa: E402
+from napari_gpuseg.engine.embedding_cache import EmbeddingCache  # noqa: E402
+from napari_gpuseg.engine.sam import SamEngine, SamModelInfo  # noqa: E402
+from napari_gpuseg.engine.sam_boxes import boxes_from_labels, segment_boxes_batch  # noqa: E402
+from napari_gpuseg.models.sam import load_sam  # noqa: E402
+
+LINES: list[str] = []
+
+
+def emit(line: str = "") -> None:
+    print(line, flush=True)
+    LINES.append(line)
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device):
+    with PeakRSS(device) as pk:
+        sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(device)
+        dt = time.perf_counter() - t0
+    return dt, pk, out
+
+
+def to_uint8_rgb(img: np.ndarray) -> np.ndarray:
+    x = img.astype(np.float32)
+    lo, hi = np.percentile(x, [1, 99.8])
+    return (np.repeat(np.clip((x - lo) / (hi - lo), 0, 1)[..., None], 3, -1) * 255).astype(np.uint8)
+
+
+def matched(official: list, ours: list) -> tuple[float, float]:
+    if not official or not ours:
+        return float(len(official) == len(ours)), float(len(official) == len(ours))
+    a = np.stack(official).reshape(len(official), -1).astype(np.float32)
+    b = np.stack(ours).reshape(len(ours), -1).astype(np.float32)
+    inter = a @ b.T
+    union = a.sum(1)[:, None] + b.sum(1)[None] - inter
+    iou = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+    return float((iou.max(1) >= 0.9).mean()), float((iou.max(0) >= 0.9).mean())
+
+
+def everything(sam, device, images: dict, pps: int, repeats: int) -> None:
+    from segment_anything import SamAutomaticMaskGenerator
+
+    sets = {
+        "all prompts pass (pred_iou_thresh 0)": dict(pred_iou_thresh=0.0, stability_score_thresh=0.0),
+        "dock defaults for LiteMedSAM": {k: v for k, v in AutomaticParams.for_model(True).to_dict().items()
+                                         if k in ("pred_iou_thresh", "stability_score_thresh",
+                                                  "min_mask_region_area")},
+    }
+    emit(f"points_per_side={pps} ({pps * pps} prompts, 3 masks each), points_per_batch=64, LiteMedSAM, "
+         "fp32, official crop geometry (``tiling='crops'``: the whole image resized into the 256 px input).")
+    emit()
+    emit("| image | parameters | official | ours cold (embeds) | ours warm (cached embedding) "
+         "| speed-up cold / warm | peak RSS official / ours cold | masks official / ours "
+         "| matched official / ours |")
+    emit("|---|---|---|---|---|---|---|---|---|")
+    for (img_label, img), (label, extra) in [(i, p) for i in images.items() for p in sets.items()]:
+        kw = dict(points_per_side=pps, **extra)
+        if kw.get("min_mask_region_area"):
+            kw["min_mask_region_area"] = 0  # the official needs cv2 for it (not installed)
+        gen = SamAutomaticMaskGenerator(sam, **kw)
+        params = AutomaticParams(tiling="crops", **kw)
+        t_off, t_cold, t_warm = [], [], []
+        for r in range(repeats):
+            dt, pk_off, recs = timed(lambda: gen.generate(img), device)
+            t_off.append(dt)
+            engine = SamEngine(sam, SamModelInfo("lite_medsam", 256, "none", True),
+                               Policy(device, "fp32"), cache=EmbeddingCache())
+            dt, pk_cold, res = timed(lambda: segment_everything(engine, img, params), device)
+            t_cold.append(dt)
+            dt, _pk, res = timed(lambda: segment_everything(engine, img, params), device)
+            t_warm.append(dt)
+        o, c, w = (statistics.median(t) for t in (t_off, t_cold, t_warm))
+        f1, f2 = matched([x["segmentation"] for x in recs], [m.full(img.shape[:2]) for m in res.masks])
+        emit(f"| {img_label} | {label} | {o:.1f} s | {c:.1f} s | {w:.1f} s | {o / c:.2f}x / {o / w:.2f}x "
+             f"| {pk_off.mib:.0f} / {pk_cold.mib:.0f} MiB | {len(recs)} / {len(res)} | {f1:.2f} / {f2:.2f} |")
+
+
+def boxes(sam, device, crops, repeats: int) -> None:
+    engine = SamEngine(sam, SamModelInfo("lite_medsam", 256, "minmax", True), Policy(device, "fp32"))
+    imgs = [c[1] for c in crops]
+    bxs = [boxes_from_labels(c[2]) for c in crops]
+    n = sum(len(b) for b in bxs)
+    engine.embed(imgs)
+    segment_boxes_batch(engine, imgs[:1], bxs[:1], padding=2)  # warm-up; zoom views embedded
+    segment_boxes_batch(engine, imgs, bxs, padding=2, batch_size=1)
+    rates = {}
+    for label, bs in (("batched (auto, 64 per call)", None), ("one box per call", 1)):
+        ts = []
+        for _ in range(repeats):
+            dt, pk, res = timed(lambda: segment_boxes_batch(engine, imgs, bxs, padding=2, batch_size=bs), device)
+            ts.append(dt)
+        rates[label] = (n / statistics.median(ts), pk.mib)
+    emit(f"{n} ground-truth boxes on the 8 validation crops, embeddings cached (decoder + render).")
+    emit()
+    emit("| box mode | boxes/s | peak RSS |")
+    emit("|---|---|---|")
+    for label, (rate, mib) in rates.items():
+        emit(f"| {label} | {rate:.1f} | {mib:.0f} MiB |")
+    first, second = rates.values()
+    emit(f"\nBatched vs one box per call: {first[0] / second[0]:.2f}x")
+
+
+def gpu_section(sam_cpu_path, crops, pps) -> None:
+    from segment_anything import SamAutomaticMaskGenerator
+
+    device = torch.device("cuda")
+    sam = load_sam("lite_medsam", sam_cpu_path, device=device)
+    sam.pixel_std.fill_(255.0)
+    imgs = [to_uint8_rgb(c[1]) for c in crops]
+    params = AutomaticParams(points_per_side=pps, pred_iou_thresh=0.0, stability_score_thresh=0.0)
+    gen = SamAutomaticMaskGenerator(sam, points_per_side=pps, pred_iou_thresh=0.0, stability_score_thresh=0.0)
+    gen.generate(imgs[0])
+    dt_off, _pk, _ = timed(lambda: [gen.generate(im) for im in imgs], device)
+    engine = SamEngine(sam, SamModelInfo("lite_medsam", 256, "none", True), Policy(device, "fp32"))
+    segment_everything(engine, imgs[0], params)
+    dt_ours, pk, _ = timed(lambda: [segment_everything(engine, im, params) for im in imgs], device)
+    eng2 = SamEngine(sam, SamModelInfo("lite_medsam", 256, "minmax", True), Policy(device, "fp32"))
+    raw = [c[1] for c in crops]
+    bxs = [boxes_from_labels(c[2]) for c in crops]
+    segment_boxes_batch(eng2, raw[:1], bxs[:1])
+    eng2.cache.clear()
+    dt_box, _pk, _ = timed(lambda: segment_boxes_batch(eng2, raw, bxs, padding=2), device)
+    emit(f"\n## GPU: {device_name(device)}\n")
+    emit("| mode | images/s |")
+    emit("|---|---|")
+    emit(f"| segment everything, official | {len(imgs) / dt_off:.2f} |")
+    emit(f"| segment everything, ours (cold) | {len(imgs) / dt_ours:.2f} (GPU peak {pk.gpu_mib:.0f} MiB) |")
+    emit(f"| boxes -> SAM, ours (cold) | {len(raw) / dt_box:.2f} |")
+    emit(f"\nSpeed-up over the official generator on the GPU: {dt_off / dt_ours:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pps", type=int, default=8, help="points per side (same for both)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT.parent / "notes" / "automatic_bench.md"))
+    args = ap.parse_args()
+    ref.install_stubs()
+    torch.manual_seed(0)
+    path = str(ref.LITE_MEDSAM_ASSET)
+    sam = load_sam("lite_medsam", path)
+    sam.pixel_std.fill_(255.0)  # the official predictor feeds 0..255; LiteMedSAM wants 0..1
+    crops = val_crops()
+    cpu = torch.device("cpu")
+    emit("# Automatic SAM benchmark")
+    emit()
+    emit(f"`OMP_NUM_THREADS={torch.get_num_threads()} python benchmarks/automatic.py --pps {args.pps} "
+         f"--repeats {args.repeats}` on {platform.processor() or platform.machine()}, "
+         f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
+         f"{datetime.date.today().isoformat()}. Shared machine: compare columns of one run only.")
+    emit()
+    emit("## Segment everything: ours vs official SamAutomaticMaskGenerator (CPU)\n")
+    import tifffile
+
+    full = tifffile.imread(sorted((ROOT.parent / "shared" / "data" / "bbbc039" / "images").glob("*.tif"))[-8])
+    images = {"256 x 256 crop": to_uint8_rgb(crops[0][1]), "520 x 696 field": to_uint8_rgb(full)}
+    everything(sam, cpu, images, args.pps, args.repeats)
+    emit()
+    emit("## Boxes -> SAM throughput (CPU)\n")
+    boxes(sam, cpu, crops, args.repeats)
+    if torch.cuda.is_available():
+        gpu_section(path, crops, args.pps)
+    else:
+        emit("\n(No CUDA device in this run: GPU section skipped.)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(LINES) + "\n")
+
+
+if __name__ == "__main__":
+    main()

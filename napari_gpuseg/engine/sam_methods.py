@@ -1,0 +1,143 @@
+"""Folder-job methods for SAM: ``sam-boxes`` (detector + SAM) and ``sam-everything``.
+
+Registered by name in :mod:`napari_gpuseg.engine.methods`; used like every method::
+
+    seg = create_method("sam-boxes", model="lite_medsam", batch_size=None, detector="auto")
+    seg.load(policy)                 # in the device worker thread
+    seg.segment([img1, img2, ...])   # same-shape images: one batched encoder pass, boxes batched
+
+2D images (gray or RGB) and stacks (ZYX, per slice) are accepted.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Sequence
+
+import numpy as np
+
+from .methods import Segmenter, SegResult
+
+DEFAULT_MODEL = "lite_medsam"
+
+
+def _planes(image: np.ndarray, rgb: bool) -> tuple[list[np.ndarray], tuple]:
+    """2D planes of an image or stack (YX, YXC, ZYX, ZYXC, TZYX...) and the leading shape."""
+    spatial = image.shape[:-1] if rgb else image.shape
+    lead = spatial[:-2]
+    flat = image.reshape((-1,) + image.shape[len(lead):]) if lead else image[None]
+    return list(flat), tuple(lead)
+
+
+def stack_labels(labels: Sequence[np.ndarray], lead: tuple) -> np.ndarray:
+    """Per-plane label images -> one array with ids unique across the stack."""
+    out, offset = [], 0
+    for lab in labels:
+        out.append(np.where(lab > 0, lab + offset, 0).astype(np.int32))
+        offset += int(lab.max())
+    arr = np.stack(out) if out else np.zeros((0,), np.int32)
+    return arr.reshape(tuple(lead) + arr.shape[1:]) if lead else arr[0]
+
+
+class _SamSegmenter(Segmenter):
+    spatial_ndims = (2, 3)
+    accepts_rgb = True
+
+    def __init__(self, model: str | None = None, batch_size: int | None = None, **options):
+        super().__init__(model=model or DEFAULT_MODEL, batch_size=batch_size, **options)
+        self.engine = None
+
+    def load(self, policy) -> None:
+        from .sam_loader import load_engine
+
+        super().load(policy)
+        self.engine = load_engine(self.model, policy=policy)
+
+    def unload(self) -> None:
+        self.engine = None
+
+    def prepare(self, image: np.ndarray, rgb: bool | None = None) -> np.ndarray:
+        """Checks the shape; gray stacks get a trailing channel axis so that the dimension
+        count tells the layout: 2 = gray YX, 3 = colour YXC, 4 = stack ZYXC."""
+        from ..io import is_rgb
+
+        rgb = is_rgb(image) if rgb is None else rgb
+        image = super().prepare(image, rgb)
+        return image[..., None] if (not rgb and image.ndim == 3) else image
+
+    def _split(self, images):
+        planes, leads = [], []
+        for img in images:
+            img = np.asarray(img)
+            p, lead = _planes(img, rgb=img.ndim >= 3)
+            planes.append(p)
+            leads.append(lead)
+        return planes, leads
+
+    def segment(self, images):
+        planes, leads = self._split(images)
+        flat = [p for ps in planes for p in ps]
+        results = self._segment_planes(flat)
+        out, k = [], 0
+        for ps, lead in zip(planes, leads):
+            part = results[k:k + len(ps)]
+            k += len(ps)
+            labels = stack_labels([r.labels for r in part], lead)
+            scores, offset = {}, 0  # label id (unique across the stack) -> predicted IoU
+            for r in part:
+                scores.update({int(i) + offset: float(s) for i, s in zip(r.ids, r.scores) if i > 0})
+                offset += int(r.labels.max())
+            out.append(SegResult(labels, scores))
+        return out
+
+    def _segment_planes(self, planes):
+        raise NotImplementedError
+
+
+class SamBoxSegmenter(_SamSegmenter):
+    """Detector boxes refined by SAM (the mode for box-trained models such as LiteMedSAM).
+
+    Options: ``detector`` ("auto" = U-Net when installed, else "threshold"; or
+    "threshold" / "unet"), ``padding`` (px added around each box, default 2),
+    ``min_area`` (px; holes/islands/objects smaller are cleaned, default 15),
+    ``embed_batch_size`` (views per encoder call) and detector keywords as
+    ``detector_options``. ``batch_size`` = boxes per decoder call.
+    """
+
+    name = "sam-boxes"
+
+    def _segment_planes(self, planes):
+        from .sam_boxes import detect_boxes, segment_boxes_batch
+
+        opts = dict(self.options)
+        det = opts.pop("detector", "auto")
+        det_opts = opts.pop("detector_options", {}) or {}
+        boxes = []
+        for p in planes:
+            if self.cancel is not None:
+                self.cancel.check()
+            boxes.append(detect_boxes(p, det, policy=self.policy, **det_opts))
+        return segment_boxes_batch(
+            self.engine, planes, boxes, padding=float(opts.get("padding", 2.0)),
+            batch_size=self.batch_size, embed_batch_size=opts.get("embed_batch_size"),
+            min_area=int(opts.get("min_area", 15)), cancel=self.cancel)
+
+
+class SamEverythingSegmenter(_SamSegmenter):
+    """Segment everything from a grid of point prompts (official SamAutomaticMaskGenerator
+    parameters as options, e.g. ``points_per_side=32, pred_iou_thresh=0.88``; per-model
+    defaults otherwise). ``batch_size`` = point prompts per decoder call."""
+
+    name = "sam-everything"
+
+    def _segment_planes(self, planes):
+        from .automatic import AutomaticParams, plan_crops, segment_everything
+
+        names = {f.name for f in fields(AutomaticParams)}
+        params = AutomaticParams.for_model(self.engine.info.box_trained,
+                                           **{k: v for k, v in self.options.items() if k in names})
+        prepared = [self.engine.prepare(p) for p in planes]
+        views = [[c.view for c in plan_crops(self.engine, im, params)] for im in prepared]
+        self.engine.embed(prepared, views, batch_size=self.options.get("embed_batch_size"),
+                          cancel=self.cancel)  # all planes' crops in batched encoder calls
+        return [segment_everything(self.engine, im, params, batch_size=self.batch_size, cancel=self.cancel)
+                for im in prepared]

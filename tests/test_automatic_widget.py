@@ -1,0 +1,119 @@
+"""The SAM automatic dock on a real viewer, the real LiteMedSAM checkpoint and real data.
+
+Small crops of a BBBC039 validation field (one 256 px view each) keep the CPU time low;
+the shared inference worker keeps the model and embeddings between tests.
+"""
+import numpy as np
+import pytest
+import tifffile
+
+from napari_gpuseg.engine.metrics import object_f1
+
+from sam_fixtures import gt_boxes, iou, require_lite_medsam
+
+WAIT = 300_000  # ms; the CPU encoder is slow on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def crop(shared_data):
+    require_lite_medsam()
+    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[17]
+    img = tifffile.imread(f)[100:356, 200:456]
+    gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[100:356, 200:456]
+    return img, gt
+
+
+def open_dock(viewer):
+    _dock, widget = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM automatic")
+    return widget
+
+
+def run_and_wait(qtbot, w):
+    w.run()
+    qtbot.waitUntil(lambda: w.run_button.isEnabled(), timeout=WAIT)
+    assert "objects" in w.status.text(), w.status.text()
+
+
+def test_steers_box_trained_model_to_box_mode(make_napari_viewer, crop):
+    viewer = make_napari_viewer()
+    viewer.add_image(crop[0], name="nuclei")
+    w = open_dock(viewer)
+    assert "medsam" in w.model_name and w.mode == "boxes"
+    assert w.image_combo.currentText() == "nuclei"
+    assert w.box_group.isVisible() or not w.param_group.isVisible()
+    w.mode_combo.setCurrentIndex(1)
+    assert w.mode == "everything" and "box" in w.hint_label.text().lower()
+    w._apply_model_defaults()  # per-model defaults put it back
+    assert w.mode == "boxes"
+    assert w.params().points_per_side == 16  # box-trained defaults for the point grid
+
+
+def test_detector_boxes_give_a_labels_layer(make_napari_viewer, qtbot, crop):
+    img, gt = crop
+    viewer = make_napari_viewer()
+    viewer.add_image(img, name="nuclei")
+    w = open_dock(viewer)
+    w.source_combo.setCurrentText("Detector: threshold")
+    run_and_wait(qtbot, w)
+    layer = viewer.layers["nuclei SAM automatic"]
+    assert layer.data.shape == img.shape and layer.data.dtype == np.int32
+    assert layer.data.max() > 10
+    f1 = object_f1(gt, layer.data, 0.5)
+    print(f"dock, threshold boxes: F1@0.5 = {f1:.3f}")
+    assert f1 > 0.7
+
+
+def test_shapes_layer_boxes_and_stack(make_napari_viewer, qtbot, crop):
+    img, gt = crop
+    ids, boxes = gt_boxes(gt)
+    ids, boxes = ids[:4], boxes[:4]
+    stack = np.stack([img, img[::-1]])  # slice 1 is the same field flipped upside down
+    viewer = make_napari_viewer()
+    viewer.add_image(stack, name="pair")
+    rects = []
+    for z in (0, 1):
+        for x0, y0, x1, y1 in boxes:
+            if z == 1:
+                y0, y1 = img.shape[0] - y1, img.shape[0] - y0
+            rects.append(np.array([[z, y0, x0], [z, y0, x1], [z, y1, x1], [z, y1, x0]], float))
+    viewer.add_shapes(rects, shape_type="rectangle", name="my boxes")
+    w = open_dock(viewer)
+    w.image_combo.setCurrentText("pair")
+    w.source_combo.setCurrentText("Shapes layer (rectangles)")
+    w.shapes_combo.setCurrentText("my boxes")
+    w.stack_check.setChecked(True)
+    w.embed_batch_spin.setValue(2)
+    run_and_wait(qtbot, w)
+    data = viewer.layers["pair SAM automatic"].data
+    assert data.shape == stack.shape
+    assert len(np.unique(data[0])) - 1 == 4 and len(np.unique(data[1])) - 1 == 4
+    assert set(np.unique(data[0])).isdisjoint(set(np.unique(data[1])) - {0})  # ids unique in the stack
+    for z, truth in ((0, gt), (1, gt[::-1])):
+        for i in ids:
+            hit = data[z][truth == i]
+            assert hit.max() > 0
+            assert iou(data[z] == np.bincount(hit[hit > 0]).argmax(), truth == i) > 0.6
+
+
+def test_segment_everything_runs_and_cancel_is_clean(make_napari_viewer, qtbot, crop):
+    img, _gt = crop
+    small = img[:96, :96]
+    viewer = make_napari_viewer()
+    viewer.add_image(small, name="corner")
+    w = open_dock(viewer)
+    w.mode_combo.setCurrentIndex(1)
+    w.param_widgets["points_per_side"].setValue(4)
+    w.param_widgets["pred_iou_thresh"].setValue(0.1)
+    w.param_widgets["stability_score_thresh"].setValue(0.0)
+    run_and_wait(qtbot, w)
+    assert viewer.layers["corner SAM automatic"].data.max() >= 1
+    _indices, results = w.last_result
+    assert results[0].n_prompts == 16
+    # a long run, cancelled: the dock reports it and stays usable
+    w.param_widgets["points_per_side"].setValue(32)
+    w.prompt_batch_spin.setValue(8)  # cancellation is checked between decoder batches
+    w.run()
+    qtbot.wait(200)
+    w.cancel()
+    qtbot.waitUntil(lambda: w.run_button.isEnabled(), timeout=WAIT)
+    assert "cancel" in w.status.text()
