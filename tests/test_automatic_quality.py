@@ -22,7 +22,9 @@ import torch
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.engine.device import Policy
 from napari_gpuseg.engine.metrics import summary
-from napari_gpuseg.engine.sam_boxes import boxes_from_labels, detect_boxes, segment_boxes_batch
+from napari_gpuseg.engine.sam_boxes import (
+    boxes_from_csv, boxes_from_labels, detect_boxes, prepare_boxes, segment_boxes_batch,
+)
 
 from sam_fixtures import require_lite_medsam
 
@@ -104,3 +106,20 @@ def test_sam_boxes_method_takes_several_images_per_call(engine, val):
         ids = set(np.unique(res.labels)) - {0}
         assert ids and ids == set(res.scores)  # a score per object
         assert summary(gt, res.labels)["f1@0.5"] > 0.8
+
+
+def test_box_sources_csv_labels_and_clipping(tmp_path):
+    path = tmp_path / "boxes.csv"
+    path.write_text("Y0,x0,x1,y1,z\n1,2,12,9,0\n5,6,30,25,1\n0,0,4,4,1\n")
+    np.testing.assert_array_equal(boxes_from_csv(path), [[2, 1, 12, 9], [6, 5, 30, 25], [0, 0, 4, 4]])
+    np.testing.assert_array_equal(boxes_from_csv(path, plane=1), [[6, 5, 30, 25], [0, 0, 4, 4]])
+    (tmp_path / "bad.csv").write_text("x,y\n1,2\n")
+    with pytest.raises(ValueError, match="x0, y0, x1, y1"):
+        boxes_from_csv(tmp_path / "bad.csv")
+    labels = np.zeros((20, 30), np.int32)
+    labels[2:5, 3:9] = 1
+    labels[10:20, 25:30] = 3
+    np.testing.assert_array_equal(boxes_from_labels(labels), [[3, 2, 9, 5], [25, 10, 30, 20]])
+    # end-exclusive boxes -> SAM corners, padded, clipped to the image, corners in order
+    np.testing.assert_array_equal(prepare_boxes([[9, 5, 3, 2], [25, 10, 30, 20]], (20, 30), padding=2),
+                                  [[1, 0, 10, 6], [23, 8, 29, 19]])

@@ -1,6 +1,7 @@
 """Decoding many point prompts against one image embedding, cheaply.
 
-Segment-everything decodes hundreds of single-point prompts on the *same* embedding.
+Segment-everything decodes hundreds of single-point prompts on the *same* embedding
+(and box mode dozens of boxes per view).
 SAM's decoder copies the (h*w, 256) image tokens once per prompt and runs every
 projection on every copy. But a prompt only touches the image tokens through attention
 to its 7 tokens, so each prompt's image tokens are the shared tokens plus a low-rank
@@ -21,7 +22,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["decode_points", "point_sparse", "supports_factored"]
+__all__ = ["decode_points", "decode_sparse", "point_sparse", "supports_factored"]
+
+MASK_HEAD_BYTES = 128 * 2**20  # activations of the mask upscaling computed at once
 
 
 def point_sparse(sam, coords: torch.Tensor) -> torch.Tensor:
@@ -91,17 +94,17 @@ def _token_to_image(attn, q_tok: torch.Tensor, X: _Factored, pe_proj_k: torch.Te
     """``attn(q=q_tok, k=X + pe, v=X)`` for tokens (n, T, C) against factored image features."""
     h = attn.num_heads
     q = _heads(attn.q_proj(q_tok), h)  # n T h d
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    q = q * (1.0 / math.sqrt(q.shape[-1]))
     ks, kv = X.proj_parts(attn.k_proj)
     ks = _heads(ks, h)  # P h d
     kpe = _heads(pe_proj_k, h)  # P h d   (W_k pe + b_k)
     kv = _heads(kv, h)  # n R h d
-    logits = torch.einsum("nthd,phd->nhtp", q, ks) * X.alpha[:, None, None, :]
-    logits = logits + torch.einsum("nthd,phd->nhtp", q, kpe)
+    logits = torch.addcmul(torch.einsum("nthd,phd->nhtp", q, kpe), torch.einsum("nthd,phd->nhtp", q, ks),
+                           X.alpha[:, None, None, :])
     if X.V.shape[1]:
         b = torch.einsum("nthd,nrhd->nhtr", q, kv)
         logits = logits + torch.einsum("nhtr,npr->nhtp", b, X.U)
-    w = torch.softmax(logits * scale, dim=-1)  # n h T P
+    w = torch.softmax(logits, dim=-1)  # n h T P
     vs, vv = X.proj_parts(attn.v_proj)
     out = torch.einsum("nhtp,phd->nthd", w * X.alpha[:, None, None, :], _heads(vs, h))
     if X.V.shape[1]:
@@ -118,18 +121,19 @@ def _image_to_token(attn, X: _Factored, pe_proj_q: torch.Tensor, k_tok: torch.Te
     h = attn.num_heads
     k = _heads(attn.k_proj(k_tok), h)  # n T h d
     v = _heads(attn.v_proj(v_tok), h)  # n T h d
-    scale = 1.0 / math.sqrt(k.shape[-1])
+    k = k * (1.0 / math.sqrt(k.shape[-1]))
     qs, qv = X.proj_parts(attn.q_proj)
-    logits = torch.einsum("phd,nthd->nhpt", _heads(qs, h), k) * X.alpha[:, None, :, None]
-    logits = logits + torch.einsum("phd,nthd->nhpt", _heads(pe_proj_q, h), k)
+    # logits laid out (n, h, T, P): the softmax runs over the few tokens along a long, contiguous P
+    logits = torch.addcmul(torch.einsum("nthd,phd->nhtp", k, _heads(pe_proj_q, h)),
+                           torch.einsum("nthd,phd->nhtp", k, _heads(qs, h)), X.alpha[:, None, None, :])
     if X.V.shape[1]:
-        b = torch.einsum("nrhd,nthd->nhrt", _heads(qv, h), k)
-        logits = logits + torch.einsum("npr,nhrt->nhpt", X.U, b)
-    w = torch.softmax(logits * scale, dim=-1)  # n h P T
-    n, hh, p, t = w.shape
+        b = torch.einsum("nrhd,nthd->nhtr", _heads(qv, h), k)
+        logits = logits + torch.einsum("nhtr,npr->nhtp", b, X.U)
+    w = torch.softmax(logits, dim=2)  # n h T P
+    n, hh, t, p = w.shape
     wo = attn.out_proj.weight  # C x (h d)
     m = torch.einsum("nthd,chd->nhtc", v, _heads(wo, h))  # n h T C
-    U = torch.cat([w.permute(0, 2, 1, 3).reshape(n, p, hh * t), w.new_ones(n, p, 1)], dim=2)
+    U = torch.cat([w.permute(0, 3, 1, 2).reshape(n, p, hh * t), w.new_ones(n, p, 1)], dim=2)
     V = torch.cat([m.reshape(n, hh * t, -1), attn.out_proj.bias.expand(n, 1, -1)], dim=1)
     return U, V
 
@@ -140,48 +144,52 @@ def _is_up2(m) -> bool:
             and m.dilation == (1, 1))
 
 
-def _up2_weight(conv) -> torch.Tensor:
-    """(Cin, Cout*4) matrix of a 2x2/stride-2 transposed convolution (outputs o, i, j)."""
-    return conv.weight.reshape(conv.weight.shape[0], -1)
+def _up2(conv) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 2x2/stride-2 transposed convolution as a (Cin, 4*Cout) matrix and bias, output
+    columns ordered (i, j, Cout): each input pixel becomes its 2x2 output pixels."""
+    cin, cout = conv.weight.shape[:2]
+    w = conv.weight.reshape(cin, cout, 4).transpose(1, 2).reshape(cin, 4 * cout)
+    b = conv.bias.repeat(4) if conv.bias is not None else w.new_zeros(4 * cout)
+    return w, b
 
 
-def _masks(dec, X: _Factored, idx: torch.Tensor, hyper: torch.Tensor, h: int, w: int) -> torch.Tensor:
+def _fast_upscaling(dec) -> bool:
+    seq = list(dec.output_upscaling)
+    return (len(seq) == 5 and _is_up2(seq[0]) and _is_up2(seq[3])
+            and hasattr(seq[1], "weight") and hasattr(seq[1], "eps"))
+
+
+def _masks(dec, X: _Factored, idx: torch.Tensor, hyper: torch.Tensor, h: int, w: int,
+           shared: torch.Tensor | None) -> torch.Tensor:
     """Mask logits (k, M, 4h, 4w) of prompts ``idx`` from their mask-token hypernetwork
     outputs ``hyper`` (k, M, C/8).
 
-    SAM's upscaling is ConvT(2x2, s2) -> LayerNorm2d -> act -> ConvT(2x2, s2) -> act.
-    A 2x2/stride-2 transposed convolution is a per-pixel linear map, so the first one
-    runs on the factors (never materialising the features), and everything after it
-    runs channels-last as matrix products with a fused LayerNorm; the result is the
-    same numbers in a different order. Other upscaling stacks fall back to the module.
+    SAM's upscaling is ConvT(2x2, s2) -> LayerNorm2d -> act -> ConvT(2x2, s2) -> act, then
+    a product with ``hyper``. Every step acts on each pixel on its own (a 2x2/stride-2
+    transposed convolution maps one pixel to its 2x2 children), so the features stay a
+    flat list of pixels in "sub-pixel" order (y, x, i, j, i2, j2) and only the small
+    final mask tensor is rearranged into an image. The first convolution runs on the
+    factors (``shared`` = ``S @ W1``, computed once per call). Same numbers as the module.
+    Other upscaling stacks fall back to the module.
     """
     seq = list(dec.output_upscaling)
     k = len(idx)
-    fast = (len(seq) == 5 and _is_up2(seq[0]) and _is_up2(seq[3])
-            and hasattr(seq[1], "weight") and hasattr(seq[1], "eps"))
-    if not fast:
+    if shared is None:
         feats = X.materialize(idx)
         up = dec.output_upscaling(feats.transpose(1, 2).reshape(k, -1, h, w))
         b, cu, uh, uw = up.shape
         return (hyper @ up.reshape(b, cu, uh * uw)).view(b, -1, uh, uw)
-    c1, c2 = seq[0].weight.shape[1], seq[3].weight.shape[1]
-    w1 = _up2_weight(seq[0])
-    y = X.alpha[idx, :, None] * (X.S @ w1) + X.U[idx] @ (X.V[idx] @ w1)  # k, (h w), (c1 i j)
-    if seq[0].bias is not None:
-        y = y + seq[0].bias.repeat_interleave(4)
-    # -> channels-last image (k, 2h, 2w, c1)
-    y = y.reshape(k, h, w, c1, 2, 2).permute(0, 1, 4, 2, 5, 3).reshape(k, 2 * h, 2 * w, c1)
-    y = seq[2](F.layer_norm(y, (c1,), seq[1].weight, seq[1].bias, seq[1].eps))
-    z = y @ _up2_weight(seq[3])  # k, 2h, 2w, (c2 i j)
-    if seq[3].bias is not None:
-        z = z + seq[3].bias.repeat_interleave(4)
-    z = seq[4](z).reshape(k, 2 * h, 2 * w, c2, 4)
-    m = torch.einsum("kmc,kyxcq->kmyxq", hyper, z)  # q = (i, j)
-    m = m.reshape(k, -1, 2 * h, 2 * w, 2, 2).permute(0, 1, 2, 4, 3, 5)
-    return m.reshape(k, -1, 4 * h, 4 * w)
+    w1, b1 = _up2(seq[0])
+    w2, b2 = _up2(seq[3])
+    c1, c2 = w1.shape[1] // 4, w2.shape[1] // 4
+    y = torch.baddbmm(X.alpha[idx, :, None] * shared + b1, X.U[idx], X.V[idx] @ w1)  # k, hw, (i j c1)
+    y = seq[2](F.layer_norm(y.view(k, -1, c1), (c1,), seq[1].weight, seq[1].bias, seq[1].eps))
+    z = seq[4](torch.addmm(b2, y.view(-1, c1), w2)).view(k, -1, c2)  # k, (hw i j i2 j2), c2
+    m = torch.bmm(z, hyper.transpose(1, 2)).view(k, h, w, 2, 2, 2, 2, -1)
+    return m.permute(0, 7, 1, 3, 5, 2, 4, 6).reshape(k, -1, 4 * h, 4 * w)
 
 
-def _factored(sam, emb: torch.Tensor, sparse: torch.Tensor, multimask: bool, iou_thresh: float):
+def _factored(sam, emb: torch.Tensor, sparse: torch.Tensor, sl: slice, iou_thresh: float):
     dec = sam.mask_decoder
     tr = dec.transformer
     c, hh, ww = emb.shape
@@ -210,9 +218,7 @@ def _factored(sam, emb: torch.Tensor, sparse: torch.Tensor, multimask: bool, iou
     a = tr.final_attn_token_to_image
     kpe = pe @ a.k_proj.weight.T + a.k_proj.bias
     queries = tr.norm_final_attn(queries + _token_to_image(a, queries + qpe, X, kpe))
-    iou = dec.iou_prediction_head(queries[:, 0, :])
-    sl = slice(1, None) if multimask else slice(0, 1)
-    iou = iou[:, sl]
+    iou = dec.iou_prediction_head(queries[:, 0, :])[:, sl]
     sel = torch.nonzero((iou > iou_thresh).any(1)).flatten()
     if sel.numel() == 0:
         side = 4 * hh
@@ -220,32 +226,47 @@ def _factored(sam, emb: torch.Tensor, sparse: torch.Tensor, multimask: bool, iou
     nt = dec.num_mask_tokens
     mask_tok = queries[sel, 1:1 + nt, :]
     hyper = torch.stack([dec.output_hypernetworks_mlps[i](mask_tok[:, i, :]) for i in range(nt)[sl]], dim=1)
-    return iou, sel, _masks(dec, X, sel, hyper, hh, ww)
+    # the upscaling's activations (~30 MB per prompt for a 64x64 grid) bound the chunk size
+    chunk = max(1, MASK_HEAD_BYTES // (16 * hh * ww * c // 2 * 4))
+    shared = X.S @ _up2(dec.output_upscaling[0])[0] if _fast_upscaling(dec) else None
+    return iou, sel, torch.cat([_masks(dec, X, sel[k:k + chunk], hyper[k:k + chunk], hh, ww, shared)
+                                for k in range(0, len(sel), chunk)])
+
+
+_OUTPUTS = {"multi": slice(1, None), "single": slice(0, 1), "all": slice(0, None)}
+
+
+def decode_sparse(sam, emb: torch.Tensor, sparse: torch.Tensor, outputs: str = "multi",
+                  iou_thresh: float = float("-inf"), factored: bool | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decode N prompts (sparse embeddings (N, T, C), no mask input) against one embedding.
+
+    emb: (C, h, w) on the model's device. ``outputs``: ``"multi"`` (the 3 multimask
+    outputs), ``"single"`` (the single-mask output) or ``"all"`` (single, then the 3).
+    Returns ``(iou (N, M), sel (K,), low_res (K, M, 4h, 4w))``: predicted IoUs of every
+    prompt and the low-res logits of the prompts ``sel`` with at least one output whose
+    predicted IoU exceeds ``iou_thresh``, all float32. ``factored``: None uses the
+    factored decoder whenever the model supports it.
+    """
+    sl = _OUTPUTS[outputs]
+    if factored is None:
+        factored = supports_factored(sam)
+    dev = emb.device
+    if factored:
+        with torch.autocast(dev.type, enabled=False):
+            return _factored(sam, emb.float(), sparse.float(), sl, iou_thresh)
+    dense = sam.prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1).expand(
+        sparse.shape[0], -1, emb.shape[1], emb.shape[2])
+    low, iou = sam.mask_decoder.predict_masks(emb[None], sam.prompt_encoder.get_dense_pe(), sparse, dense)
+    low, iou = low[:, sl].float(), iou[:, sl].float()
+    sel = torch.nonzero((iou > iou_thresh).any(1)).flatten()
+    return iou, sel, low[sel]
 
 
 def decode_points(sam, emb: torch.Tensor, coords: torch.Tensor, multimask: bool = True,
                   iou_thresh: float = float("-inf"), factored: bool | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Decode one positive point per prompt against one embedding.
-
-    emb: (C, h, w) on the model's device; coords: (N, 2) input-frame xy.
-    Returns ``(iou (N, M), sel (K,), low_res (K, M, 4h, 4w))``: predicted IoUs of every
-    prompt and the low-res logits of the prompts ``sel`` with at least one mask whose
-    predicted IoU exceeds ``iou_thresh`` (M = 3 with ``multimask``, else 1), all float32.
-    ``factored``: None picks the factored decoder whenever the model supports it.
-    """
-    if factored is None:
-        factored = supports_factored(sam)
-    dev = emb.device
-    with torch.autocast(dev.type, enabled=False):
+    """:func:`decode_sparse` for one positive point per prompt; coords: (N, 2) input-frame xy."""
+    with torch.autocast(emb.device.type, enabled=False):
         sparse = point_sparse(sam, coords)
-        if factored:
-            return _factored(sam, emb.float(), sparse.float(), multimask, iou_thresh)
-    dense = sam.prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1).expand(
-        sparse.shape[0], -1, emb.shape[1], emb.shape[2])
-    low, iou = sam.mask_decoder(image_embeddings=emb[None], image_pe=sam.prompt_encoder.get_dense_pe(),
-                                sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
-                                multimask_output=multimask)
-    low, iou = low.float(), iou.float()
-    sel = torch.nonzero((iou > iou_thresh).any(1)).flatten()
-    return iou, sel, low[sel]
+    return decode_sparse(sam, emb, sparse, "multi" if multimask else "single", iou_thresh, factored)

@@ -359,13 +359,34 @@ def segment_everything(engine: SamEngine, image, params: AutomaticParams | None 
     return _result(masks, crops, labels, ids, n_prompts, time.perf_counter() - t0)
 
 
+def segment_everything_batch(engine: SamEngine, images: Sequence, params: AutomaticParams | None = None,
+                             batch_size: int | None = None, embed_batch_size: int | None = None,
+                             progress: ProgressFn = None, cancel: CancelToken | None = None
+                             ) -> list[AutomaticResult]:
+    """:func:`segment_everything` for several 2D images (the planes of a stack, a folder
+    batch): the crops of all images are embedded first in shared encoder batches."""
+    params = params or AutomaticParams.for_model(engine.info.box_trained)
+    prepared = [engine.prepare(im) for im in images]
+    views = [[c.view for c in plan_crops(engine, im, params)] for im in prepared]
+    n = len(prepared)
+
+    def sub(k):
+        # embedding counts as one image's share; per-mille steps keep the total fixed
+        return None if progress is None else (
+            lambda d, t: progress(int(1000 * (k + d / max(1, t))), 1000 * (n + 1)))
+
+    engine.embed(prepared, views, batch_size=embed_batch_size, progress=sub(0), cancel=cancel)
+    return [segment_everything(engine, im, params, batch_size=batch_size, progress=sub(k + 1), cancel=cancel,
+                               embed_batch_size=embed_batch_size) for k, im in enumerate(prepared)]
+
+
 def _result(masks: _Masks, crops: list[Crop], labels, ids, n_prompts: int, seconds: float) -> AutomaticResult:
     order = np.argsort(-masks.iou.cpu().numpy(), kind="stable") if len(masks) else np.zeros(0, int)
     crop_idx = masks.crop.cpu().numpy()
     out = []
     for i in order:
         m, y0, x0 = masks.crops[i]
-        out.append(MaskResult(m, int(y0), int(x0), float(masks.iou[i]), masks.low[i],
+        out.append(MaskResult(m, int(y0), int(x0), float(masks.iou[i]), masks.low[i].float(),
                               crops[int(crop_idx[i])].view))
     boxes = masks.boxes.cpu().numpy()[order].astype(np.float64).reshape(-1, 4)
     boxes[:, 2:] += 1  # exclusive ends

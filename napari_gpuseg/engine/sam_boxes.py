@@ -3,11 +3,12 @@
     boxes = detect_boxes(image, "threshold")         # or "unet", a label image, a CSV, a shapes layer
     result = segment_boxes(engine, image, boxes)     # AutomaticResult, label i+1 <- box i
 
-Every box is routed to the view (tile) that holds it best, all views of all images are
-embedded in batched encoder calls (from the cache when already embedded), and the boxes
-go through the decoder in adaptive batches that may mix views and images (the decoder
-takes one embedding per prompt), so a whole folder batch needs few decoder calls.
-This is the mode for box-trained models such as LiteMedSAM.
+Every box is routed to the view (tile) that holds it best (small boxes get a zoomed view),
+all views of all images are embedded in batched encoder calls (from the cache when already
+embedded), and the boxes go through the decoder in adaptive batches (OOM back-off) that
+span views and images; inside a batch the boxes of one view share its embedding in one
+factored decoder call (:mod:`amg_decoder`). This is the mode for box-trained models such
+as LiteMedSAM.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from . import amg_ops as ops
+from .amg_decoder import decode_sparse
 from .automatic import AutomaticResult
 from .batching import remembered_batch_size, run_batched
 from .jobs import CancelToken, ProgressFn, check
@@ -32,6 +34,7 @@ from .sam_views import View
 DEFAULT_BOX_BATCH = 64
 RENDER_BYTES = 256 * 2**20
 ZOOM_FACTOR, ZOOM_MIN = 3.0, 32  # a small box gets a view 3x its size (>= 32 px), upscaled to the input
+_UNET_MODELS: dict = {}  # the bundled U-Net detector, loaded once per device
 
 
 # -- where boxes come from ---------------------------------------------------------------
@@ -83,6 +86,11 @@ def detect_boxes(image: np.ndarray, detector="threshold", rgb: bool | None = Non
 
         if policy is not None:
             kwargs.setdefault("policy", policy)
+        if "model" not in kwargs:  # the bundled model, loaded once per device
+            dev = str(kwargs["policy"].device if "policy" in kwargs else "cpu")
+            if dev not in _UNET_MODELS:
+                _UNET_MODELS[dev] = unet.load_model(None, device=dev)
+            kwargs["model"] = _UNET_MODELS[dev]
         return np.asarray(unet.detect_boxes(gray, **kwargs), dtype=np.float64).reshape(-1, 4)
     if detector not in ("threshold", "unet"):
         raise ValueError(f"unknown detector {detector!r}: use 'threshold', 'unet', 'auto' or labels")
@@ -219,51 +227,39 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     engine.embed(prepared, needed, batch_size=embed_batch_size, progress=sub(0), cancel=cancel)
     order = sorted(range(len(items)), key=lambda k: (items[k][0], items[k][2]))
     dev, sam = engine.policy.device, engine.sam
-    pe = sam.prompt_encoder.get_dense_pe()
 
     def decode(idx: list[int]):
+        """Boxes ``idx`` (sorted by image and view): one factored decoder call per view."""
         check(cancel)
         groups: dict = defaultdict(list)
         for pos, k in enumerate(idx):
             groups[(items[k][0], items[k][2])].append(pos)
-        keys = list(groups)
-        embs = torch.stack([engine.embedding(prepared[i], v).to(dev) for i, v in keys])
-        which = torch.empty(len(idx), dtype=torch.int64)
-        for g, key in enumerate(keys):
-            which[groups[key]] = g
-        emb = embs if len(keys) > 1 else embs[:1]
-        if len(keys) > 1:
-            emb = embs[which.to(dev)]
-        bx = np.stack([items[k][2].to_input(items[k][3]) for k in idx])
-        with torch.inference_mode(), engine.policy.autocast():
-            sparse, dense = sam.prompt_encoder(points=None, masks=None,
-                                               boxes=torch.as_tensor(bx, dtype=torch.float32, device=dev))
-            if fit:  # the single-mask output and the three multimask outputs
-                low, iou = sam.mask_decoder.predict_masks(emb, pe, sparse, dense)
-            else:
-                low, iou = sam.mask_decoder(image_embeddings=emb, image_pe=pe, sparse_prompt_embeddings=sparse,
-                                            dense_prompt_embeddings=dense, multimask_output=False)
-        low, score = low.float(), iou[:, 0].float()
-        c = low.shape[1]
         out: list = [None] * len(idx)
-        for key, positions in groups.items():
-            view = key[1]
+        for (i, view), positions in groups.items():
+            emb = engine.embedding(prepared[i], view).to(dev)
+            bx = np.stack([view.to_input(items[idx[p]][3]) for p in positions])
+            with torch.inference_mode(), engine.policy.autocast():
+                sparse, _dense = sam.prompt_encoder(points=None, masks=None,
+                                                    boxes=torch.as_tensor(bx, dtype=torch.float32, device=dev))
+                iou, _sel, low = decode_sparse(sam, emb, sparse, "all" if fit else "single")
+            score, c = iou[:, 0], low.shape[1]
             per = max(1, RENDER_BYTES // (view.h * view.w * 4 * c))
             for s in range(0, len(positions), per):
                 pos = positions[s:s + per]
-                masks = (logits_to_view_mask(low[pos].flatten(0, 1), view) > 0).unflatten(0, (len(pos), c))
+                sub = slice(s, s + len(pos))
+                masks = (logits_to_view_mask(low[sub].flatten(0, 1), view) > 0).unflatten(0, (len(pos), c))
                 pick = torch.zeros(len(pos), dtype=torch.int64, device=dev)
                 if c > 1:
                     target = np.stack([items[idx[p]][4] for p in pos]) - [view.x0, view.y0, view.x0, view.y0]
                     pick = _best_fit(masks, torch.as_tensor(target, dtype=torch.float32, device=dev))
                 ar = torch.arange(len(pos), device=dev)
-                for p, j, crop in zip(pos, pick.tolist(), _crop_to_mask(masks[ar, pick], view)):
-                    out[p] = (crop, float(score[p]), low[p, j].detach().half(), view)
+                for k, (p, j, crop) in enumerate(zip(pos, pick.tolist(), _crop_to_mask(masks[ar, pick], view))):
+                    out[p] = (crop, float(score[s + k]), low[s + k, j].detach().half(), view)
         return out
 
     key = ("sam-boxes", engine.info.name, engine.input_size, engine.policy.precision, str(dev))
     start = batch_size or remembered_batch_size(key) or DEFAULT_BOX_BATCH
-    hw = int(pe.shape[-1] * pe.shape[-2])
+    hw = int(np.prod(sam.prompt_encoder.image_embedding_size))
     decoded = run_batched(decode, order, batch_size=start, key=key, device=dev,
                           item_bytes=64 * 4 * hw * 256, progress=sub(n_views), cancel=cancel)
     per_image: list[list] = [[None] * len(b) for b in boxes]
@@ -281,7 +277,7 @@ def _assemble(shape, decoded: list, boxes: np.ndarray, min_area: int, seconds: f
     for i, ((m, y0, x0), score, low, view) in enumerate(decoded):
         if min_area > 0 and m.size:
             m, y0, x0, _changed = ops.clean_mask(m, y0, x0, shape, min_area)
-        masks.append(MaskResult(m, int(y0), int(x0), score, low, view))
+        masks.append(MaskResult(m, int(y0), int(x0), score, low.float(), view))
         scores[i] = score
     for i in np.argsort(scores, kind="stable"):
         r = masks[i]

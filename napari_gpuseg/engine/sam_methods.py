@@ -130,14 +130,11 @@ class SamEverythingSegmenter(_SamSegmenter):
     name = "sam-everything"
 
     def _segment_planes(self, planes):
-        from .automatic import AutomaticParams, plan_crops, segment_everything
+        from .automatic import AutomaticParams, segment_everything_batch
 
         names = {f.name for f in fields(AutomaticParams)}
         params = AutomaticParams.for_model(self.engine.info.box_trained,
                                            **{k: v for k, v in self.options.items() if k in names})
-        prepared = [self.engine.prepare(p) for p in planes]
-        views = [[c.view for c in plan_crops(self.engine, im, params)] for im in prepared]
-        self.engine.embed(prepared, views, batch_size=self.options.get("embed_batch_size"),
-                          cancel=self.cancel)  # all planes' crops in batched encoder calls
-        return [segment_everything(self.engine, im, params, batch_size=self.batch_size, cancel=self.cancel)
-                for im in prepared]
+        return segment_everything_batch(self.engine, planes, params, batch_size=self.batch_size,
+                                        embed_batch_size=self.options.get("embed_batch_size"),
+                                        cancel=self.cancel)

@@ -17,7 +17,7 @@ from qtpy.QtWidgets import (
     QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from ..engine.automatic import AutomaticParams, plan_crops, segment_everything
+from ..engine.automatic import AutomaticParams, segment_everything_batch
 from ..engine.sam_boxes import boxes_from_csv, detect_boxes, segment_boxes_batch
 from ..engine.sam_loader import load_engine
 from ..engine.worker import InferenceWorker, default_worker
@@ -300,16 +300,8 @@ class SamAutomaticWidget(QWidget):
             return segment_boxes_batch(engine, planes, boxes, padding=padding, batch_size=prompt_bs,
                                        embed_batch_size=embed_bs, min_area=min_area,
                                        progress=progress, cancel=cancel)
-        prepared = [engine.prepare(p) for p in planes]
-        if len(prepared) > 1:  # every plane's crops in batched encoder calls first
-            views = [[c.view for c in plan_crops(engine, im, params)] for im in prepared]
-            engine.embed(prepared, views, batch_size=embed_bs, cancel=cancel)
-        out = []
-        for k, img in enumerate(prepared):
-            sub = None if progress is None else (lambda d, t, k=k: progress(k * t + d, len(prepared) * t))
-            out.append(segment_everything(engine, img, params, batch_size=prompt_bs, progress=sub,
-                                          cancel=cancel, embed_batch_size=embed_bs))
-        return out
+        return segment_everything_batch(engine, planes, params, batch_size=prompt_bs,
+                                        embed_batch_size=embed_bs, progress=progress, cancel=cancel)
 
     def _labels_for(self, layer: Image):
         shape = tuple(layer.data.shape[:-1] if layer.rgb else layer.data.shape)
