@@ -195,3 +195,29 @@ def test_cancel_embedding(lite_engine, val_crops):
     with pytest.raises(Cancelled):
         eng.embed([val_crops[1][1]], cancel=token)
     assert len(eng.cache) == 0
+
+
+def test_factored_decoder_with_kept_products_equals_the_module(lite_engine, val_crops):
+    """Interactive prompts reuse the decoder's image-only products (the engine's memo):
+    boxes, points with negatives and multimask give the module's masks and scores, on the
+    first prompt and on later ones served from the memo."""
+    _name, img, gt = val_crops[1]
+    _ids, boxes = gt_boxes(gt)
+    b = boxes[2]
+    prompts = [Prompt(box=boxes[0]), Prompt(box=b, points=[[(b[0] + b[2]) / 2, (b[1] + b[3]) / 2], [b[0], b[1]]],
+                                            labels=[1, 0]), Prompt(points=[[b[0] + 3, b[1] + 3]])]
+    eng = SamEngine(lite_engine.sam, lite_engine.info, FP32, cache=lite_engine.cache)
+    assert eng._factored
+    for multimask in (False, True):
+        for p in prompts:
+            eng._memos.clear()
+            first = eng.predict(img, [p], multimask=multimask)[0]
+            again = eng.predict(img, [p], multimask=multimask)[0]  # served from the memo
+            assert len(eng._memos) == 1 and len(next(iter(eng._memos.values()))) > 10
+            eng._factored = False
+            plain = eng.predict(img, [p], multimask=multimask)[0]
+            eng._factored = True
+            np.testing.assert_allclose(first.all_scores, plain.all_scores, atol=1e-4)
+            torch.testing.assert_close(first.low_res, plain.low_res, atol=2e-3, rtol=1e-4)
+            torch.testing.assert_close(again.low_res, first.low_res, atol=0, rtol=0)
+            assert iou(first.full(gt.shape), plain.full(gt.shape)) > 0.999

@@ -9,13 +9,14 @@ Coordinates follow SAM: (x, y) in image pixels. Nothing here imports Qt or napar
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from .amg_decoder import decode_sparse, supports_factored
 from .batching import run_batched, to_device
 from .device import Policy, get_policy
 from .embedding_cache import EmbeddingCache
@@ -94,6 +95,20 @@ class SamEngine:
         self.contrast = contrast
         self.last_batch_size: int | None = None
         self._extra_views: dict[str, list[View]] = {}  # ad-hoc views made per image digest
+        # per embedding: the decoder's work that depends on the image alone (see amg_decoder)
+        self._memos: OrderedDict[tuple, dict] = OrderedDict()
+        self._factored = supports_factored(self.sam)
+
+    MEMOS = 4  # embeddings whose decoder products are kept (~20 MB each at 64 x 64)
+
+    def _memo(self, key: tuple) -> dict:
+        memo = self._memos.pop(key, None)
+        if memo is None:
+            memo = {}
+            while len(self._memos) >= self.MEMOS:
+                self._memos.popitem(last=False)
+        self._memos[key] = memo
+        return memo
 
     # -- images and views ----------------------------------------------------
     @property
@@ -194,12 +209,16 @@ class SamEngine:
         for (view, _npts, _hasbox, _hasmask), idx in groups.items():
             check(cancel)
             emb = self.embedding(image, view)
-            for i, res in zip(idx, self._decode(emb, view, [prompts[i] for i in idx], multimask)):
+            memo = self._memo(self._key(image, view))
+            for i, res in zip(idx, self._decode(emb, view, [prompts[i] for i in idx], multimask, memo)):
                 results[i] = res
         return results  # type: ignore[return-value]
 
     def _decode(self, emb: torch.Tensor, view: View, prompts: list[Prompt],
-                multimask: bool) -> list[MaskResult]:
+                multimask: bool, memo: dict | None = None) -> list[MaskResult]:
+        """One decoder call. Without a mask input, the factored decoder (fp32; the same
+        numbers as the module up to rounding) reuses ``memo`` from earlier prompts on this
+        embedding, which makes interactive prompts several times cheaper."""
         dev = self.policy.device
         points = boxes = masks = None
         if prompts[0].points is not None:
@@ -214,13 +233,17 @@ class SamEngine:
             masks = torch.stack([p.mask_input.low_res for p in prompts])[:, None].to(dev)
         with torch.inference_mode(), self.policy.autocast():
             sparse, dense = self.sam.prompt_encoder(points=points, boxes=boxes, masks=masks)
-            low_res, iou = self.sam.mask_decoder(
-                image_embeddings=emb[None].to(dev),
-                image_pe=self.sam.prompt_encoder.get_dense_pe(),
-                sparse_prompt_embeddings=sparse,
-                dense_prompt_embeddings=dense,
-                multimask_output=multimask,
-            )
+            if masks is None and self._factored:
+                iou, _sel, low_res = decode_sparse(self.sam, emb.to(dev), sparse,
+                                                   "multi" if multimask else "single", memo=memo)
+            else:
+                low_res, iou = self.sam.mask_decoder(
+                    image_embeddings=emb[None].to(dev),
+                    image_pe=self.sam.prompt_encoder.get_dense_pe(),
+                    sparse_prompt_embeddings=sparse,
+                    dense_prompt_embeddings=dense,
+                    multimask_output=multimask,
+                )
         low_res, iou = low_res.float(), iou.float()
         if multimask:
             best = iou.argmax(dim=1)
