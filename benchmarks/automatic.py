@@ -9,7 +9,8 @@
    encoder included) and warm (a re-run, e.g. after a threshold change: embedding from
    the cache). Parameter sets: everything passes (``pred_iou_thresh=0``: every prompt
    needs its masks, our worst case) and the box-trained defaults of the dock. Peak
-   memory is the resident memory the call adds (``PeakRSS`` from ``benchmarks/sam.py``).
+   memory is the resident memory the call adds (``PeakRSS`` from ``benchmarks/sam.py``),
+   measured in a separate untimed run (its allocator mode would distort timings).
    Both sides should return the same masks (fraction matched at IoU >= 0.9 is reported);
    the official predictor is given our float image resize (see the table's note).
 2. Box mode throughput (boxes/s): all ground-truth boxes of the 8 validation crops,
@@ -62,13 +63,21 @@ def sync(device) -> None:
 
 
 def timed(fn, device):
+    """(seconds, result) with the allocator in its normal mode."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t0, out
+
+
+def peak(fn, device) -> PeakRSS:
+    """Peak memory of a separate, untimed run: PeakRSS makes glibc mmap every allocation
+    >= 64 KiB so that RSS is exact, which also makes every such allocation page-fault;
+    timing inside it would measure the allocator, not the code."""
     with PeakRSS(device) as pk:
-        sync(device)
-        t0 = time.perf_counter()
-        out = fn()
-        sync(device)
-        dt = time.perf_counter() - t0
-    return dt, pk, out
+        fn()
+    return pk
 
 
 def to_uint8_rgb(img: np.ndarray) -> np.ndarray:
@@ -130,15 +139,21 @@ def everything(sam, device, images: dict, pps: int, repeats: int) -> None:
         t_off, t_cold, t_warm = [], [], []
         warm = SamEngine(sam, SamModelInfo("lite_medsam", 256, "none", True), Policy(device, "fp32"))
         gen.generate(img), segment_everything(warm, img, params)  # untimed warm-up of both
+        def fresh():
+            return SamEngine(sam, SamModelInfo("lite_medsam", 256, "none", True),
+                             Policy(device, "fp32"), cache=EmbeddingCache())
+
         for r in range(repeats):
-            dt, pk_off, recs = timed(lambda: gen.generate(img), device)
+            dt, recs = timed(lambda: gen.generate(img), device)
             t_off.append(dt)
-            engine = SamEngine(sam, SamModelInfo("lite_medsam", 256, "none", True),
-                               Policy(device, "fp32"), cache=EmbeddingCache())
-            dt, pk_cold, res = timed(lambda: segment_everything(engine, img, params), device)
+            engine = fresh()
+            dt, res = timed(lambda: segment_everything(engine, img, params), device)
             t_cold.append(dt)
-            dt, _pk, res = timed(lambda: segment_everything(engine, img, params), device)
+            dt, res = timed(lambda: segment_everything(engine, img, params), device)
             t_warm.append(dt)
+        pk_off = peak(lambda: gen.generate(img), device)
+        engine = fresh()
+        pk_cold = peak(lambda: segment_everything(engine, img, params), device)
         o, c, w = (statistics.median(t) for t in (t_off, t_cold, t_warm))
         f1, f2 = matched([x["segmentation"] for x in recs], [m.full(img.shape[:2]) for m in res.masks])
         emit(f"| {img_label} | {label} | {o:.1f} s | {c:.1f} s | {w:.1f} s | {o / c:.2f}x / {o / w:.2f}x "
@@ -167,9 +182,9 @@ def boxes(sam, device, crops, repeats: int) -> None:
     for label, fn in variants.items():
         ts = []
         for _ in range(repeats):
-            dt, pk, _res = timed(fn, device)
+            dt, _res = timed(fn, device)
             ts.append(dt)
-        rates[label] = (n / statistics.median(ts), pk.mib)
+        rates[label] = (n / statistics.median(ts), peak(fn, device).mib)
     emit(f"{n} ground-truth boxes on the 8 validation crops, embeddings cached (decoder + render).")
     emit()
     emit("| box mode | boxes/s | peak RSS |")
@@ -191,16 +206,17 @@ def gpu_section(sam_cpu_path, crops, pps) -> None:
     params = AutomaticParams(points_per_side=pps, pred_iou_thresh=0.0, stability_score_thresh=0.0)
     gen = SamAutomaticMaskGenerator(sam, points_per_side=pps, pred_iou_thresh=0.0, stability_score_thresh=0.0)
     gen.generate(imgs[0])
-    dt_off, _pk, _ = timed(lambda: [gen.generate(im) for im in imgs], device)
+    dt_off, _ = timed(lambda: [gen.generate(im) for im in imgs], device)
     engine = SamEngine(sam, SamModelInfo("lite_medsam", 256, "none", True), Policy(device, "fp32"))
     segment_everything(engine, imgs[0], params)
-    dt_ours, pk, _ = timed(lambda: [segment_everything(engine, im, params) for im in imgs], device)
+    dt_ours, _ = timed(lambda: [segment_everything(engine, im, params) for im in imgs], device)
+    pk = peak(lambda: segment_everything(engine, imgs[0], params), device)
     eng2 = SamEngine(sam, SamModelInfo("lite_medsam", 256, "minmax", True), Policy(device, "fp32"))
     raw = [c[1] for c in crops]
     bxs = [boxes_from_labels(c[2]) for c in crops]
     segment_boxes_batch(eng2, raw[:1], bxs[:1])
     eng2.cache.clear()
-    dt_box, _pk, _ = timed(lambda: segment_boxes_batch(eng2, raw, bxs, padding=2), device)
+    dt_box, _ = timed(lambda: segment_boxes_batch(eng2, raw, bxs, padding=2), device)
     emit(f"\n## GPU: {device_name(device)}\n")
     emit("| mode | images/s |")
     emit("|---|---|")

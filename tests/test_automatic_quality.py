@@ -6,8 +6,8 @@ image; objects cut by the crop border stay in, on both sides). All images go thr
 :func:`segment_boxes_batch` in one call (embeddings batched, boxes decoded in batches).
 
 * ground-truth boxes (the method's default 2 px padding): object F1 at IoU 0.5 >= 0.95;
-* threshold-detector boxes: F1 at IoU 0.5 / 0.75 and foreground IoU printed next to the
-  detector's own labels, with sanity bounds (SAM refinement is not asserted to win: on
+* threshold-detector and U-Net boxes: F1 at IoU 0.5 / 0.75 and foreground IoU printed next
+  to each detector's own labels, with sanity bounds (SAM refinement is not asserted to win: on
   these fields LiteMedSAM's masks are slightly worse than the watershed's own);
 * batched decoding gives the same masks as one box per call;
 * the ``sam-boxes`` folder method segments several images per call.
@@ -63,18 +63,29 @@ def test_ground_truth_and_detector_boxes(engine, val):
     s_gt = summary(gts, [r.labels for r in with_gt])
     s_sam = summary(gts, [r.labels for r in with_det])
     s_det = summary(gts, [classical_segment(im) for im in imgs])
+    # the bundled U-Net as the detector (its held-out split is these 8 fields)
+    from napari_gpuseg.engine import unet
+
+    model = unet.load_model(None, device="cpu")
+    unet_labels = [unet.predict_labels(model, im) for im in imgs]
+    res_unet = segment_boxes_batch(engine, imgs, [boxes_from_labels(lb) for lb in unet_labels], padding=2)
+    s_unet_sam = summary(gts, [r.labels for r in res_unet])
+    s_unet = summary(gts, unet_labels)
     print(f"\nBBBC039 validation, 8 central 256x256 crops, {sum(len(b) for b in gt_boxes)} objects\n"
           "| boxes -> labels                    | F1@0.5 | F1@0.75 | fg IoU | matched IoU |\n"
           "|---|---|---|---|---|\n"
           + "\n".join([_row("ground-truth boxes -> LiteMedSAM", s_gt),
                        _row("threshold boxes -> LiteMedSAM", s_sam),
-                       _row("threshold detector's own labels", s_det)]))
+                       _row("threshold detector's own labels", s_det),
+                       _row("U-Net boxes -> LiteMedSAM", s_unet_sam),
+                       _row("U-Net's own labels", s_unet)]))
     assert s_gt["f1@0.5"] >= 0.95, s_gt
     assert s_gt["foreground_iou"] >= 0.85
     # detector boxes: SAM keeps most detections and shapes them sensibly
     assert s_sam["f1@0.5"] >= 0.85 and s_sam["f1@0.75"] >= 0.65 and s_sam["foreground_iou"] >= 0.8
     assert s_det["f1@0.5"] >= 0.85
     assert abs(s_sam["f1@0.5"] - s_det["f1@0.5"]) <= 0.1  # same detections, different outlines
+    assert s_unet_sam["f1@0.5"] >= 0.85 and abs(s_unet_sam["f1@0.5"] - s_unet["f1@0.5"]) <= 0.1
     # label i + 1 <- box i (tiny border fragments may end up hidden by a neighbour)
     r, b = with_gt[0], gt_boxes[0].astype(int)
     inside = [(r.labels[y0:y1, x0:x1] == i + 1).any() for i, (x0, y0, x1, y1) in enumerate(b)]

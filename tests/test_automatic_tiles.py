@@ -60,7 +60,7 @@ def oracle_decode(truth):
     low_side = S // 4
     centres = (torch.arange(low_side, dtype=torch.float64) + 0.5) * (S / low_side)
 
-    def decode(sam, emb, coords, multimask=True, iou_thresh=float("-inf"), factored=None):
+    def decode(sam, emb, coords, multimask=True, iou_thresh=float("-inf"), factored=None, memo=None):
         y0, x0, h, w = (int(v) for v in emb.tolist())
         view = View(y0, x0, h, w, S)
         n = coords.shape[0]

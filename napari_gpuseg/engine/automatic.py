@@ -217,12 +217,13 @@ def _crop_masks(engine: SamEngine, image: PreparedImage, crop: Crop, ci: int, gr
     iou_thr = params.pred_iou_thresh if params.pred_iou_thresh > 0 else float("-inf")
     s = view.input_size
     found: list[_Masks] = []
+    memo = engine.decoder_memo(image, view)  # the decoder's image-only products, kept
 
     def batch(idx: torch.Tensor):
         check(cancel)
         idx = idx.to(dev)
         with torch.inference_mode(), engine.policy.autocast():
-            iou, sel, low = decode_points(sam, emb, pts_in[idx], multimask=True, iou_thresh=iou_thr)
+            iou, sel, low = decode_points(sam, emb, pts_in[idx], multimask=True, iou_thresh=iou_thr, memo=memo)
         keep = iou[sel] > iou_thr
         pi, mi = torch.nonzero(keep, as_tuple=True)
         logits, scores, pidx = low[pi, mi], iou[sel][pi, mi], idx[sel[pi]]

@@ -99,9 +99,12 @@ class SamEngine:
         self._memos: OrderedDict[tuple, dict] = OrderedDict()
         self._factored = supports_factored(self.sam)
 
-    MEMOS = 4  # embeddings whose decoder products are kept (~20 MB each at 64 x 64)
+    MEMOS = 4  # embeddings whose decoder products are kept (~35 MB each at 64 x 64)
 
-    def _memo(self, key: tuple) -> dict:
+    def decoder_memo(self, image: PreparedImage, view: View) -> dict:
+        """The dict :func:`amg_decoder.decode_sparse` keeps for the embedding of ``view``:
+        the decoder's image-only products, reused by every later prompt on it."""
+        key = self._key(image, view)
         memo = self._memos.pop(key, None)
         if memo is None:
             memo = {}
@@ -209,7 +212,7 @@ class SamEngine:
         for (view, _npts, _hasbox, _hasmask), idx in groups.items():
             check(cancel)
             emb = self.embedding(image, view)
-            memo = self._memo(self._key(image, view))
+            memo = self.decoder_memo(image, view)
             for i, res in zip(idx, self._decode(emb, view, [prompts[i] for i in idx], multimask, memo)):
                 results[i] = res
         return results  # type: ignore[return-value]

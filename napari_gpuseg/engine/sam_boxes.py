@@ -241,7 +241,8 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
             with torch.inference_mode(), engine.policy.autocast():
                 sparse, _dense = sam.prompt_encoder(points=None, masks=None,
                                                     boxes=torch.as_tensor(bx, dtype=torch.float32, device=dev))
-                iou, _sel, low = decode_sparse(sam, emb, sparse, "all" if fit else "single")
+                iou, _sel, low = decode_sparse(sam, emb, sparse, "all" if fit else "single",
+                                               memo=engine.decoder_memo(prepared[i], view))
             score, c = iou[:, 0], low.shape[1]
             per = max(1, RENDER_BYTES // (view.h * view.w * 4 * c))
             for s in range(0, len(positions), per):
