@@ -7,6 +7,8 @@
    prompts on a native-resolution BBBC039 crop (embedding already cached, as in real use).
 2. Event-loop stalls: a 10 ms probe QTimer runs while the dock embeds an image and
    precomputes a stack; the longest gap between ticks is reported (target < 100 ms).
+   The dock loads its model in the worker when it opens; that phase (which includes
+   building the dock itself on the GUI thread) is reported on its own line.
 """
 from __future__ import annotations
 
@@ -68,10 +70,24 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         probe.stop()
         windows.append(np.diff(ticks) * 1000)
+        if os.environ.get("STALL_DEBUG"):
+            g = np.diff(ticks)
+            print("longest gaps (ms after start, ms):",
+                  [(round((ticks[k] - t0) * 1000), round(g[k] * 1000)) for k in np.argsort(g)[-4:]])
         return seconds
 
     img = tifffile.imread(files[1])
+    # the dock loads the model in the worker as soon as it opens (before any image)
+    ticks0: list[float] = []
+    probe0 = QTimer()
+    probe0.timeout.connect(lambda: ticks0.append(time.perf_counter()))
+    probe0.start(10)
+    t_open = time.perf_counter()
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    pump(lambda: "ready" in w.status.text())
+    load_s = time.perf_counter() - t_open
+    probe0.stop()
+    load_gaps = np.diff(ticks0) * 1000
     t_add = time.perf_counter()
     viewer.add_image(img, name="field")  # GUI work; the embedding job starts inside it
     probed(lambda: None, lambda: w._plane_key() in w._prepared)
@@ -110,11 +126,13 @@ def main() -> None:
         pump(lambda: "t" in shown)
         lat.append((shown["t"] - t0) * 1000)
     print(f"device: {policy.describe()}")
+    print(f"dock opened -> model loaded in the worker: {load_s:.2f} s, longest event-loop gap "
+          f"{load_gaps.max():.0f} ms (opening the dock and loading; before any image)")
     print(f"embedding of a 520x696 field (12 native tiles): {embed_s:.2f} s")
     print(f"stack precompute, 8 slices, batch 4: {stack_s:.2f} s")
     print(f"event loop: max stall {gaps.max():.0f} ms, p99 {np.percentile(gaps, 99):.0f} ms "
           f"over {len(gaps)} probe ticks (10 ms timer); per phase: "
-          f"model load + embedding {windows[0].max():.0f} ms, stack precompute {windows[1].max():.0f} ms")
+          f"embedding {windows[0].max():.0f} ms, stack precompute {windows[1].max():.0f} ms")
     print(f"box edit -> mask visible: median {statistics.median(lat):.0f} ms, "
           f"p90 {np.percentile(lat, 90):.0f} ms over {len(lat)} prompts (target <= 150 ms)")
     viewer.close()
