@@ -173,7 +173,7 @@ def boxes(sam, device, crops, repeats: int) -> None:
         "ours, one box per call": lambda: segment_boxes_batch(engine, imgs, bxs, padding=2, batch_size=1),
         "ours, batched, single-mask output": lambda: segment_boxes_batch(engine, imgs, bxs, padding=2,
                                                                          mask_choice="single"),
-        "engine.predict_boxes (plain decoder, all boxes of a view per call)":
+        "engine.predict_boxes (all boxes of a view per call, no zoomed views, no best-fit)":
             lambda: [engine.predict_boxes(im, b) for im, b in zip(imgs, padded)],
     }
     for fn in variants.values():
@@ -231,6 +231,7 @@ def main() -> None:
     ap.add_argument("--pps", type=int, default=8, help="points per side (same for both)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT.parent / "notes" / "automatic_bench.md"))
+    ap.add_argument("--only", choices=["everything", "boxes"], help="run one CPU section")
     args = ap.parse_args()
     ref.install_stubs()
     torch.manual_seed(0)
@@ -246,13 +247,15 @@ def main() -> None:
          f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
          f"{datetime.date.today().isoformat()}. Shared machine: compare columns of one run only.")
     emit()
-    emit("## Segment everything: ours vs official SamAutomaticMaskGenerator (CPU)\n")
-    full = tifffile.imread(sorted((ROOT.parent / "shared" / "data" / "bbbc039" / "images").glob("*.tif"))[-8])
-    images = {"256 x 256 crop": to_uint8_rgb(crops[0][1]), "520 x 696 field": to_uint8_rgb(full)}
-    everything(sam, cpu, images, args.pps, args.repeats)
-    emit()
-    emit("## Boxes -> SAM throughput (CPU)\n")
-    boxes(sam, cpu, crops, args.repeats)
+    if args.only != "boxes":
+        emit("## Segment everything: ours vs official SamAutomaticMaskGenerator (CPU)\n")
+        full = tifffile.imread(sorted((ROOT.parent / "shared" / "data" / "bbbc039" / "images").glob("*.tif"))[-8])
+        images = {"256 x 256 crop": to_uint8_rgb(crops[0][1]), "520 x 696 field": to_uint8_rgb(full)}
+        everything(sam, cpu, images, args.pps, args.repeats)
+        emit()
+    if args.only != "everything":
+        emit("## Boxes -> SAM throughput (CPU)\n")
+        boxes(sam, cpu, crops, args.repeats)
     if torch.cuda.is_available():
         gpu_section(path, crops, args.pps)
     else:

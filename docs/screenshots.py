@@ -82,7 +82,23 @@ def unet_predict(viewer, app):
     pump(app, seconds=3)
 
 
-SHOTS = {"annotator": annotator, "gpu_monitor": gpu_monitor, "unet_predict": unet_predict}
+def sam_automatic(viewer, app):
+    f = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[17]  # a validation image
+    img = tifffile.imread(f)
+    viewer.add_image(img, name="BBBC039 nuclei", contrast_limits=(0, np.percentile(img, 99.8)))
+    _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM automatic")
+    w.source_combo.setCurrentText("Detector: U-Net")
+    w.run()
+    pump(app, lambda: w.labels_layer is not None and w.run_button.isEnabled()
+         and "objects" in w.status.text(), 600)
+    w.labels_layer.contour = 2
+    viewer.scene.camera.zoom = 1.5
+    viewer.scene.camera.center = (200, 260)
+    pump(app, seconds=3)
+
+
+SHOTS = {"annotator": annotator, "gpu_monitor": gpu_monitor, "unet_predict": unet_predict,
+         "sam_automatic": sam_automatic}
 
 
 def main(names):
