@@ -45,7 +45,7 @@ from sam import PeakRSS, val_crops  # noqa: E402  (benchmarks/sam.py)
 from napari_gpuseg.engine.automatic import AutomaticParams, segment_everything  # noqa: E402
 from napari_gpuseg.engine.device import Policy, device_name  # noqa: E402
 from napari_gpuseg.engine.embedding_cache import EmbeddingCache  # noqa: E402
-from napari_gpuseg.engine.sam import SamEngine, SamModelInfo  # noqa: E402
+from napari_gpuseg.engine.sam import Prompt, SamEngine, SamModelInfo  # noqa: E402
 from napari_gpuseg.engine.sam_boxes import boxes_from_labels, prepare_boxes, segment_boxes_batch  # noqa: E402
 from napari_gpuseg.models.sam import load_sam  # noqa: E402
 
@@ -175,7 +175,11 @@ def boxes(sam, device, crops, repeats: int) -> None:
                                                                          mask_choice="single"),
         "engine.predict_boxes (all boxes of a view per call, no zoomed views, no best-fit)":
             lambda: [engine.predict_boxes(im, b) for im, b in zip(imgs, padded)],
+        "module decoder, one box per call (like a SamPredictor.predict loop)":
+            lambda: [plain.predict(im, [Prompt(box=x)]) for im, b in zip(imgs, padded) for x in b],
     }
+    plain = SamEngine(engine.sam, engine.info, engine.policy, cache=engine.cache)
+    plain._factored = False  # the network's own decoder module, no kept products
     for fn in variants.values():
         fn()  # warm-up (and every zoomed view embedded)
     rates = {}
