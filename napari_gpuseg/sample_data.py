@@ -8,7 +8,8 @@ import tifffile
 
 
 def sample_dir() -> Path:
-    """``$NAPARI_GPUSEG_SAMPLE_DIR``, else ``sample_data/`` beside the package (source install)."""
+    """``$NAPARI_GPUSEG_SAMPLE_DIR``, else the copy inside the package (wheels: ``_sample_data``),
+    else ``sample_data/`` beside it (a source or editable install)."""
     env = os.environ.get("NAPARI_GPUSEG_SAMPLE_DIR")
     candidates = [Path(env)] if env else []
     here = Path(__file__).resolve().parent
