@@ -99,9 +99,10 @@ class Segmenter:
         """Segment same-shape images (one device call where the method can).
 
         Returns one :class:`SegResult` per image, or one raw output per image that
-        :meth:`finish` turns into a :class:`SegResult`.
+        :meth:`finish` turns into a :class:`SegResult`. Every method defines it (the base
+        class is the plug-in interface for user methods, which may be partly written).
         """
-        raise NotImplementedError
+        raise TypeError(f"segmentation method {type(self).__name__!r} does not define segment()")
 
     def finish(self, raw) -> SegResult:
         """CPU post-processing of one :meth:`segment` output (e.g. probabilities ->

@@ -10,6 +10,7 @@ Registered by name in :mod:`napari_gpuseg.engine.methods`; used like every metho
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import fields
 from typing import Sequence
 
@@ -38,7 +39,7 @@ def stack_labels(labels: Sequence[np.ndarray], lead: tuple) -> np.ndarray:
     return arr.reshape(tuple(lead) + arr.shape[1:]) if lead else arr[0]
 
 
-class _SamSegmenter(Segmenter):
+class _SamSegmenter(Segmenter, metaclass=abc.ABCMeta):
     spatial_ndims = (2, 3)
     accepts_rgb = True
 
@@ -89,8 +90,9 @@ class _SamSegmenter(Segmenter):
             out.append(SegResult(labels, scores))
         return out
 
-    def _segment_planes(self, planes):
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _segment_planes(self, planes) -> list:
+        """One result (``.labels``, ``.ids``, ``.scores``) per 2D plane, all planes at once."""
 
 
 class SamBoxSegmenter(_SamSegmenter):

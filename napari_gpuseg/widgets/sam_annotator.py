@@ -25,6 +25,20 @@ from ._prompts import boxes_xyxy, current_prompt, plane, plane_index
 BROWSE = "Browse for a checkpoint…"
 
 
+def browse_checkpoint(combo: QComboBox, parent: QWidget) -> bool:
+    """If ``combo`` shows the *Browse* entry, ask for a checkpoint file and select it.
+    False when the user cancelled (the combo is back on the default model)."""
+    if combo.currentText() != BROWSE:
+        return True
+    path, _ = QFileDialog.getOpenFileName(parent, "SAM checkpoint", "", "Checkpoints (*.pth *.pt)")
+    if not path:
+        combo.setCurrentIndex(0)
+        return False
+    combo.insertItem(0, path)
+    combo.setCurrentIndex(0)
+    return True
+
+
 def _model_names() -> list[str]:
     try:
         from ..models import registry
@@ -142,13 +156,8 @@ class SamAnnotatorWidget(QWidget):
             "or draw a box.")
 
     def _on_model_chosen(self, _index: int) -> None:
-        if self.model_name == BROWSE:
-            path, _ = QFileDialog.getOpenFileName(self, "SAM checkpoint", "", "Checkpoints (*.pth *.pt)")
-            if not path:
-                self.model_combo.setCurrentIndex(0)
-                return
-            self.model_combo.insertItem(0, path)
-            self.model_combo.setCurrentIndex(0)
+        if not browse_checkpoint(self.model_combo, self):
+            return
         self._update_hint()
         self._prepared.clear()
         self._preload_model()

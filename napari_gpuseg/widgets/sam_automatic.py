@@ -23,7 +23,7 @@ from ..engine.sam_loader import load_engine
 from ..engine.worker import InferenceWorker, default_worker
 from . import _bridge
 from ._prompts import boxes_xyxy, plane, plane_index
-from .sam_annotator import BROWSE, _model_names
+from .sam_annotator import BROWSE, _model_names, browse_checkpoint
 
 MODE_BOXES, MODE_EVERYTHING = "Boxes -> SAM (detector + SAM)", "Segment everything (point grid)"
 SOURCES = {
@@ -217,14 +217,8 @@ class SamAutomaticWidget(QWidget):
         self._update_visibility()
 
     def _on_model_chosen(self, _index: int) -> None:
-        if self.model_name == BROWSE:
-            path, _ = QFileDialog.getOpenFileName(self, "SAM checkpoint", "", "Checkpoints (*.pth *.pt)")
-            if not path:
-                self.model_combo.setCurrentIndex(0)
-                return
-            self.model_combo.insertItem(0, path)
-            self.model_combo.setCurrentIndex(0)
-        self._apply_model_defaults()
+        if browse_checkpoint(self.model_combo, self):
+            self._apply_model_defaults()
 
     def _browse_csv(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Boxes CSV", "", "CSV (*.csv)")
