@@ -45,6 +45,7 @@ from sam import PeakRSS, val_crops  # noqa: E402  (benchmarks/sam.py)
 from napari_gpuseg.engine.automatic import AutomaticParams, segment_everything  # noqa: E402
 from napari_gpuseg.engine.device import Policy, device_name  # noqa: E402
 from napari_gpuseg.engine.embedding_cache import EmbeddingCache  # noqa: E402
+from napari_gpuseg.engine.metrics import mask_set_match  # noqa: E402
 from napari_gpuseg.engine.sam import Prompt, SamEngine, SamModelInfo  # noqa: E402
 from napari_gpuseg.engine.sam_boxes import boxes_from_labels, prepare_boxes, segment_boxes_batch  # noqa: E402
 from napari_gpuseg.models.sam import load_sam  # noqa: E402
@@ -84,17 +85,6 @@ def to_uint8_rgb(img: np.ndarray) -> np.ndarray:
     x = img.astype(np.float32)
     lo, hi = np.percentile(x, [1, 99.8])
     return (np.repeat(np.clip((x - lo) / (hi - lo), 0, 1)[..., None], 3, -1) * 255).astype(np.uint8)
-
-
-def matched(official: list, ours: list) -> tuple[float, float]:
-    if not official or not ours:
-        return float(len(official) == len(ours)), float(len(official) == len(ours))
-    a = np.stack(official).reshape(len(official), -1).astype(np.float32)
-    b = np.stack(ours).reshape(len(ours), -1).astype(np.float32)
-    inter = a @ b.T
-    union = a.sum(1)[:, None] + b.sum(1)[None] - inter
-    iou = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
-    return float((iou.max(1) >= 0.9).mean()), float((iou.max(0) >= 0.9).mean())
 
 
 def _float_resize(self, image: np.ndarray) -> np.ndarray:
@@ -155,7 +145,7 @@ def everything(sam, device, images: dict, pps: int, repeats: int) -> None:
         engine = fresh()
         pk_cold = peak(lambda: segment_everything(engine, img, params), device)
         o, c, w = (statistics.median(t) for t in (t_off, t_cold, t_warm))
-        f1, f2 = matched([x["segmentation"] for x in recs], [m.full(img.shape[:2]) for m in res.masks])
+        f1, f2 = mask_set_match([x["segmentation"] for x in recs], [m.full(img.shape[:2]) for m in res.masks])
         emit(f"| {img_label} | {label} | {o:.1f} s | {c:.1f} s | {w:.1f} s | {o / c:.2f}x / {o / w:.2f}x "
              f"| {pk_off.mib:.0f} / {pk_cold.mib:.0f} MiB | {len(recs)} / {len(res)} | {f1:.2f} / {f2:.2f} |")
 

@@ -37,6 +37,7 @@ from napari_gpuseg.engine import amg_ops as ops
 from napari_gpuseg.engine.amg_decoder import decode_points
 from napari_gpuseg.engine.automatic import AutomaticParams, segment_everything
 from napari_gpuseg.engine.device import Policy
+from napari_gpuseg.engine.metrics import mask_set_match
 from napari_gpuseg.engine.sam import SamEngine, SamModelInfo
 from napari_gpuseg.models.checkpoint import load_state_dict_strict
 from napari_gpuseg.models.sam import build_sam, load_sam
@@ -63,18 +64,6 @@ def cv2_stub(monkeypatch):
             import cv2  # noqa: F401
         except ImportError:
             monkeypatch.setitem(sys.modules, "cv2", types.SimpleNamespace(connectedComponentsWithStats=_cc_with_stats))
-
-
-def _matched(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[float, float]:
-    """Fraction of masks of ``a`` / of ``b`` with a partner of IoU >= 0.9 (empty == empty)."""
-    if not a or not b:
-        return float(len(a) == len(b)), float(len(a) == len(b))
-    A = np.stack(a).reshape(len(a), -1).astype(np.float32)
-    B = np.stack(b).reshape(len(b), -1).astype(np.float32)
-    inter = A @ B.T
-    union = A.sum(1)[:, None] + B.sum(1)[None] - inter
-    iou = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
-    return float((iou.max(1) >= 0.9).mean()), float((iou.max(0) >= 0.9).mean())
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -169,7 +158,7 @@ def test_random_vit_b_generator_matches_official(shared_data):
             a, b = r["segmentation"], cand[0].full(img.shape[:2])
             ok += (a & b).sum() / max(1, (a | b).sum()) >= 0.9
     assert ok >= 0.95 * len(records)
-    f_official, f_ours = _matched([r["segmentation"] for r in records],
+    f_official, f_ours = mask_set_match([r["segmentation"] for r in records],
                                   [m.full(img.shape[:2]) for m in result.masks])
     assert f_official >= 0.95 and f_ours >= 0.95
 
@@ -207,7 +196,7 @@ def test_lite_medsam_generator_matches_official_with_crops_and_cleanup(shared_da
     t_ours = time.perf_counter() - t0
     print(f"\nofficial {len(records)} masks {t_official:.1f} s, ours {len(result)} masks {t_ours:.1f} s")
     assert len(records) >= 15
-    f_official, f_ours = _matched([r["segmentation"] for r in records],
+    f_official, f_ours = mask_set_match([r["segmentation"] for r in records],
                                   [m.full(img.shape[:2]) for m in result.masks])
     assert f_official >= 0.95 and f_ours >= 0.95, (f_official, f_ours)
     crops = {tuple(r["crop_box"]) for r in records}

@@ -130,3 +130,17 @@ def summary(gt, pred, thresholds=(0.5, 0.75)) -> dict:
         if t == thresholds[0]:
             out[f"mean_matched_iou@{key}"] = s.mean_iou
     return out
+
+
+def mask_set_match(a: list, b: list, iou: float = 0.9) -> tuple[float, float]:
+    """Fraction of the (possibly overlapping) binary masks of ``a`` / of ``b`` that have a
+    partner in the other set with IoU >= ``iou`` (two empty sets match fully). Used to
+    compare our automatic mask sets with the official generator's."""
+    if not a or not b:
+        return float(len(a) == len(b)), float(len(a) == len(b))
+    A = np.stack(a).reshape(len(a), -1).astype(np.float32)
+    B = np.stack(b).reshape(len(b), -1).astype(np.float32)
+    inter = A @ B.T
+    union = A.sum(1)[:, None] + B.sum(1)[None] - inter
+    m = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+    return float((m.max(1) >= iou).mean()), float((m.max(0) >= iou).mean())
