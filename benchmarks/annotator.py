@@ -88,13 +88,16 @@ def main() -> None:
     load_s = time.perf_counter() - t_open
     probe0.stop()
     load_gaps = np.diff(ticks0) * 1000
+    def ready(name):  # the dock follows the new active image, then embeds it
+        return lambda: w.image_layer is not None and w.image_layer.name == name and w._plane_key() in w._prepared
+
     t_add = time.perf_counter()
-    viewer.add_image(img, name="field")  # GUI work; the embedding job starts inside it
-    probed(lambda: None, lambda: w._plane_key() in w._prepared)
+    viewer.add_image(img, name="field")  # GUI work; the dock starts embedding right after
+    probed(lambda: None, ready("field"))
     embed_s = time.perf_counter() - t_add
     vol = tifffile.imread(data / "synthetic3d" / "image.tif")[:8]
     viewer.add_image(vol, name="volume")
-    pump(lambda: w._plane_key() in w._prepared)
+    pump(ready("volume"))
     w.batch_spin.setValue(4)
     stack_s = probed(w.precompute_stack, lambda: "stack ready" in w.status.text())
     gaps = np.concatenate(windows)
@@ -105,7 +108,7 @@ def main() -> None:
     viewer.layers.select_all()
     viewer.layers.remove_selected()
     viewer.add_image(crop, name="crop")
-    pump(lambda: w._plane_key() in w._prepared)
+    pump(ready("crop"))
     boxes = [p.bbox for p in regionprops(gt)]
     shown = {}
     original = w._show_preview

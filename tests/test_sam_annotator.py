@@ -153,7 +153,7 @@ def test_switching_images_mid_embedding_never_mixes_them(make_napari_viewer, qtb
     w = open_dock(viewer)
     first_job = w._embed_job
     viewer.add_image(img, name="second")  # becomes the active layer mid-embedding
-    assert w.image_layer.name == "second"
+    qtbot.waitUntil(lambda: w.image_layer.name == "second", timeout=WAIT)
     wait_embedded(qtbot, w)
     assert first_job.status in (CANCELLED, "done")
     ids, boxes = gt_boxes(gt)
@@ -162,6 +162,74 @@ def test_switching_images_mid_embedding_never_mixes_them(make_napari_viewer, qtb
     layer, _index, _gen, result = w._preview
     assert layer.name == "second"
     assert iou(result.full(gt.shape), gt == ids[1]) > 0.6
+
+
+def test_deleting_every_layer_then_dropping_an_image(make_napari_viewer, qtbot, crop):
+    """Select all, delete, drop a new image: the dock rebuilds its layers for the new image
+    after napari's layer-list change (rebuilding inside it once crashed Qt's model)."""
+    img, gt = crop
+    viewer = make_napari_viewer()
+    viewer.add_image(img[:128, :128], name="old")
+    w = open_dock(viewer)
+    viewer.layers.select_all()
+    viewer.layers.remove_selected()
+    qtbot.wait(10)
+    assert len(viewer.layers) == 0
+    viewer.add_image(img, name="new")
+    qtbot.waitUntil(lambda: w.image_layer.name == "new", timeout=WAIT)
+    names = [ly.name for ly in viewer.layers]
+    assert {"SAM positive", "SAM negative", "SAM boxes", "SAM preview", "new SAM labels"} <= set(names)
+    wait_embedded(qtbot, w)
+    ids, boxes = gt_boxes(gt)
+    add_box(w, boxes[0])
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    assert iou(w._preview[3].full(gt.shape), gt == ids[0]) > 0.6
+
+
+def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, crop):
+    """The window's repaints wait for the preview (at most HOLD_MS): a slow or failing
+    decoder never keeps the user's prompt hidden longer, and never leaves it held."""
+    from napari_gpuseg.widgets._redraw_hold import HOLD_MS, napari_window
+
+    img, gt = crop
+    viewer = make_napari_viewer()
+    viewer.add_image(img, name="nuclei")
+    w = open_dock(viewer)
+    wait_embedded(qtbot, w)
+    window = napari_window(w)
+    assert window is not None and window is w.window()  # napari's main window
+    _ids, boxes = gt_boxes(gt)
+
+    add_box(w, boxes[0])  # the usual case: held until the mask is there
+    assert w.redraw.held and not window.updatesEnabled()
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    assert not w.redraw.held and window.updatesEnabled()
+    w.clear_prompts()
+
+    real = w._job_predict
+
+    def slow(model, image, prompts, multimask, cancel=None):
+        time.sleep(4 * HOLD_MS / 1000)
+        return real(model, image, prompts, multimask, cancel=cancel)
+
+    w._job_predict = slow  # a decoder slower than the hold: the box shows after HOLD_MS
+    timeouts = w.redraw.timeouts
+    t0 = time.perf_counter()
+    add_box(w, boxes[1])
+    assert w.redraw.held
+    qtbot.waitUntil(lambda: not w.redraw.held, timeout=WAIT)
+    assert time.perf_counter() - t0 < 3 * HOLD_MS / 1000 and w.redraw.timeouts == timeouts + 1
+    assert window.updatesEnabled() and not w.has_preview()
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    w.clear_prompts()
+
+    def broken(model, image, prompts, multimask, cancel=None):
+        raise RuntimeError("decoder exploded")
+
+    w._job_predict = broken  # an error releases at once and is reported
+    add_box(w, boxes[2])
+    qtbot.waitUntil(lambda: "decoder exploded" in w.status.text(), timeout=WAIT)
+    assert not w.redraw.held and window.updatesEnabled()
 
 
 def test_missing_model_file_is_a_notification_not_a_crash(make_napari_viewer, qtbot, crop, tmp_path):

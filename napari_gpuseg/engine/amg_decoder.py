@@ -224,6 +224,7 @@ def _factored(sam, emb: torch.Tensor, sparse: torch.Tensor, sl: slice, iou_thres
     n = sparse.shape[0]
     memo = {} if memo is None else memo
     if "src" not in memo:
+        emb = emb.float()  # (a bf16 embedding is converted once per memo, not per call)
         memo["src"] = (emb + sam.prompt_encoder.no_mask_embed.weight.reshape(c, 1, 1)).flatten(1).T  # P C
         memo["pe"] = sam.prompt_encoder.get_dense_pe()[0].flatten(1).T.float()  # P C
     src, pe = memo["src"], memo["pe"]
@@ -299,7 +300,7 @@ def decode_sparse(sam, emb: torch.Tensor, sparse: torch.Tensor, outputs: str = "
         parts = []
         with torch.autocast(dev.type, enabled=False):
             for a in range(0, max(1, sparse.shape[0]), step):
-                iou, sel, low = _factored(sam, emb.float(), sparse[a:a + step].float(), sl, iou_thresh, memo)
+                iou, sel, low = _factored(sam, emb, sparse[a:a + step].float(), sl, iou_thresh, memo)
                 parts.append((iou, sel + a, low))
         if len(parts) == 1:
             return parts[0]

@@ -10,6 +10,7 @@ import time
 import numpy as np
 from napari.layers import Image
 from napari.utils.notifications import show_error, show_info
+from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import (
     QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QProgressBar,
     QPushButton, QSpinBox, QVBoxLayout, QWidget,
@@ -21,6 +22,7 @@ from ..engine.sam_loader import DEFAULT_MODEL, load_engine
 from ..engine.worker import InferenceWorker, default_worker
 from . import _bridge
 from ._prompts import boxes_xyxy, current_prompt, plane, plane_index
+from ._redraw_hold import RedrawHold
 
 BROWSE = "Browse for a checkpoint…"
 
@@ -68,8 +70,13 @@ class SamAnnotatorWidget(QWidget):
         self._embed_started = 0.0
         self.last_embed_seconds: float | None = None
         self._jobs: list = []
+        self.redraw = RedrawHold(self)  # a prompt and its mask appear in one redraw
+        self._follow_timer = QTimer(self)
+        self._follow_timer.setSingleShot(True)
+        self._follow_timer.setInterval(0)
+        self._follow_timer.timeout.connect(self._follow_active)
         self._build_ui()
-        self.destroyed.connect(lambda *_: self._cancel_own_jobs())
+        self.destroyed.connect(lambda *_: (self.redraw.release(), self._cancel_own_jobs()))
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
         for key, fn in (("Shift-C", self.commit), ("Shift-X", self.clear_prompts),
@@ -226,8 +233,14 @@ class SamAnnotatorWidget(QWidget):
 
     # -- layers -----------------------------------------------------------------------
     def _on_active_layer(self, event=None) -> None:
+        # follow the active image once napari has finished the change that made it active:
+        # adding our prompt layers from inside a layer-list event (a drop, a deletion)
+        # nests model changes in napari's layer list, which Qt cannot always survive
+        self._follow_timer.start()
+
+    def _follow_active(self) -> None:
         layer = self.viewer.layers.selection.active
-        if isinstance(layer, Image) and layer is not self.image_layer:
+        if isinstance(layer, Image) and layer is not self.image_layer and layer in self.viewer.layers:
             self.set_image_layer(layer)
 
     def set_image_layer(self, layer: Image) -> None:
@@ -296,7 +309,7 @@ class SamAnnotatorWidget(QWidget):
         return (id(self.image_layer), self.model_name, index)
 
     def _embed_current(self) -> None:
-        if self.image_layer is None:
+        if not self._image_alive():
             return
         index = plane_index(self.image_layer, self.viewer)
         key = self._plane_key(index)
@@ -321,8 +334,13 @@ class SamAnnotatorWidget(QWidget):
             self._set_status(f"embedding ready ({seconds:.2f} s)")
             self._on_prompts_changed()
 
+    def _image_alive(self) -> bool:
+        """False before an image is chosen and once the user (or closing the viewer)
+        removed it: no work is started for an image that is gone."""
+        return self.image_layer is not None and self.image_layer in self.viewer.layers
+
     def _on_step(self, event=None) -> None:
-        if self.image_layer is None:
+        if not self._image_alive():
             return
         self._generation += 1
         self._clear_preview()
@@ -363,7 +381,7 @@ class SamAnnotatorWidget(QWidget):
         action = str(getattr(event, "action", "") or "")
         if action.endswith("ing"):  # "adding"/"changing"/"removing": wait for the final event
             return
-        if self.image_layer is None or self.pos_layer is None:
+        if not self._image_alive() or self.pos_layer is None:
             return
         self._generation += 1
         index = plane_index(self.image_layer, self.viewer)
@@ -384,7 +402,12 @@ class SamAnnotatorWidget(QWidget):
             self._job_predict, self.model_name, image, [prompt], multimask,
             tag="preview", replace=True,
             on_result=lambda res: self._show_preview(layer, index, gen, res[0]),
-            on_error=self._on_error)
+            on_error=self._on_preview_error)
+        self.redraw.hold()
+
+    def _on_preview_error(self, exc: BaseException) -> None:
+        self.redraw.release()
+        self._on_error(exc)
 
     def _show_preview(self, layer, index, generation, result) -> None:
         if layer is not self.image_layer or generation != self._generation:
@@ -397,9 +420,11 @@ class SamAnnotatorWidget(QWidget):
         target[...] = result.full(target.shape)
         self.preview_layer.refresh()
         self._set_status(f"preview: {result.area} px, predicted IoU {result.score:.2f}")
+        self.redraw.release()
 
     def _clear_preview(self) -> None:
         self._preview = None
+        self.redraw.release()
         if self.preview_layer is not None and self.preview_layer.data.any():
             self.preview_layer.data[...] = 0
             self.preview_layer.refresh()

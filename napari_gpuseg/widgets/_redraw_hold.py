@@ -1,0 +1,83 @@
+"""Show a prompt and its preview mask in one repaint of the napari window.
+
+A prompt edit makes napari repaint at once (the new box, the layer list's thumbnails),
+and the preview mask arrives a few tens of milliseconds later and needs a second repaint.
+Where the window is drawn in software (no GPU-backed display: remote desktops, VMs,
+Xvfb), each repaint costs 30-80 ms on the GUI thread. PyQt keeps the GIL through Qt's
+own painting, so the decoder in the worker thread stalls meanwhile and the mask shows
+late. :class:`RedrawHold` holds the window's repaints from the edit until the preview is
+shown, or at most ``max_ms``, and then one repaint shows everything. Events are still
+processed while held (nothing is lost, only drawn later), and a slow decoder never hides
+the user's prompt for longer than ``max_ms``.
+"""
+from __future__ import annotations
+
+import weakref
+
+from qtpy.QtCore import QTimer
+from qtpy.QtWidgets import QMainWindow, QWidget
+
+HOLD_MS = 120
+
+
+def napari_window(dock: QWidget) -> QMainWindow | None:
+    """The main window ``dock`` is docked in (floating or not) when it holds a vispy
+    canvas (napari's), else None: not docked yet, closed, or no napari window."""
+    try:
+        top = dock
+        while top.parentWidget() is not None:
+            top = top.parentWidget()
+        if not isinstance(top, QMainWindow) or top.centralWidget() is None:
+            return None
+        if not any(hasattr(w, "_vispy_canvas") for w in top.centralWidget().findChildren(QWidget)):
+            return None
+    except RuntimeError:  # the C++ side was deleted
+        return None
+    return top
+
+
+class RedrawHold:
+    """Holds the repaints of the napari window that ``dock`` is docked in."""
+
+    def __init__(self, dock: QWidget, max_ms: int = HOLD_MS) -> None:
+        self._dock = weakref.ref(dock)
+        self._window: weakref.ref | None = None  # never keeps a closed viewer alive
+        self._timer = QTimer()
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(max_ms)
+        self._timer.timeout.connect(self._on_timeout)
+        self.enabled = True
+        self.holds = self.timeouts = 0  # for tests and benchmarks
+
+    @property
+    def held(self) -> bool:
+        return self._window is not None
+
+    def hold(self) -> None:
+        """Hold the window's repaints (again) for at most ``max_ms`` from now."""
+        if not self.enabled:
+            return
+        if self._window is None:
+            dock = self._dock()
+            window = None if dock is None else napari_window(dock)
+            if window is None or not window.updatesEnabled():
+                return
+            window.setUpdatesEnabled(False)
+            self._window = weakref.ref(window)
+            self.holds += 1
+        self._timer.start()
+
+    def release(self) -> None:
+        """Repaint now (Qt repaints the window once when its updates come back on)."""
+        ref, self._window = self._window, None
+        try:
+            self._timer.stop()
+            window = None if ref is None else ref()
+            if window is not None:
+                window.setUpdatesEnabled(True)
+        except RuntimeError:  # the viewer was closed meanwhile
+            pass
+
+    def _on_timeout(self) -> None:
+        self.timeouts += 1
+        self.release()
