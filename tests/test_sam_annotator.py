@@ -200,13 +200,22 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     assert window is not None and window is w.window()  # napari's main window
     _ids, boxes = gt_boxes(gt)
 
-    add_box(w, boxes[0])  # the usual case: held until the mask is there
-    assert w.redraw.held and not window.updatesEnabled()
-    qtbot.waitUntil(w.has_preview, timeout=WAIT)
-    assert not w.redraw.held and window.updatesEnabled()
-    w.clear_prompts()
-
     real = w._job_predict
+    calls = []
+
+    def counted(model, image, prompts, multimask, cancel=None):
+        calls.append(prompts)
+        return real(model, image, prompts, multimask, cancel=cancel)
+
+    w._job_predict = counted
+    for box in boxes[:2]:  # the usual case: held until the mask is there
+        add_box(w, box)  # into an empty box layer: its extent, and the viewer's dims, change
+        assert w.redraw.held and not window.updatesEnabled()
+        qtbot.waitUntil(w.has_preview, timeout=WAIT)
+        assert not w.redraw.held and window.updatesEnabled()
+        w.clear_prompts()
+    qtbot.wait(50)
+    assert len(calls) == 2  # one decode per box: a dims event on the same plane is no edit
 
     def slow(model, image, prompts, multimask, cancel=None):
         time.sleep(4 * HOLD_MS / 1000)

@@ -64,6 +64,7 @@ class SamAnnotatorWidget(QWidget):
         self.pos_layer = self.neg_layer = self.box_layer = None
         self.labels_layer = self.preview_layer = None
         self._generation = 0
+        self._plane: tuple | None = None  # the plane of the image on display
         self._prepared: dict[tuple, object] = {}
         self._preview = None  # (layer, index, generation, MaskResult)
         self._embed_job = self._stack_job = self._preview_job = None
@@ -246,6 +247,7 @@ class SamAnnotatorWidget(QWidget):
     def set_image_layer(self, layer: Image) -> None:
         self.image_layer = layer
         self.image_label.setText(layer.name)
+        self._plane = plane_index(layer, self.viewer)
         self._ensure_layers()
         self._generation += 1
         self._clear_preview()
@@ -342,6 +344,12 @@ class SamAnnotatorWidget(QWidget):
     def _on_step(self, event=None) -> None:
         if not self._image_alive():
             return
+        index = plane_index(self.image_layer, self.viewer)
+        if index == self._plane:
+            # the viewer's dims also move when another layer's extent changes (the first box
+            # drawn into an empty box layer, say): same plane, nothing to redo
+            return
+        self._plane = index
         self._generation += 1
         self._clear_preview()
         self._embed_current()
