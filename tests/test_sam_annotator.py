@@ -241,6 +241,46 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     assert not w.redraw.held and window.updatesEnabled()
 
 
+def test_drawing_a_box_with_the_mouse_decodes_once_on_release(make_napari_viewer, qtbot, crop):
+    """A user drags a rectangle on the canvas: nothing is decoded (or held) while the mouse
+    moves, one decode and one repaint hold follow the release, and the mask comes."""
+    from qtpy.QtCore import QPoint, Qt
+    from qtpy.QtTest import QTest
+    from qtpy.QtWidgets import QWidget
+
+    from napari_gpuseg.widgets._redraw_hold import napari_window
+
+    img, _gt = crop
+    viewer = make_napari_viewer(show=True)
+    viewer.add_image(img, name="nuclei")
+    w = open_dock(viewer)
+    wait_embedded(qtbot, w)
+    assert w.box_layer.mode == "add_rectangle"  # the dock selected the box tool
+    central = napari_window(w).centralWidget()
+    canvas = max((c for c in central.findChildren(QWidget) if hasattr(c, "_vispy_canvas")),
+                 key=lambda c: c.width() * c.height())
+    real, calls = w._job_predict, []
+
+    def counted(model, image, prompts, multimask, cancel=None):
+        calls.append(prompts)
+        return real(model, image, prompts, multimask, cancel=cancel)
+
+    w._job_predict = counted
+    mid = QPoint(canvas.width() // 2, canvas.height() // 2)
+    a, b = mid - QPoint(40, 40), mid + QPoint(40, 40)
+    QTest.mousePress(canvas, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, a)
+    for t in np.linspace(0, 1, 6)[1:]:
+        QTest.mouseMove(canvas, QPoint(int(a.x() + t * (b.x() - a.x())), int(a.y() + t * (b.y() - a.y()))))
+        qtbot.wait(5)
+    assert not calls and not w.redraw.held  # drawing: no decode per mouse move
+    QTest.mouseRelease(canvas, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, b)
+    assert len(w.box_layer.data) == 1 and w.redraw.held
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    qtbot.wait(50)
+    assert len(calls) == 1 and calls[0][0].box is not None and w.redraw.holds == 1
+    assert not w.redraw.held
+
+
 def test_missing_model_file_is_a_notification_not_a_crash(make_napari_viewer, qtbot, crop, tmp_path):
     img, _gt = crop
     viewer = make_napari_viewer()
