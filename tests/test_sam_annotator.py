@@ -196,6 +196,8 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     viewer.add_image(img, name="nuclei")
     w = open_dock(viewer)
     wait_embedded(qtbot, w)
+    engine = w._engine(w.model_name)  # loaded by now; the dock warms its decoder after embedding
+    qtbot.waitUntil(lambda: any(len(m) > 10 for m in engine._memos.values()), timeout=WAIT)
     window = napari_window(w)
     assert window is not None and window is w.window()  # napari's main window
     _ids, boxes = gt_boxes(gt)

@@ -197,6 +197,27 @@ def test_cancel_embedding(lite_engine, val_crops):
     assert len(eng.cache) == 0
 
 
+def test_warm_decoder_fills_the_memo_and_changes_no_mask(lite_engine, val_crops):
+    """warm_decoder does the image-only decoder work ahead of the first prompt: afterwards
+    that prompt is served from the memo and gives exactly the masks of a cold decoder."""
+    _name, img, gt = val_crops[1]
+    _ids, boxes = gt_boxes(gt)
+    eng = SamEngine(lite_engine.sam, lite_engine.info, FP32, cache=lite_engine.cache)
+    prepared = eng.embed([img])[0]
+    eng._memos.clear()
+    cold = eng.predict(prepared, [Prompt(box=boxes[0])])[0]
+    eng._memos.clear()
+    assert eng.warm_decoder(prepared) == len(eng.views(prepared)[: eng.MEMOS])
+    memo = next(iter(eng._memos.values()))
+    filled = len(memo)
+    assert filled > 10
+    warm = eng.predict(prepared, [Prompt(box=boxes[0])])[0]
+    assert len(memo) == filled  # nothing image-only was left to compute
+    torch.testing.assert_close(warm.low_res, cold.low_res, atol=0, rtol=0)
+    eng.warm_decoder(prepared)  # warming again is free
+    assert len(eng._memos) == 1 and next(iter(eng._memos.values())) is memo
+
+
 def test_factored_decoder_with_kept_products_equals_the_module(lite_engine, val_crops):
     """Interactive prompts reuse the decoder's image-only products (the engine's memo):
     boxes, points with negatives and multimask give the module's masks and scores, on the

@@ -225,6 +225,9 @@ class SamAnnotatorWidget(QWidget):
         prepared = engine.embed(planes, batch_size=batch_size, progress=progress, cancel=cancel)
         return prepared, time.perf_counter() - t0
 
+    def _job_warm(self, model: str, image, cancel=None) -> int:
+        return self._engine(model).warm_decoder(image, cancel=cancel)
+
     def _job_predict(self, model: str, image, prompts, multimask: bool, cancel=None):
         engine = self._engine(model)
         return engine.predict(image, prompts, multimask=multimask, cancel=cancel)
@@ -317,6 +320,7 @@ class SamAnnotatorWidget(QWidget):
         key = self._plane_key(index)
         if key in self._prepared:
             self._set_status("embedding cached")
+            self._submit(self._job_warm, self.model_name, self._prepared[key], tag="warm", replace=True)
             return
         img = np.array(plane(self.image_layer, index), copy=True)
         self._embed_started = time.perf_counter()
@@ -334,6 +338,9 @@ class SamAnnotatorWidget(QWidget):
         self.last_embed_seconds = seconds
         if key == self._plane_key():
             self._set_status(f"embedding ready ({seconds:.2f} s)")
+            # the decoder's image-only work, done now in the background rather than in the
+            # user's first prompt (a prompt submitted meanwhile queues behind it and reuses it)
+            self._submit(self._job_warm, self.model_name, prepared[0], tag="warm", replace=True)
             self._on_prompts_changed()
 
     def _image_alive(self) -> bool:
