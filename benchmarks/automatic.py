@@ -87,21 +87,11 @@ def to_uint8_rgb(img: np.ndarray) -> np.ndarray:
     return (np.repeat(np.clip((x - lo) / (hi - lo), 0, 1)[..., None], 3, -1) * 255).astype(np.uint8)
 
 
-def _float_resize(self, image: np.ndarray) -> np.ndarray:
-    """The official ResizeLongestSide.apply_image in float, as ours resizes (see main())."""
-    h, w = image.shape[:2]
-    th, tw = self.get_preprocess_shape(h, w, self.target_length)
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float() / 255
-    x = torch.nn.functional.interpolate(x, size=(th, tw), mode="bilinear", align_corners=False,
-                                        antialias=th < h)
-    return (x[0].permute(1, 2, 0) * 255).numpy()
-
-
 def everything(sam, device, images: dict, pps: int, repeats: int) -> None:
     from segment_anything import SamAutomaticMaskGenerator
     from segment_anything.utils.transforms import ResizeLongestSide
 
-    ResizeLongestSide.apply_image = _float_resize
+    ResizeLongestSide.apply_image = ref.float_resize_longest_side
 
     sets = {
         "all prompts pass (pred_iou_thresh 0)": dict(pred_iou_thresh=0.0, stability_score_thresh=0.0),

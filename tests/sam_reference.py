@@ -159,6 +159,18 @@ def resize(img, size, interpolation=InterpolationMode.BILINEAR, max_size=None, a
     return img.resize((ow, oh), pil_filter)
 
 
+def float_resize_longest_side(self, image: np.ndarray) -> np.ndarray:
+    """The official ``ResizeLongestSide.apply_image`` done in float, as our engine resizes
+    (the official one goes through PIL in uint8). Patch it in where masks are compared:
+    ``ResizeLongestSide.apply_image = float_resize_longest_side``."""
+    h, w = image.shape[:2]
+    th, tw = self.get_preprocess_shape(h, w, self.target_length)
+    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float() / 255
+    x = torch.nn.functional.interpolate(x, size=(th, tw), mode="bilinear", align_corners=False,
+                                        antialias=th < h)
+    return (x[0].permute(1, 2, 0) * 255).numpy()
+
+
 def _install_torchvision() -> None:
     tv = types.ModuleType("torchvision")
     tv.__version__ = "0.0.0+napari_gpuseg_test_stub"

@@ -163,22 +163,12 @@ def test_random_vit_b_generator_matches_official(shared_data):
     assert f_official >= 0.95 and f_ours >= 0.95
 
 
-def _float_resize(self, image: np.ndarray) -> np.ndarray:
-    """ResizeLongestSide.apply_image in float (ours) instead of PIL uint8 (see module doc)."""
-    h, w = image.shape[:2]
-    th, tw = self.get_preprocess_shape(h, w, self.target_length)
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float() / 255
-    x = torch.nn.functional.interpolate(x, size=(th, tw), mode="bilinear", align_corners=False,
-                                        antialias=th < h)
-    return (x[0].permute(1, 2, 0) * 255).numpy()
-
-
 @torch.no_grad()
 def test_lite_medsam_generator_matches_official_with_crops_and_cleanup(shared_data, cv2_stub, monkeypatch):
     from segment_anything import SamAutomaticMaskGenerator
     from segment_anything.utils.transforms import ResizeLongestSide
 
-    monkeypatch.setattr(ResizeLongestSide, "apply_image", _float_resize)
+    monkeypatch.setattr(ResizeLongestSide, "apply_image", ref.float_resize_longest_side)
     sam = load_sam("lite_medsam", str(require_lite_medsam()))
     sam.pixel_std.fill_(255.0)  # official predictor feeds 0..255; LiteMedSAM wants 0..1
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-1]
