@@ -21,6 +21,7 @@ from ..engine.device import get_policy
 from ..engine.sam_loader import DEFAULT_MODEL, load_engine
 from ..engine.worker import InferenceWorker, default_worker
 from . import _bridge
+from ._annotation_layers import ensure_layers, remove_on_plane, spatial_shape
 from ._prompts import boxes_xyxy, current_prompt, plane, plane_index
 from ._redraw_hold import RedrawHold
 
@@ -257,48 +258,12 @@ class SamAnnotatorWidget(QWidget):
         self._embed_current()
 
     def _spatial_shape(self) -> tuple:
-        data = self.image_layer.data
-        return tuple(data.shape[:-1] if self.image_layer.rgb else data.shape)
+        return spatial_shape(self.image_layer)
 
     def _ensure_layers(self) -> None:
-        shape = self._spatial_shape()
-        ndim = len(shape)
-        active = self.image_layer
-        layers = self.viewer.layers
-
-        def fresh(name):
-            return name not in layers
-
-        if fresh("SAM positive") or layers["SAM positive"].ndim != ndim:
-            if not fresh("SAM positive"):
-                layers.remove("SAM positive")
-            self.pos_layer = self.viewer.add_points(ndim=ndim, name="SAM positive", face_color="lime", size=8)
-        self.pos_layer = layers["SAM positive"]
-        if fresh("SAM negative") or layers["SAM negative"].ndim != ndim:
-            if not fresh("SAM negative"):
-                layers.remove("SAM negative")
-            self.viewer.add_points(ndim=ndim, name="SAM negative", face_color="red", size=8)
-        self.neg_layer = layers["SAM negative"]
-        if fresh("SAM boxes") or layers["SAM boxes"].ndim != ndim:
-            if not fresh("SAM boxes"):
-                layers.remove("SAM boxes")
-            self.viewer.add_shapes(ndim=ndim, name="SAM boxes", edge_color="yellow",
-                                   face_color="transparent", edge_width=2)
-        self.box_layer = layers["SAM boxes"]
-        label_name = f"{active.name} SAM labels"
-        if fresh(label_name) or layers[label_name].data.shape != shape:
-            if not fresh(label_name):
-                label_name = f"{label_name} {shape}"
-            if fresh(label_name):
-                self.viewer.add_labels(np.zeros(shape, np.int32), name=label_name,
-                                       scale=active.scale[-ndim:], translate=active.translate[-ndim:])
-        self.labels_layer = layers[label_name]
-        if fresh("SAM preview") or layers["SAM preview"].data.shape != shape:
-            if not fresh("SAM preview"):
-                layers.remove("SAM preview")
-            self.viewer.add_labels(np.zeros(shape, np.uint8), name="SAM preview", opacity=0.6,
-                                   scale=active.scale[-ndim:], translate=active.translate[-ndim:])
-        self.preview_layer = layers["SAM preview"]
+        lay = ensure_layers(self.viewer, self.image_layer)
+        self.pos_layer, self.neg_layer, self.box_layer = lay.pos, lay.neg, lay.boxes
+        self.labels_layer, self.preview_layer = lay.labels, lay.preview
         for ly in (self.pos_layer, self.neg_layer, self.box_layer):
             try:
                 ly.events.data.disconnect(self._on_prompts_changed)
@@ -466,26 +431,12 @@ class SamAnnotatorWidget(QWidget):
         self._set_status(f"committed object {ids[0] if ids else '(empty)'}")
         return ids
 
-    def _remove_on_plane(self, layer, index) -> None:
-        if layer is None or len(layer.data) == 0:
-            return
-        if not index:
-            layer.data = [] if layer is self.box_layer else np.zeros((0, layer.ndim))
-            return
-        if layer is self.box_layer:
-            keep = [d for d in layer.data if tuple(np.round(d[0, :len(index)]).astype(int)) != index]
-            layer.data = keep
-        else:
-            d = np.asarray(layer.data)
-            lead = np.round(d[:, :len(index)]).astype(int)
-            layer.data = d[~np.all(lead == np.asarray(index), axis=1)]
-
     def clear_prompts(self) -> None:
         if self.image_layer is None:
             return
         index = plane_index(self.image_layer, self.viewer)
         for ly in (self.pos_layer, self.neg_layer, self.box_layer):
-            self._remove_on_plane(ly, index)
+            remove_on_plane(ly, index)
         self._generation += 1
         self._clear_preview()
 
