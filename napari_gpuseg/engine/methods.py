@@ -42,11 +42,13 @@ from .jobs import CancelToken
 class SegResult:
     """Instance labels for one image (0 = background) and optional per-object scores.
 
-    ``scores`` maps label id -> score, or is an array with ``scores[id - 1]``.
+    ``scores`` maps label id -> score, or is an array with ``scores[id - 1]``; ``notes``
+    (e.g. how 3D instances were made) goes to the report row's notes.
     """
 
     labels: np.ndarray
     scores: Mapping[int, float] | np.ndarray | None = None
+    notes: str = ""
 
 
 class Segmenter:
@@ -209,8 +211,16 @@ class UNetSegmenter(Segmenter):
             post = {**self.net.meta.get("postprocess", {}), **user_post}
             probs = self._unet.predict_probabilities(self.net, np.stack(images), **kw)
             return [(p, self.dims, post) for p in probs]  # finish() runs in the writers
-        return [SegResult(np.asarray(self._unet.predict_labels(self.net, img, postprocess=user_post, **kw)))
-                for img in images]  # stacks of slices for a 2D model
+        return [self._volume(img, user_post, kw) for img in images]  # ZYX volumes for a 2D model
+
+    def _volume(self, img, user_post, kw) -> SegResult:
+        """A 2D model on a ZYX volume: labels per slice, linked across slices by overlap."""
+        from .linking import LINK_NOTE, link_slices
+
+        per_slice = np.asarray(self._unet.predict_labels(self.net, img, postprocess=user_post, **kw))
+        if self.dims != 2 or per_slice.ndim != 3:
+            return SegResult(per_slice)
+        return SegResult(link_slices(per_slice), notes=LINK_NOTE)
 
 
 # ----------------------------------------------------------------------------- registry

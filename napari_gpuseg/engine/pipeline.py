@@ -269,8 +269,9 @@ class _Run:
                 self._error(item, exc, shape)
                 continue
             item.seconds += time.perf_counter() - t0
+            notes = "; ".join(n for n in (item.notes, getattr(res, "notes", "")) if n)
             self.rows.put(ImageStatus(item.rel, shape, n_obj, round(item.seconds, 4), "ok",
-                                      labels=item.labels_rel, notes=item.notes,
+                                      labels=item.labels_rel, notes=notes,
                                       device=item.device))
             item.data = item.result = None
 
