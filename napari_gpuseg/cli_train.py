@@ -25,25 +25,55 @@ def _key(path: Path) -> str:
     return stem
 
 
+class TrainInputError(ValueError):
+    """A user error in the ``train`` arguments or data: printed as one line, exit 2."""
+
+
+def _scan(folder, pattern, what: str) -> list[Path]:
+    from .io import scan_folder
+
+    if not Path(folder).is_dir():
+        raise TrainInputError(f"{what} folder not found: {folder}")
+    return scan_folder(folder, pattern)
+
+
 def find_pairs(images_dir, labels_dir, pattern: str = "*.tif*,*.png,*.npy", limit: int | None = None,
                skip: int = 0) -> list[tuple[Path, Path]]:
     """(image, labels) paths matched by name, sorted by image name; ``skip`` then ``limit``."""
-    from .io import scan_folder
-
-    images = scan_folder(images_dir, pattern)
-    labels = {_key(p): p for p in scan_folder(labels_dir, pattern)}
+    images = _scan(images_dir, pattern, "images")
+    labels = {_key(p): p for p in _scan(labels_dir, pattern, "labels")}
     pairs = [(p, labels[_key(p)]) for p in images if _key(p) in labels]
     if not pairs:
-        raise SystemExit(f"no image/label pairs matched between {images_dir} and {labels_dir}")
+        raise TrainInputError(f"no image/label pairs matched between {images_dir} and {labels_dir}")
     pairs = pairs[skip:]
+    if not pairs:
+        raise TrainInputError(f"--skip {skip} leaves no image/label pairs")
     return pairs[:limit] if limit else pairs
 
 
 def _read_pairs(pairs):
-    from .io import read_image, read_labels, to_gray
+    """Images (gray) and labels; a file that cannot be read or a pair whose shapes differ
+    raises :class:`TrainInputError` naming the file(s)."""
+    from .io import ImageReadError, read_image, read_labels, to_gray
 
-    images = [to_gray(read_image(a)) for a, _ in pairs]
-    labels = [read_labels(b) for _, b in pairs]
+    images, labels = [], []
+    for a, b in pairs:
+        try:
+            img = to_gray(read_image(a))
+        except ImageReadError as exc:
+            raise TrainInputError(f"image {a}: {exc.message}") from exc
+        try:
+            lab = read_labels(b)
+        except Exception as exc:  # noqa: BLE001 - tifffile/numpy errors of a bad file
+            raise TrainInputError(f"labels {b}: cannot read ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0][:200] if str(exc) else 'no detail'})") from exc
+        if lab.dtype.kind not in "uib":
+            raise TrainInputError(f"labels {b}: dtype {lab.dtype} is not an integer label image")
+        if img.shape != lab.shape:
+            raise TrainInputError(f"image {a.name} {tuple(img.shape)} and labels {b.name} "
+                                  f"{tuple(lab.shape)} differ in shape")
+        images.append(img)
+        labels.append(lab)
     return images, labels
 
 
@@ -95,16 +125,61 @@ def _config(args):
     )
 
 
+# TrainConfig field -> the option that sets it, for one-line error messages
+_FLAGS = {"crop_size": "--crop", "batch_size": "--batch-size", "epochs": "--epochs",
+          "iters_per_epoch": "--iters-per-epoch", "lr": "--lr", "weight_decay": "--weight-decay",
+          "val_fraction": "--val-fraction", "patience": "--patience", "num_workers": "--workers",
+          "max_time_s": "--max-time"}
+
+
+def _fail(message: str) -> int:
+    print(f"napari-gpuseg train: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _check_inputs(args):
+    """Everything that can be checked before training: options, output path, data.
+    Returns (config, pairs, images, labels); raises TrainInputError / OSError."""
+    from .engine.training import TrainConfigError, check_output_path
+
+    for flag, value, low in (("--limit", args.limit, 1), ("--skip", args.skip, 0),
+                             ("--eval-skip", args.eval_skip, 0), ("--depth", args.depth, 1),
+                             ("--base", args.base, 1)):
+        if value is not None and value < low:
+            raise TrainInputError(f"{flag} must be >= {low}, got {value}")
+    if bool(args.eval_images) != bool(args.eval_labels):
+        raise TrainInputError("--eval-images and --eval-labels go together")
+    config = _config(args)
+    try:
+        config.check()
+    except TrainConfigError as exc:
+        flag = _FLAGS.get(exc.name, exc.name)
+        raise TrainInputError(str(exc).replace(exc.name, flag, 1)) from exc
+    check_output_path(args.out)
+    pairs = find_pairs(args.images, args.labels, args.pattern, args.limit, args.skip)
+    images, labels = _read_pairs(pairs)
+    flat = [im for im in images if im.ndim < args.spatial_dims]
+    if flat:
+        raise TrainInputError(f"--spatial-dims {args.spatial_dims} needs ZYX volumes, "
+                              f"got an image of shape {tuple(flat[0].shape)}")
+    if not any(int(lab.max()) > 0 for lab in labels):
+        raise TrainInputError("the labels contain no objects to learn from")
+    if args.eval_images:
+        find_pairs(args.eval_images, args.eval_labels, args.pattern, skip=args.eval_skip)
+    return config, pairs, images, labels
+
+
 def run_train(args) -> int:
     import torch
 
     from .engine.device import make_policy
     from .engine.training import train_unet
 
-    policy = make_policy(args.device, args.precision)
-    pairs = find_pairs(args.images, args.labels, args.pattern, args.limit, args.skip)
-    images, labels = _read_pairs(pairs)
-    config = _config(args)
+    try:
+        config, pairs, images, labels = _check_inputs(args)
+        policy = make_policy(args.device, args.precision)
+    except (TrainInputError, OSError, ValueError) as exc:
+        return _fail(str(exc))
     print(f"training on {len(pairs)} pairs ({pairs[0][0].name} .. {pairs[-1][0].name}), "
           f"{policy.describe()}, torch {torch.__version__}", flush=True)
     t0 = time.perf_counter()
@@ -119,6 +194,11 @@ def run_train(args) -> int:
     summary = {"train_files": [a.name for a, _ in pairs], "command": " ".join(["napari-gpuseg"] + sys.argv[1:])}
     result = train_unet(images, labels, config, out_path=args.out, policy=policy, on_event=on_event,
                         data_summary=summary)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    if not result.checkpoint:
+        print("napari-gpuseg train: error: no checkpoint was written", file=sys.stderr, flush=True)
+        return 1
     print(f"done: {result.stopped} after {result.seconds:.0f} s, best epoch {result.best_epoch + 1}, "
           f"checkpoint {result.checkpoint}", flush=True)
     if args.eval_images and args.eval_labels and result.checkpoint:

@@ -15,6 +15,7 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -59,6 +60,44 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def check(self) -> None:
+        """Raise :class:`TrainConfigError` naming the first knob with an unusable value."""
+        def bad(name, value, need):
+            raise TrainConfigError(name, f"{name} must be {need}, got {value!r}")
+
+        for name in ("batch_size", "epochs", "iters_per_epoch", "patience"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                bad(name, v, "an integer >= 1")
+        crops = self.crop_size if isinstance(self.crop_size, (tuple, list)) else [self.crop_size]
+        if not all(isinstance(c, (int, np.integer)) and c >= MIN_CROP for c in crops):
+            bad("crop_size", self.crop_size, f"an integer >= {MIN_CROP} (pixels)")
+        for name in ("lr", "weight_decay", "val_fraction", "contact_weight"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v):
+                bad(name, v, "a finite number")
+        if self.lr <= 0:
+            bad("lr", self.lr, "a positive number")
+        if self.weight_decay < 0:
+            bad("weight_decay", self.weight_decay, ">= 0")
+        if not 0 <= self.val_fraction < 1:
+            bad("val_fraction", self.val_fraction, "in [0, 1) (some data must be left to train on)")
+        if self.max_time_s is not None and not (math.isfinite(self.max_time_s) and self.max_time_s > 0):
+            bad("max_time_s", self.max_time_s, "a positive number of seconds")
+        if self.num_workers is not None and (not isinstance(self.num_workers, int) or self.num_workers < 0):
+            bad("num_workers", self.num_workers, "an integer >= 0")
+
+
+MIN_CROP = 8  # smallest crop edge (the smallest U-Net, depth 1-3, pads anything shorter)
+
+
+class TrainConfigError(ValueError):
+    """A :class:`TrainConfig` value that cannot work; ``name`` is the field."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
 
 @dataclass
 class TrainEvent:
@@ -85,6 +124,7 @@ class TrainResult:
     history: list
     stopped: str  # "completed", "early_stopping", "time_limit"
     seconds: float
+    notes: list = field(default_factory=list)  # e.g. crop clamped, checkpoint saved elsewhere
 
 
 # -- data -----------------------------------------------------------------------------
@@ -148,7 +188,7 @@ def val_indices(n: int, val_fraction: float, seed: int = 0) -> list[int]:
     """Which of ``n`` (>= 2) images go to validation (seeded permutation)."""
     if n < 2 or val_fraction <= 0:
         return []
-    n_val = max(1, int(round(n * val_fraction)))
+    n_val = min(n - 1, max(1, int(round(n * val_fraction))))  # keep one image to train on
     return sorted(np.random.default_rng(seed).permutation(n)[:n_val].tolist())
 
 
@@ -172,13 +212,29 @@ def split_train_val(xs: list, ys: list, val_fraction: float, seed: int = 0):
     return [tx], [ty], [vx], [vy]
 
 
+def crop_tuple(crop, d: int) -> tuple[int, ...]:
+    return tuple(int(c) for c in crop) if isinstance(crop, (tuple, list)) else (int(crop),) * d
+
+
+def clamp_crop(crop, shapes) -> tuple[int, ...]:
+    """The crop edge per dimension, at most the largest extent of ``shapes`` (the training
+    images' spatial shapes) in that dimension: a crop bigger than every image would only
+    add padding (``--crop 5000`` once padded batches to 5000 x 5000 and ran out of memory)."""
+    shapes = [tuple(int(v) for v in sh) for sh in shapes]
+    d = len(shapes[0])
+    crop = crop_tuple(crop, d)
+    if len(crop) != d:
+        raise ValueError(f"crop {crop} has {len(crop)} dimensions, the images have {d}")
+    return tuple(min(c, max(sh[i] for sh in shapes)) for i, c in enumerate(crop))
+
+
 class CropDataset(torch.utils.data.Dataset):
-    """Random crops with flips, rot90 (in the last two axes) and intensity jitter."""
+    """Random crops with flips, rot90 (in the last two axes) and intensity jitter. The crop
+    is clamped to the largest image (:func:`clamp_crop`); smaller images are padded."""
 
     def __init__(self, images: list, targets: list, crop, length: int) -> None:
         self.images, self.targets = images, targets
-        d = targets[0].ndim
-        self.crop = tuple(crop) if isinstance(crop, (tuple, list)) else (int(crop),) * d
+        self.crop = clamp_crop(crop, [t.shape for t in targets])
         self.length = length
         sizes = np.array([t.size for t in targets], dtype=np.float64)
         self.p = sizes / sizes.sum()
@@ -292,6 +348,10 @@ def train_unet(
     """
     t0 = time.perf_counter()
     config = config or TrainConfig()
+    config.check()
+    target = _SaveTarget(out_path) if out_path is not None else None
+    if target is not None:
+        check_output_path(target.path)
     policy = policy or get_policy()
     device = policy.device
     if isinstance(images, np.ndarray) and isinstance(labels, np.ndarray):
@@ -330,6 +390,11 @@ def train_unet(
     scaler = torch.amp.GradScaler(device.type, enabled=use_amp and policy.precision == "fp16")
     workers = _workers(config, device)
     dataset = CropDataset(tx, targets, config.crop_size, config.iters_per_epoch * config.batch_size)
+    notes = []
+    if dataset.crop != crop_tuple(config.crop_size, len(dataset.crop)):
+        notes.append(f"crop {config.crop_size} clamped to {'x'.join(map(str, dataset.crop))} "
+                     "(the largest training image)")
+    out_path = target
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=config.batch_size, num_workers=workers, pin_memory=device.type == "cuda",
         persistent_workers=workers > 0, drop_last=True,
@@ -404,8 +469,10 @@ def train_unet(
 
         model = model_from_checkpoint(load_checkpoint(saved), device)
     model.eval()
+    if target is not None and target.failure:
+        notes.append(target.failure)
     return TrainResult(model, str(saved) if saved else None, best_score, best_epoch, history, stopped,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, notes)
 
 
 def _emit(fn, event: TrainEvent) -> None:
@@ -413,12 +480,61 @@ def _emit(fn, event: TrainEvent) -> None:
         fn(event)
 
 
-def _save(path, model, config, summary, history, epoch, t0):
+def _save(target: "_SaveTarget", model, config, summary, history, epoch, t0):
     best = history[-1]
     metrics = {k: float(v) for k, v in best.items() if k.startswith("val_") or k == "train_loss"}
-    return save_checkpoint(
-        path, model, config.normalization,
+    meta = dict(
         training={"config": config.to_dict(), "data": summary, "best_epoch": epoch,
                   "seconds": round(time.perf_counter() - t0, 1), "history": [dict(h) for h in history]},
         metrics=metrics,
     )
+    return target.save(lambda path: save_checkpoint(path, model, config.normalization, **meta))
+
+
+# -- where the checkpoint goes ----------------------------------------------------------
+def check_output_path(path) -> Path:
+    """Fail before training (``OSError`` with one line) when ``path`` cannot be written: a
+    folder, a parent that cannot be created, a read-only or special file system. Writes
+    and removes a probe file beside ``path``."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"checkpoint path {path} is a folder; give a file name such as model.pt")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.parent / f".{path.name}.{os.getpid()}.probe"
+        with open(probe, "wb") as fh:
+            fh.write(b"probe")
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(f"cannot write the checkpoint {path}: "
+                      f"{exc.strerror or type(exc).__name__} (checked before training)") from exc
+    return path
+
+
+def fallback_checkpoint_path(path) -> Path:
+    """Where a checkpoint goes when ``path`` fails during training: the temp folder."""
+    import tempfile
+
+    path = Path(path)
+    return Path(tempfile.gettempdir()) / f"napari-gpuseg-{os.getpid()}-{path.stem}{path.suffix or '.pt'}"
+
+
+class _SaveTarget:
+    """The checkpoint path; after a failed save (disk full, folder removed) every later
+    save goes to :func:`fallback_checkpoint_path` and :attr:`failure` says where and why."""
+
+    def __init__(self, path) -> None:
+        self.path = Path(path)
+        self.failure: str | None = None
+
+    def save(self, write):
+        try:
+            return write(self.path)
+        except (OSError, RuntimeError) as exc:  # torch's zip writer raises RuntimeError on ENOSPC
+            if self.failure is not None:  # the fallback failed too: nothing left to try
+                raise
+            first = (getattr(exc, "strerror", None) or str(exc)).splitlines()[0][:200]
+            reason = f"{type(exc).__name__}: {first}"
+            self.path = fallback_checkpoint_path(self.path)
+            self.failure = f"could not write the checkpoint ({reason}); saved to {self.path} instead"
+            return write(self.path)

@@ -75,8 +75,12 @@ def save_checkpoint(path, model: UNet, normalization: dict | None = None, **meta
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(make_checkpoint(model, normalization, **meta), tmp)
-    tmp.replace(path)
+    try:
+        torch.save(make_checkpoint(model, normalization, **meta), tmp)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no half-written file left behind (disk full, ...)
+        raise
     return path
 
 
