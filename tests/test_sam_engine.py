@@ -242,3 +242,50 @@ def test_factored_decoder_with_kept_products_equals_the_module(lite_engine, val_
             torch.testing.assert_close(first.low_res, plain.low_res, atol=2e-3, rtol=1e-4)
             torch.testing.assert_close(again.low_res, first.low_res, atol=0, rtol=0)
             assert iou(first.full(gt.shape), plain.full(gt.shape)) > 0.999
+
+
+# ---------------------------------------------------------------- hostile inputs (issue #16)
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(box=[np.nan, 10, 50, 60]), "box has NaN or infinite"),
+    (dict(box=[10, 10, np.inf, 60]), "box has NaN or infinite"),
+    (dict(points=[[np.nan, 4.0]]), "points has NaN or infinite"),
+    (dict(points=[[3.0, -np.inf]]), "points has NaN or infinite"),
+    (dict(box=[1, 2, 3]), "box must be"),
+    (dict(box="abc"), "box must be"),
+])
+def test_prompt_rejects_non_finite_and_malformed_coordinates(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Prompt(**kwargs)
+
+
+@pytest.mark.parametrize("image, match", [
+    (np.zeros((0, 0), np.uint16), "image is empty"),
+    (np.zeros((0, 40), np.float32), "image is empty"),
+    (np.full((30, 40), np.nan, np.float32), "no finite pixels"),
+    (np.full((30, 40), np.inf), "no finite pixels"),
+])
+def test_inputs_empty_and_all_nan_images(image, match):
+    with pytest.raises(ValueError, match=match):
+        to_rgb01(image)
+
+
+def test_predict_rejects_prompts_outside_or_degenerate(lite_engine, val_crops):
+    _, img, _ = val_crops[0]  # 256 x 256
+    for prompt, match in [
+        (Prompt(box=[300, 300, 400, 400]), "box .* lies outside the 256 x 256 image"),
+        (Prompt(box=[-50, 10, -1, 60]), "lies outside"),
+        (Prompt(box=[40, 10, 40, 60]), "zero width or height"),
+        (Prompt(points=[[10, 10], [10, 900]]), r"points: \[10.0, 900.0\] .* outside"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            lite_engine.predict(img, [prompt])
+    with pytest.raises(ValueError, match="boxes has NaN"):
+        lite_engine.predict_boxes(img, [[0, 0, 20, 20], [np.nan, 0, 5, 5]])
+    with pytest.raises(ValueError, match="zero width"):
+        lite_engine.predict_boxes(img, [[0, 0, 0, 20]])
+    with pytest.raises(ValueError, match="image is empty"):
+        lite_engine.predict(np.zeros((0, 0), np.uint16), [Prompt(box=[0, 0, 1, 1])])
+    with pytest.raises(ValueError, match="no finite pixels"):
+        lite_engine.predict(np.full((64, 64), np.nan, np.float32), [Prompt(box=[5, 5, 30, 30])])
+    ok = lite_engine.predict(img, [Prompt(box=[-5, -5, 60, 60])])  # partly outside is fine
+    assert ok[0].mask.shape[0] > 0

@@ -44,7 +44,7 @@ class Prompt:
 
     def __post_init__(self):
         if self.points is not None:
-            self.points = np.asarray(self.points, dtype=np.float64).reshape(-1, 2)
+            self.points = _coords(self.points, "points", (-1, 2))
             if self.labels is None:
                 self.labels = np.ones(len(self.points), dtype=np.int64)
             self.labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
@@ -53,10 +53,41 @@ class Prompt:
             if len(self.points) == 0:
                 self.points = self.labels = None
         if self.box is not None:
-            b = np.asarray(self.box, dtype=np.float64).reshape(4)
+            b = _coords(self.box, "box", (4,))
             self.box = np.array([min(b[0], b[2]), min(b[1], b[3]), max(b[0], b[2]), max(b[1], b[3])])
         if self.points is None and self.box is None:
             raise ValueError("a prompt needs at least one point or a box")
+
+    def check_inside(self, shape: tuple[int, int]) -> None:
+        """``ValueError`` naming the argument when a point lies outside an image of
+        ``shape`` (H, W), or the box has zero width or height or does not overlap it
+        (checked by the public :meth:`SamEngine.predict` and :meth:`SamEngine.predict_boxes`;
+        internal box decoding keeps one-pixel corner boxes of one-pixel objects)."""
+        h, w = shape
+        if self.box is not None and (self.box[2] <= self.box[0] or self.box[3] <= self.box[1]):
+            raise ValueError(f"box {self.box.tolist()} has zero width or height (x0, y0, x1, y1 in pixels)")
+        if self.points is not None:
+            out = (self.points[:, 0] < 0) | (self.points[:, 0] > w) | (self.points[:, 1] < 0) | (self.points[:, 1] > h)
+            if out.any():
+                raise ValueError(f"points: {self.points[out][0].tolist()} (x, y) lies outside the "
+                                 f"{w} x {h} image")
+        if self.box is not None:
+            x0, y0, x1, y1 = self.box
+            if x0 >= w or y0 >= h or x1 <= 0 or y1 <= 0:
+                raise ValueError(f"box {self.box.tolist()} (x0, y0, x1, y1) lies outside the {w} x {h} image")
+
+
+def _coords(value, name: str, shape: tuple) -> np.ndarray:
+    """Prompt coordinates as float64 of ``shape``; ``ValueError`` naming ``name`` when they
+    are not numbers, have the wrong size or are NaN/inf."""
+    try:
+        a = np.asarray(value, dtype=np.float64).reshape(shape)
+    except (TypeError, ValueError) as exc:
+        want = "(x0, y0, x1, y1)" if name == "box" else "(N, 2) x, y pairs"
+        raise ValueError(f"{name} must be {want} numbers, got {value!r:.80}") from exc
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} has NaN or infinite coordinates: {a.tolist()!r:.120}")
+    return a
 
 
 @dataclass
@@ -221,6 +252,8 @@ class SamEngine:
         predicted IoU (``all_scores`` keeps the three scores).
         """
         image = self.prepare(image)
+        for p in prompts:
+            p.check_inside(image.shape)
         groups: dict[tuple, list[int]] = defaultdict(list)
         routed = [self.route(image, p) for p in prompts]
         for i, (p, v) in enumerate(zip(prompts, routed)):
@@ -285,7 +318,9 @@ class SamEngine:
                       embed_batch_size: int | None = None) -> list[MaskResult]:
         """One mask per (x0, y0, x1, y1) box; all boxes routed, embedded and decoded in batches."""
         image = self.prepare(image)
-        prompts = [Prompt(box=b) for b in np.asarray(boxes, dtype=np.float64).reshape(-1, 4)]
+        prompts = [Prompt(box=b) for b in _coords(boxes, "boxes", (-1, 4))]
+        for p in prompts:
+            p.check_inside(image.shape)
         needed = sorted({self.route(image, p) for p in prompts})
         self.embed([image], [needed], batch_size=embed_batch_size, cancel=cancel)
         return self.predict(image, prompts, cancel=cancel)

@@ -43,6 +43,10 @@ def to_rgb01(image: np.ndarray, contrast: tuple[float, float] = (0.0, 100.0)) ->
             f"SAM expects a 2D gray (Y, X) or colour (Y, X, C) image, got shape {a.shape}; "
             "pass one slice of a stack at a time"
         )
+    if a.size == 0:
+        raise ValueError(f"image is empty (shape {a.shape})")
+    if a.dtype.kind in "fc" and not np.isfinite(a).any():
+        raise ValueError("image has no finite pixels (all NaN or infinite)")
     if a.dtype == np.uint8:
         out = a.astype(np.float32) / 255.0
     elif a.dtype == bool:
