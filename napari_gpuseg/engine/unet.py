@@ -89,10 +89,12 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"U-Net checkpoint not found: {path}")
+    from ..models.checkpoint import load_error_message
+
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"{path} is not a readable U-Net checkpoint: {exc}") from exc
+    except Exception as exc:  # never torch's advice to turn weights_only off
+        raise ValueError(f"U-Net {load_error_message(path, exc)}") from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a napari-gpuseg U-Net checkpoint (no '{FORMAT}' format tag)")
     return ckpt

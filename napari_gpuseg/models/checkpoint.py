@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable, List, Mapping, Tuple, Union
@@ -52,6 +53,29 @@ def unwrap_state_dict(obj) -> "OrderedDict[str, torch.Tensor]":
     return state
 
 
+def load_error_message(path, exc: BaseException) -> str:
+    """One line for a failed ``torch.load(path, weights_only=True)``. torch's own text
+    advises re-running with ``weights_only=False`` (which lets code in the file run) and
+    filing a PyTorch issue; neither applies to a damaged file, so it is never shown."""
+    text = str(exc)
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return (f"checkpoint '{path}' holds Python objects other than tensors ({found.group(1)}); "
+                "it is not loaded, since unpickling them could run code")
+    if isinstance(exc, OSError) and not isinstance(exc, EOFError):
+        return f"cannot read checkpoint '{path}': {exc.strerror or type(exc).__name__}"
+    return f"'{path}' is not a checkpoint (corrupt or not a torch file)"
+
+
+def safe_torch_load(path, map_location="cpu"):
+    """``torch.load`` with ``weights_only=True``; any failure is a :class:`CheckpointError`
+    with :func:`load_error_message`."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # pickle errors, truncated zip files, non-tensor payloads
+        raise CheckpointError(load_error_message(path, exc)) from exc
+
+
 def read_state_dict(path_or_state: StateOrPath, map_location="cpu") -> "OrderedDict[str, torch.Tensor]":
     """Load a checkpoint file with ``weights_only=True`` (or take a mapping) and unwrap it."""
     if isinstance(path_or_state, Mapping):
@@ -59,14 +83,7 @@ def read_state_dict(path_or_state: StateOrPath, map_location="cpu") -> "OrderedD
     path = Path(path_or_state)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file not found: '{path}'")
-    try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # pickle errors, truncated zip files, non-tensor payloads
-        raise CheckpointError(
-            f"cannot read checkpoint '{path}' ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}). "
-            "Is it a complete PyTorch weights file?"
-        ) from exc
-    return unwrap_state_dict(obj)
+    return unwrap_state_dict(safe_torch_load(path, map_location))
 
 
 def _first(items: Iterable[str]) -> str:

@@ -1,0 +1,58 @@
+"""Damaged or foreign checkpoint files: one plain line, never torch's advice to load with
+``weights_only=False`` (which would let code in the file run)."""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+import torch
+
+from napari_gpuseg.engine.unet import load_checkpoint, load_model
+from napari_gpuseg.models.checkpoint import CheckpointError, read_state_dict
+
+
+def _files(tmp_path):
+    rng = np.random.default_rng(0)
+    good = tmp_path / "good.pt"
+    torch.save({"a": torch.zeros(3)}, good)
+    data = good.read_bytes()
+    files = {
+        "random": rng.bytes(5000),
+        "empty": b"",
+        "truncated": data[: len(data) // 2],
+        "zip-header": b"PK\x03\x04" + rng.bytes(200),
+        "text": b"not a checkpoint\n",
+    }
+    out = {}
+    for name, payload in files.items():
+        out[name] = tmp_path / f"{name}.pt"
+        out[name].write_bytes(payload)
+    return out
+
+
+def _assert_plain(msg: str):
+    assert "weights_only" not in msg and "issue" not in msg.lower() and "\n" not in msg
+
+
+@pytest.mark.parametrize("kind", ["random", "empty", "truncated", "zip-header", "text"])
+def test_corrupt_checkpoint_says_not_a_checkpoint(tmp_path, kind):
+    path = _files(tmp_path)[kind]
+    with pytest.raises(CheckpointError, match=r"is not a checkpoint \(corrupt or not a torch file\)") as info:
+        read_state_dict(path)
+    _assert_plain(str(info.value))
+    for load in (load_checkpoint, lambda p: load_model(p, device="cpu")):
+        with pytest.raises(ValueError, match=r"is not a checkpoint \(corrupt or not a torch file\)") as info:
+            load(path)
+        _assert_plain(str(info.value))
+
+
+def test_pickled_objects_are_refused_without_suggesting_to_allow_them(tmp_path):
+    path = tmp_path / "objects.pt"
+    torch.save({"args": argparse.Namespace(a=1), "w": torch.zeros(2)}, path)
+    for load in (read_state_dict, load_checkpoint):
+        with pytest.raises((CheckpointError, ValueError), match="argparse.Namespace") as info:
+            load(path)
+        msg = str(info.value)
+        _assert_plain(msg)
+        assert "add_safe_globals" not in msg and "could run code" in msg
