@@ -67,7 +67,8 @@ class Prompt:
         if self.box is not None and (self.box[2] <= self.box[0] or self.box[3] <= self.box[1]):
             raise ValueError(f"box {self.box.tolist()} has zero width or height (x0, y0, x1, y1 in pixels)")
         if self.points is not None:
-            out = (self.points[:, 0] < 0) | (self.points[:, 0] > w) | (self.points[:, 1] < 0) | (self.points[:, 1] > h)
+            x, y = self.points[:, 0], self.points[:, 1]
+            out = (x < 0) | (x > w) | (y < 0) | (y > h)
             if out.any():
                 raise ValueError(f"points: {self.points[out][0].tolist()} (x, y) lies outside the "
                                  f"{w} x {h} image")

@@ -15,7 +15,6 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -30,6 +29,7 @@ from .jobs import CancelToken, ProgressFn, check, report
 from .metrics import foreground_iou, object_f1
 from .normalize import apply_normalization, normalization_spec
 from .unet import predict_probabilities, probabilities_to_labels, save_checkpoint
+from .train_output import SaveTarget, check_output_path, fallback_checkpoint_path  # noqa: F401
 
 
 @dataclass
@@ -349,7 +349,7 @@ def train_unet(
     t0 = time.perf_counter()
     config = config or TrainConfig()
     config.check()
-    target = _SaveTarget(out_path) if out_path is not None else None
+    target = SaveTarget(out_path) if out_path is not None else None
     if target is not None:
         check_output_path(target.path)
     policy = policy or get_policy()
@@ -480,7 +480,7 @@ def _emit(fn, event: TrainEvent) -> None:
         fn(event)
 
 
-def _save(target: "_SaveTarget", model, config, summary, history, epoch, t0):
+def _save(target: SaveTarget, model, config, summary, history, epoch, t0):
     best = history[-1]
     metrics = {k: float(v) for k, v in best.items() if k.startswith("val_") or k == "train_loss"}
     meta = dict(
@@ -489,52 +489,3 @@ def _save(target: "_SaveTarget", model, config, summary, history, epoch, t0):
         metrics=metrics,
     )
     return target.save(lambda path: save_checkpoint(path, model, config.normalization, **meta))
-
-
-# -- where the checkpoint goes ----------------------------------------------------------
-def check_output_path(path) -> Path:
-    """Fail before training (``OSError`` with one line) when ``path`` cannot be written: a
-    folder, a parent that cannot be created, a read-only or special file system. Writes
-    and removes a probe file beside ``path``."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"checkpoint path {path} is a folder; give a file name such as model.pt")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        probe = path.parent / f".{path.name}.{os.getpid()}.probe"
-        with open(probe, "wb") as fh:
-            fh.write(b"probe")
-        probe.unlink()
-    except OSError as exc:
-        raise OSError(f"cannot write the checkpoint {path}: "
-                      f"{exc.strerror or type(exc).__name__} (checked before training)") from exc
-    return path
-
-
-def fallback_checkpoint_path(path) -> Path:
-    """Where a checkpoint goes when ``path`` fails during training: the temp folder."""
-    import tempfile
-
-    path = Path(path)
-    return Path(tempfile.gettempdir()) / f"napari-gpuseg-{os.getpid()}-{path.stem}{path.suffix or '.pt'}"
-
-
-class _SaveTarget:
-    """The checkpoint path; after a failed save (disk full, folder removed) every later
-    save goes to :func:`fallback_checkpoint_path` and :attr:`failure` says where and why."""
-
-    def __init__(self, path) -> None:
-        self.path = Path(path)
-        self.failure: str | None = None
-
-    def save(self, write):
-        try:
-            return write(self.path)
-        except (OSError, RuntimeError) as exc:  # torch's zip writer raises RuntimeError on ENOSPC
-            if self.failure is not None:  # the fallback failed too: nothing left to try
-                raise
-            first = (getattr(exc, "strerror", None) or str(exc)).splitlines()[0][:200]
-            reason = f"{type(exc).__name__}: {first}"
-            self.path = fallback_checkpoint_path(self.path)
-            self.failure = f"could not write the checkpoint ({reason}); saved to {self.path} instead"
-            return write(self.path)
