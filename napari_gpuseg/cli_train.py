@@ -164,8 +164,8 @@ def _check_inputs(args):
                               f"got an image of shape {tuple(flat[0].shape)}")
     if not any(int(lab.max()) > 0 for lab in labels):
         raise TrainInputError("the labels contain no objects to learn from")
-    if args.eval_images:
-        find_pairs(args.eval_images, args.eval_labels, args.pattern, skip=args.eval_skip)
+    if args.eval_images:  # checked now, not after hours of training
+        _read_pairs(find_pairs(args.eval_images, args.eval_labels, args.pattern, skip=args.eval_skip))
     return config, pairs, images, labels
 
 
@@ -226,5 +226,13 @@ def _evaluate(args, checkpoint, policy) -> dict:
     ckpt = load_checkpoint(checkpoint)
     ckpt["test"] = plain({"files": [a.name for a, _ in pairs], "unet": ours, "classical_baseline": classic,
                     "precision": policy.precision})
-    torch.save(ckpt, checkpoint)
+    tmp = Path(str(checkpoint) + ".tmp")
+    try:  # never rewrite the trained checkpoint in place: a failed write would destroy it
+        torch.save(ckpt, tmp)
+        tmp.replace(checkpoint)
+    except (OSError, RuntimeError) as exc:
+        tmp.unlink(missing_ok=True)
+        print(f"note: held-out metrics not stored in {checkpoint} ({type(exc).__name__}: "
+              f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); the checkpoint is unchanged",
+              file=sys.stderr, flush=True)
     return ours

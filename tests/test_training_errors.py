@@ -62,6 +62,8 @@ def _train(root, *extra, out=None):
     (("--batch-size 0",), "--batch-size must be an integer >= 1"),
     (("--limit 0",), "--limit must be >= 1"),
     (("--skip 5",), "leaves no image/label pairs"),
+    (("--eval-images {root}/img", "--eval-labels {root}/small"), "differ in shape"),
+    (("--eval-images {root}/img",), "--eval-images and --eval-labels go together"),
 ])
 def test_train_user_errors_one_line_exit_2(folders, capsys, extra, expect):
     rc = _train(folders, *[e.format(root=folders) for e in extra])
@@ -146,3 +148,22 @@ def test_failed_save_goes_to_a_fallback_and_says_where(folders, tmp_path, monkey
 def test_check_output_path_writes_nothing(tmp_path):
     assert check_output_path(tmp_path / "sub" / "m.pt") == tmp_path / "sub" / "m.pt"
     assert list((tmp_path / "sub").iterdir()) == []
+
+
+def test_failed_metrics_write_after_eval_keeps_the_checkpoint(folders, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "m.pt"
+    real = torch.save
+
+    def full_disk(obj, f, *a, **k):
+        if str(f).endswith(".pt.tmp") and "test" in obj:  # the held-out metrics rewrite
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    rc = _train(folders, "--val-fraction 0", f"--eval-images {folders}/img", f"--eval-labels {folders}/lab",
+                out=out)
+    assert rc == 0
+    assert "held-out metrics not stored" in capsys.readouterr().err
+    ckpt = torch.load(out, weights_only=True)
+    assert "test" not in ckpt and ckpt["training"]["best_epoch"] == 0
+    assert not (tmp_path / "m.pt.tmp").exists()
