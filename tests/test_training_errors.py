@@ -167,3 +167,12 @@ def test_failed_metrics_write_after_eval_keeps_the_checkpoint(folders, tmp_path,
     ckpt = torch.load(out, weights_only=True)
     assert "test" not in ckpt and ckpt["training"]["best_epoch"] == 0
     assert not (tmp_path / "m.pt.tmp").exists()
+
+
+def test_engine_names_the_pair_that_does_not_fit():
+    imgs = [np.zeros((40, 40)), np.zeros((40, 40))]
+    labs = [np.ones((40, 40), int), np.ones((30, 40), int)]
+    with pytest.raises(ValueError, match=r"pair 2: image .* differ in shape"):
+        train_unet(imgs, labs, _tiny(), policy=FP32)
+    with pytest.raises(ValueError, match="2 images but 1 label"):
+        train_unet(imgs, labs[:1], _tiny(), policy=FP32)

@@ -167,12 +167,17 @@ def prepare_pairs(images, labels, config: UNetConfig, normalization: dict) -> tu
     """Normalised (C, *spatial) float32 images and class maps; stacks become slices."""
     d = config.spatial_dims
     xs, ys = [], []
-    for img, lab in zip(images, labels):
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} label images")
+    for k, (img, lab) in enumerate(zip(images, labels)):
         img, lab = np.asarray(img), np.asarray(lab)
+        if img.ndim < d or lab.ndim < d:
+            raise ValueError(f"pair {k + 1}: a {d}D model needs {d}D images and labels, "
+                             f"got {img.shape} and {lab.shape}")
         if config.in_channels == 1:
             img = img[..., None, :, :] if d == 2 else img[..., None, :, :, :]
         if img.shape[-d:] != lab.shape[-d:]:
-            raise ValueError(f"image {img.shape} and labels {lab.shape} differ in shape")
+            raise ValueError(f"pair {k + 1}: image {img.shape} and labels {lab.shape} differ in shape")
         img = img.reshape((-1, config.in_channels) + img.shape[-d:])
         lab = lab.reshape((-1,) + lab.shape[-d:])
         if img.shape[0] != lab.shape[0]:
