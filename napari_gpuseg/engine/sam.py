@@ -59,23 +59,19 @@ class Prompt:
             raise ValueError("a prompt needs at least one point or a box")
 
     def check_inside(self, shape: tuple[int, int]) -> None:
-        """``ValueError`` naming the argument when a point lies outside an image of
-        ``shape`` (H, W), or the box has zero width or height or does not overlap it
-        (checked by the public :meth:`SamEngine.predict` and :meth:`SamEngine.predict_boxes`;
-        internal box decoding keeps one-pixel corner boxes of one-pixel objects)."""
+        """``ValueError`` naming the box when it has zero width or height or does not
+        overlap an image of ``shape`` (H, W); checked by the public :meth:`SamEngine.predict`
+        and :meth:`SamEngine.predict_boxes` (internal box decoding keeps one-pixel corner
+        boxes of one-pixel objects). Points may lie outside the image (a negative point
+        beside an object at the border is a normal prompt)."""
+        if self.box is None:
+            return
         h, w = shape
-        if self.box is not None and (self.box[2] <= self.box[0] or self.box[3] <= self.box[1]):
+        x0, y0, x1, y1 = self.box
+        if x1 <= x0 or y1 <= y0:
             raise ValueError(f"box {self.box.tolist()} has zero width or height (x0, y0, x1, y1 in pixels)")
-        if self.points is not None:
-            x, y = self.points[:, 0], self.points[:, 1]
-            out = (x < 0) | (x > w) | (y < 0) | (y > h)
-            if out.any():
-                raise ValueError(f"points: {self.points[out][0].tolist()} (x, y) lies outside the "
-                                 f"{w} x {h} image")
-        if self.box is not None:
-            x0, y0, x1, y1 = self.box
-            if x0 >= w or y0 >= h or x1 <= 0 or y1 <= 0:
-                raise ValueError(f"box {self.box.tolist()} (x0, y0, x1, y1) lies outside the {w} x {h} image")
+        if x0 >= w or y0 >= h or x1 <= 0 or y1 <= 0:
+            raise ValueError(f"box {self.box.tolist()} (x0, y0, x1, y1) lies outside the {w} x {h} image")
 
 
 def _coords(value, name: str, shape: tuple) -> np.ndarray:
