@@ -9,7 +9,7 @@ import pytest
 import tifffile
 
 from napari_gpuseg.engine.worker import CANCELLED, DONE
-from napari_gpuseg.widgets._prompts import outward
+from napari_gpuseg.engine.sam_schedule import outward
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
 

@@ -2,7 +2,6 @@
 answered inside the first encoder call (at a pause point), with only its own view."""
 import threading
 
-import numpy as np
 import pytest
 import tifffile
 import torch

@@ -71,13 +71,6 @@ def current_prompt(pos_layer, neg_layer, box_layer, index: tuple) -> Prompt | No
     return Prompt(points=pts, labels=labels, box=box)
 
 
-def outward(indices, center: tuple) -> list[tuple]:
-    """Plane indices ordered from ``center`` outwards: the displayed slice, then its
-    neighbours (the nearer first, the lower of two at the same distance first)."""
-    center = tuple(center)
-    return sorted(indices, key=lambda i: (sum(abs(a - b) for a, b in zip(i, center)), tuple(i)))
-
-
 def prompt_focus(prompt: Prompt) -> tuple[float, float]:
     """The (x, y) a prompt is about: its box centre, or the mean of its positive points."""
     if prompt.box is not None:

@@ -21,10 +21,11 @@ from qtpy.QtWidgets import (
 from ..engine.annotation import LabelCommitter
 from ..engine.device import get_policy
 from ..engine.sam_loader import DEFAULT_MODEL, load_engine
+from ..engine.sam_schedule import stack_steps
 from ..engine.worker import BACKGROUND, IDLE, INTERACTIVE, InferenceWorker, default_worker
 from . import _bridge
 from ._annotation_layers import ensure_layers, remove_on_plane, spatial_shape
-from ._prompts import boxes_xyxy, current_prompt, outward, plane, plane_index, prompt_focus
+from ._prompts import boxes_xyxy, current_prompt, plane, plane_index, prompt_focus
 from ._redraw_hold import RedrawHold
 
 BROWSE = "Browse for a checkpoint…"
@@ -250,19 +251,10 @@ class SamAnnotatorWidget(QWidget):
 
     def _job_stack(self, model: str, planes: dict, keys: dict, step: int | None,
                    progress=None, cancel=None):
-        """Every plane of a stack, the displayed one first and then its neighbours outwards
-        (asked again after each plane, so moving through the stack re-orders the rest)."""
-        engine = self._engine(model)
-        done: dict = {}
-        left = list(planes)
-        while left:
-            i = outward(left, self._plane or ())[0]
-            left.remove(i)
-            done[keys[i]] = yield from engine.embed_steps(planes[i], step=step, cancel=cancel)
-            self.stack_order.append(i)
-            if progress:
-                progress(len(done), len(planes))
-        return done
+        """Every plane of a stack, the displayed one first, then its neighbours outwards."""
+        out = yield from stack_steps(self._engine(model), planes, lambda: self._plane, step,
+                                     self.stack_order.append, progress, cancel)
+        return {keys[i]: image for i, image in out.items()}
 
     def _job_warm(self, model: str, image, cancel=None) -> int:
         return self._engine(model).warm_decoder(image, cancel=cancel)
