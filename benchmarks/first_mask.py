@@ -95,7 +95,8 @@ def main() -> None:
         img = tifffile.imread(f)
         gt = tifffile.imread(data / "bbbc039" / "masks" / f.name)
         box = central_box(gt)
-        viewer.layers.clear()
+        viewer.layers.select_all()  # as a user would (``layers.clear()`` crashed vispy's
+        viewer.layers.remove_selected()  # software GL draw of a new image here, old code too)
         pump(lambda: not w.worker.busy)
         shown.clear()
         name = f.stem
