@@ -329,7 +329,12 @@ class SamAnnotatorWidget(QWidget):
             tag="embed", replace=True, priority=BACKGROUND,
             on_result=lambda r, key=key: self._on_embedded(key, r),
             on_error=self._on_error, on_progress=lambda d, t, key=key: self._on_tiles(key, d, t),
-            on_cancelled=lambda key=key: self._early.pop(key, None))
+            on_cancelled=lambda key=key: self._on_tiles_cancelled(key))
+
+    def _on_tiles_cancelled(self, key: tuple) -> None:
+        self._early.pop(key, None)
+        if self._image_alive() and key == self._plane_key():  # not replaced: the user cancelled
+            self._set_status("embedding cancelled")
 
     def _on_embedded(self, key: tuple, result) -> None:
         prepared, seconds = result
