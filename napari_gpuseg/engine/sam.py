@@ -9,20 +9,22 @@ Coordinates follow SAM: (x, y) in image pixels. Nothing here imports Qt or napar
 """
 from __future__ import annotations
 
+import re
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from .amg_decoder import decode_sparse, supports_factored
-from .batching import run_batched, to_device
+from .batching import initial_batch_size, run_batched, to_device
 from .device import Policy, get_policy
 from .embedding_cache import EmbeddingCache
 from .jobs import CancelToken, ProgressFn, check
 from .sam_inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
 from .sam_views import View, grid_views, prompt_box, route_box
+from .worker import pause_point
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class SamEngine:
         # per embedding: the decoder's work that depends on the image alone (see amg_decoder)
         self._memos: OrderedDict[tuple, dict] = OrderedDict()
         self._factored = supports_factored(self.sam)
+        _add_pause_points(self.sam.image_encoder)
 
     MEMOS = 4  # embeddings whose decoder products are kept (~35 MB each at 64 x 64)
 
@@ -179,6 +182,43 @@ class SamEngine:
 
     def is_embedded(self, image: PreparedImage, views: Sequence[View] | None = None) -> bool:
         return all(self._key(image, v) in self.cache for v in (views or self.views(image)))
+
+    def views_ready(self, image: PreparedImage, views: Sequence[View] | None = None) -> int:
+        """How many of ``views`` (default: the image's grid views) are embedded."""
+        return sum(self._key(image, v) in self.cache for v in (views or self.views(image)))
+
+    def embed_steps(self, image: np.ndarray | PreparedImage, views: Sequence[View] | None = None,
+                    step: int | None = None, focus: Callable[[], tuple[float, float] | None] | None = None,
+                    progress: ProgressFn = None, cancel: CancelToken | None = None,
+                    ) -> Iterator[int]:
+        """Embed the missing ``views`` of one image (default: its grid) one encoder batch at
+        a time, yielding the number of views ready after each batch; returns the prepared
+        image. Run it as a worker job and queued prompts are served between batches.
+
+        Views already embedded (by a prompt that needed one, say) are skipped when their
+        turn comes. ``focus()`` (x, y), asked before each batch, puts the views nearest it
+        first. ``step`` is the views per batch (default: one on CPU, where a batch is no
+        faster per view and a shorter step answers a prompt sooner)."""
+        image = self.prepare(image)
+        views = list(views) if views is not None else self.views(image)
+        total = len(views)
+        if step is None:
+            dev = self.policy.device
+            s = self.input_size
+            step = 1 if dev.type == "cpu" else initial_batch_size(total, dev, 40 * 3 * s * s * 4)
+        while True:
+            check(cancel)
+            todo = [v for v in views if self._key(image, v) not in self.cache]
+            if progress:
+                progress(total - len(todo), total)
+            if not todo:
+                return image
+            where = focus() if focus is not None else None
+            if where is not None:
+                x, y = where
+                todo.sort(key=lambda v: (v.x0 + v.w / 2 - x) ** 2 + (v.y0 + v.h / 2 - y) ** 2)
+            self.embed([image], [todo[:max(1, step)]], batch_size=max(1, step), cancel=cancel)
+            yield total - len(todo) + min(len(todo), max(1, step))
 
     # -- encoder --------------------------------------------------------------
     def _encode(self, batch: torch.Tensor) -> torch.Tensor:
@@ -321,6 +361,23 @@ class SamEngine:
         needed = sorted({self.route(image, p) for p in prompts})
         self.embed([image], [needed], batch_size=embed_batch_size, cancel=cancel)
         return self.predict(image, prompts, cancel=cancel)
+
+
+# before each block, its attention / MLP / convolutions, each downsampling and the neck:
+# about 50 points in TinyViT, at most ~0.1 s apart for a 256 px view on a 2-core CPU
+_PAUSE_AT = re.compile(
+    r"(^|\.)(blocks\.\d+(\.(attn|mlp|local_conv|conv\d))?|downsample|neck|patch_embed)$")
+
+
+def _add_pause_points(encoder: torch.nn.Module) -> None:
+    """Call :func:`worker.pause_point` all through the encoder, so queued prompts are
+    answered (and a cancel takes effect) within a fraction of a block, not after a batch."""
+    if getattr(encoder, "_gpuseg_pause_points", False):
+        return
+    for name, module in encoder.named_modules():
+        if _PAUSE_AT.search(name):
+            module.register_forward_pre_hook(lambda _m, _a: pause_point())
+    encoder._gpuseg_pause_points = True
 
 
 def paste_labels(results: Sequence[MaskResult], shape: tuple[int, int],

@@ -4,13 +4,20 @@ Widgets and the CLI submit callables; the worker runs them one at a time with th
 policy's autocast entered *inside* its thread (autocast is thread-local), passing
 ``progress=`` and ``cancel=`` to functions that accept them. Callbacks run in the worker
 thread; the Qt bridge (``widgets/_bridge.py``) forwards them to the GUI thread.
+
+Jobs carry a priority (``INTERACTIVE`` < ``NORMAL`` < ``BACKGROUND`` < ``IDLE``; lower
+runs first). Long background work gives way in two places: a job whose function is a
+generator is parked after each step while higher-priority jobs are queued, and code
+that calls :func:`pause_point` (the SAM encoder, between blocks) runs such jobs on the
+spot. So a prompt's decode waits for at most one encoder block, not a whole image.
 """
 from __future__ import annotations
 
 import atexit
+import collections
+import heapq
 import inspect
 import itertools
-import queue
 import threading
 import time
 from typing import Any, Callable, Hashable
@@ -23,17 +30,29 @@ from .jobs import Cancelled, CancelToken
 PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
 
 
+INTERACTIVE, NORMAL, BACKGROUND, IDLE = 0, 10, 20, 30
+"""Priorities (lower runs first): a prompt's decode (and the one embedding it needs),
+user-started work, the rest of an image's views and decoder warm-ups, stack precompute."""
+
+_local = threading.local()
+
+
 class Job:
-    """A queued call. Thread-safe: ``cancel()``, ``wait()``, ``result()`` from any thread."""
+    """A queued call. Thread-safe: ``cancel()``, ``wait()``, ``result()`` from any thread.
+
+    A function that returns a generator runs one step (up to its next ``yield``) at a time:
+    between steps the worker serves queued jobs of higher priority first."""
 
     _ids = itertools.count(1)
 
     def __init__(self, fn, args, kwargs, tag=None, inference=True,
-                 on_result=None, on_error=None, on_progress=None, on_cancelled=None):
+                 on_result=None, on_error=None, on_progress=None, on_cancelled=None,
+                 priority: int = NORMAL):
         self.id = next(Job._ids)
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.tag = tag
         self.inference = inference
+        self.priority = priority
         self.token = CancelToken()
         self.status = PENDING
         self.value: Any = None
@@ -41,6 +60,8 @@ class Job:
         self.seconds: float | None = None
         self.on_result, self.on_error = on_result, on_error
         self.on_progress, self.on_cancelled = on_progress, on_cancelled
+        self._gen = None  # the running generator of a stepped job
+        self._seq = 0
         self._done = threading.Event()
 
     def cancel(self) -> None:
@@ -76,17 +97,35 @@ def _accepts(fn: Callable, name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def pause_point() -> None:
+    """Call inside long work (the SAM encoder calls it between blocks): in a worker thread,
+    queued jobs of higher priority than the running one run here and now, and a cancelled
+    job stops here. Elsewhere it does nothing."""
+    worker = getattr(_local, "worker", None)
+    if worker is None or not worker._stack:
+        return
+    job = worker._stack[-1]
+    job.token.check()
+    worker._serve_above(job.priority)
+
+
 class InferenceWorker:
-    """One background thread that owns loaded models and runs submitted jobs in order."""
+    """One background thread that owns loaded models and runs submitted jobs by priority
+    (first come, first served within a priority)."""
+
+    LOG = 1000  # entries kept in :attr:`log`
 
     def __init__(self, policy: Policy | None = None, name: str = "napari-gpuseg-worker") -> None:
         self._policy = policy
-        self._queue: queue.Queue[Job | None] = queue.Queue()
         self._models: dict[Hashable, Any] = {}
         self._models_lock = threading.Lock()
-        self._current: Job | None = None
-        self._jobs_lock = threading.Lock()
-        self._pending: list[Job] = []
+        self._cond = threading.Condition()
+        self._heap: list[tuple[int, int, Job]] = []
+        self._seq = itertools.count()
+        self._stack: list[Job] = []  # running jobs; more than one when a pause point serves others
+        self._stopping = False
+        # (event, job id, tag): "start", "pause" (a stepped job gave way), "resume", "end"
+        self.log: collections.deque[tuple[str, int, Hashable]] = collections.deque(maxlen=self.LOG)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -119,66 +158,131 @@ class InferenceWorker:
 
     # -- jobs ---------------------------------------------------------------
     def submit(self, fn: Callable, *args, tag: Hashable | None = None, replace: bool = False,
-               inference: bool = True, on_result=None, on_error=None, on_progress=None,
-               on_cancelled=None, **kwargs) -> Job:
-        """Queue ``fn(*args, **kwargs)``. ``replace=True`` cancels earlier jobs with ``tag``."""
+               inference: bool = True, priority: int = NORMAL, on_result=None, on_error=None,
+               on_progress=None, on_cancelled=None, **kwargs) -> Job:
+        """Queue ``fn(*args, **kwargs)`` at ``priority`` (lower runs first).
+        ``replace=True`` cancels earlier jobs with ``tag``."""
         if replace and tag is not None:
             self.cancel(tag)
-        job = Job(fn, args, kwargs, tag, inference, on_result, on_error, on_progress, on_cancelled)
-        with self._jobs_lock:
-            self._pending.append(job)
-        self._queue.put(job)
+        job = Job(fn, args, kwargs, tag, inference, on_result, on_error, on_progress, on_cancelled,
+                  priority)
+        job._seq = next(self._seq)
+        self._push(job, job._seq)
         return job
+
+    def _push(self, job: Job, seq: int) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (job.priority, seq, job))
+            self._cond.notify()
+
+    def pending(self, tag: Hashable | None = None) -> list[Job]:
+        """Queued jobs (all, or those with ``tag``) in the order they will run."""
+        with self._cond:
+            return [j for _p, _s, j in sorted(self._heap) if tag is None or j.tag == tag]
+
+    def reprioritize(self, tag: Hashable, priority: int) -> int:
+        """Give the queued jobs with ``tag`` a new priority. Returns how many."""
+        with self._cond:
+            hit = [e for e in self._heap if e[2].tag == tag and not e[2].cancelled]
+            for _p, _s, job in hit:
+                job.priority = priority
+            self._heap = [(p if j.cancelled else j.priority, s, j) for p, s, j in self._heap]
+            heapq.heapify(self._heap)
+            self._cond.notify()
+        return len(hit)
 
     def cancel(self, tag: Hashable | None = None) -> int:
         """Cancel queued and running jobs (all, or those with ``tag``). Returns how many."""
         n = 0
-        with self._jobs_lock:
-            jobs = list(self._pending) + ([self._current] if self._current else [])
-        for job in jobs:
-            if job is not None and (tag is None or job.tag == tag) and not job._done.is_set():
-                job.cancel()
-                n += 1
+        with self._cond:
+            for job in [j for _p, _s, j in self._heap] + list(self._stack):
+                if (tag is None or job.tag == tag) and not job._done.is_set() and not job.cancelled:
+                    job.cancel()
+                    n += 1
+            # queued cancelled jobs go first: they end at once (their callbacks say so)
+            self._heap = [(-1 if j.cancelled else p, s, j) for p, s, j in self._heap]
+            heapq.heapify(self._heap)
+            self._cond.notify()
         return n
 
     @property
     def busy(self) -> bool:
-        return self._current is not None or not self._queue.empty()
+        with self._cond:
+            return bool(self._stack or self._heap)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self.cancel()
-        self._queue.put(None)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
         self._thread.join(timeout)
 
+    def _pop(self, above: int | None = None) -> Job | None:
+        """The next job; with ``above``, only one of a higher priority, without waiting."""
+        with self._cond:
+            while True:
+                if self._heap and (above is None or self._heap[0][0] < above):
+                    return heapq.heappop(self._heap)[2]
+                if above is not None or self._stopping:
+                    return None
+                self._cond.wait()
+
     def _loop(self) -> None:
+        _local.worker = self
         while True:
-            job = self._queue.get()
+            job = self._pop()
             if job is None:
                 return
-            with self._jobs_lock:
-                if job in self._pending:
-                    self._pending.remove(job)
-                self._current = job
-            try:
-                self._run(job)
-            finally:
-                with self._jobs_lock:
-                    self._current = None
+            self._execute(job)
+
+    def _serve_above(self, priority: int) -> None:
+        while True:
+            job = self._pop(above=priority)
+            if job is None:
+                return
+            self._execute(job)
+
+    def _execute(self, job: Job) -> None:
+        with self._cond:
+            self._stack.append(job)
+        try:
+            self._run(job)
+        finally:
+            with self._cond:
+                self._stack.remove(job)
+
+    def _should_yield(self, job: Job) -> bool:
+        with self._cond:
+            return bool(self._heap) and self._heap[0][0] < job.priority
 
     def _run(self, job: Job) -> None:
-        kwargs = dict(job.kwargs)
-        if _accepts(job.fn, "progress"):
-            kwargs.setdefault("progress", job._progress)
-        if _accepts(job.fn, "cancel"):
-            kwargs.setdefault("cancel", job.token)
         t0 = time.perf_counter()
         callback = None
+        resumed = job._gen is not None
+        self.log.append(("resume" if resumed else "start", job.id, job.tag))
         try:
             job.token.check()
             job.status = RUNNING
-            grad = torch.inference_mode() if job.inference else torch.enable_grad()
-            with grad, (self.policy.autocast() if job.inference else _null()):
-                value = job.fn(*job.args, **kwargs)
+            while True:
+                with torch.inference_mode(job.inference), \
+                        (self.policy.autocast() if job.inference else torch.enable_grad()):
+                    if job._gen is None:
+                        out = job.fn(*job.args, **self._kwargs(job))
+                        if not inspect.isgenerator(out):
+                            value = out
+                            break
+                        job._gen = out
+                    try:
+                        next(job._gen)
+                    except StopIteration as stop:
+                        value = stop.value
+                        break
+                job.token.check()
+                if self._should_yield(job):  # one step done; higher-priority work first
+                    job.status = PENDING
+                    self.log.append(("pause", job.id, job.tag))
+                    self._push(job, job._seq)  # ahead of later jobs of its priority
+                    return
             job.token.check()
             job.value, job.status = value, DONE
             callback = (job.on_result, value)
@@ -189,21 +293,25 @@ class InferenceWorker:
             job.error, job.status = exc, FAILED
             callback = (job.on_error, exc)
         finally:
-            job.seconds = time.perf_counter() - t0
-            job._done.set()
+            job.seconds = (job.seconds or 0.0) + time.perf_counter() - t0
+            if job.status != PENDING:
+                if job._gen is not None:
+                    job._gen.close()
+                self.log.append(("end", job.id, job.tag))
+                job._done.set()
         if callback and callback[0] is not None:
             try:
                 callback[0](*callback[1:])
             except Exception:  # a broken callback must not kill the worker
                 pass
 
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    def _kwargs(self, job: Job) -> dict:
+        kwargs = dict(job.kwargs)
+        if _accepts(job.fn, "progress"):
+            kwargs.setdefault("progress", job._progress)
+        if _accepts(job.fn, "cancel"):
+            kwargs.setdefault("cancel", job.token)
+        return kwargs
 
 
 _default: InferenceWorker | None = None

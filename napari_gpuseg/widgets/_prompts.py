@@ -69,3 +69,13 @@ def current_prompt(pos_layer, neg_layer, box_layer, index: tuple) -> Prompt | No
     pts = np.concatenate([pos, neg]) if len(pos) + len(neg) else None
     labels = np.concatenate([np.ones(len(pos)), np.zeros(len(neg))]).astype(int) if pts is not None else None
     return Prompt(points=pts, labels=labels, box=box)
+
+
+def prompt_focus(prompt: Prompt) -> tuple[float, float]:
+    """The (x, y) a prompt is about: its box centre, or the mean of its positive points."""
+    if prompt.box is not None:
+        b = prompt.box
+        return float(b[0] + b[2]) / 2, float(b[1] + b[3]) / 2
+    pos = prompt.points[prompt.labels == 1]
+    pts = pos if len(pos) else prompt.points
+    return float(pts[:, 0].mean()), float(pts[:, 1].mean())

@@ -2,6 +2,8 @@
 
 All network work runs in the shared inference worker; this dock only reads prompts from
 layers, submits jobs, and shows results that still match what the user is looking at.
+A prompt's decode is interactive work: it embeds just the view it needs and runs before
+the rest of the image's tiles, which are embedded in the background ("5/12 tiles").
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ from qtpy.QtWidgets import (
 from ..engine.annotation import LabelCommitter
 from ..engine.device import get_policy
 from ..engine.sam_loader import DEFAULT_MODEL, load_engine
-from ..engine.worker import InferenceWorker, default_worker
+from ..engine.sam_schedule import stack_steps
+from ..engine.worker import BACKGROUND, IDLE, INTERACTIVE, InferenceWorker, default_worker
 from . import _bridge
 from ._annotation_layers import ensure_layers, remove_on_plane, spatial_shape
-from ._prompts import boxes_xyxy, current_prompt, plane, plane_index
+from ._prompts import boxes_xyxy, current_prompt, plane, plane_index, prompt_focus
 from ._redraw_hold import RedrawHold
 
 BROWSE = "Browse for a checkpoint…"
@@ -66,9 +69,14 @@ class SamAnnotatorWidget(QWidget):
         self.labels_layer = self.preview_layer = None
         self._generation = 0
         self._plane: tuple | None = None  # the plane of the image on display
-        self._prepared: dict[tuple, object] = {}
+        self._prepared: dict[tuple, object] = {}  # plane key -> image with every tile embedded
+        self._early: dict[tuple, object] = {}  # plane key -> prepared image, tiles still coming
+        self._tiles: dict[tuple, tuple[int, int]] = {}  # plane key -> (tiles ready, tiles)
+        self._focus: tuple[float, float] | None = None  # (x, y) of the last prompt
+        self._status_text = "idle"
         self._preview = None  # (layer, index, generation, MaskResult)
         self._embed_job = self._stack_job = self._preview_job = None
+        self.stack_order: list[tuple] = []  # planes in the order the last precompute took them
         self._embed_started = 0.0
         self.last_embed_seconds: float | None = None
         self._jobs: list = []
@@ -190,7 +198,17 @@ class SamAnnotatorWidget(QWidget):
         return time.perf_counter() - t0
 
     def _set_status(self, text: str) -> None:
+        self._status_text = text
+        tiles = self._tiles.get(self._plane_key()) if self._image_alive() else None
+        if tiles is not None and tiles[0] < tiles[1]:
+            text = f"{text} · {tiles[0]}/{tiles[1]} tiles"
         self.status.setText(text)
+
+    def _on_tiles(self, key: tuple, done: int, total: int) -> None:
+        self._tiles[key] = (done, total)
+        if key == self._plane_key():
+            self._on_progress(done, total)
+            self._set_status(self._status_text)
 
     def _on_progress(self, done: int, total: int) -> None:
         self.progress.setRange(0, max(1, total))
@@ -219,12 +237,24 @@ class SamAnnotatorWidget(QWidget):
         policy = self.worker.policy
         return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy))
 
-    def _job_embed(self, model: str, planes: list[np.ndarray], batch_size: int | None,
+    def _job_tiles(self, model: str, img: np.ndarray, step: int | None, key: tuple,
                    progress=None, cancel=None):
+        """Every tile of one plane, one encoder batch per step (a stepped background job:
+        prompts run between steps, and inside an encoder call at its pause points)."""
         engine = self._engine(model)
         t0 = time.perf_counter()
-        prepared = engine.embed(planes, batch_size=batch_size, progress=progress, cancel=cancel)
-        return prepared, time.perf_counter() - t0
+        image = engine.prepare(img)
+        self._early[key] = image  # prompts until the last tile reuse it
+        image = yield from engine.embed_steps(image, step=step, focus=lambda: self._focus,
+                                              progress=progress, cancel=cancel)
+        return [image], time.perf_counter() - t0
+
+    def _job_stack(self, model: str, planes: dict, keys: dict, step: int | None,
+                   progress=None, cancel=None):
+        """Every plane of a stack, the displayed one first, then its neighbours outwards."""
+        out = yield from stack_steps(self._engine(model), planes, lambda: self._plane, step,
+                                     self.stack_order.append, progress, cancel)
+        return {keys[i]: image for i, image in out.items()}
 
     def _job_warm(self, model: str, image, cancel=None) -> int:
         return self._engine(model).warm_decoder(image, cancel=cancel)
@@ -283,30 +313,44 @@ class SamAnnotatorWidget(QWidget):
             return
         index = plane_index(self.image_layer, self.viewer)
         key = self._plane_key(index)
+        self._focus = None
         if key in self._prepared:
             self._set_status("embedding cached")
-            self._submit(self._job_warm, self.model_name, self._prepared[key], tag="warm", replace=True)
+            self._submit(self._job_warm, self.model_name, self._prepared[key], tag="warm",
+                         replace=True, priority=BACKGROUND)
             return
         img = np.array(plane(self.image_layer, index), copy=True)
         self._embed_started = time.perf_counter()
-        self._set_status(f"computing embedding of {self.image_layer.name} {index or ''}…")
+        self._set_status(f"embedding {self.image_layer.name} {index or ''} (prompts need not wait)")
+        # the image's tiles in the background: a new image or slice replaces this job, and a
+        # prompt meanwhile embeds only its own view, ahead of it
         self._embed_job = self._submit(
-            self._job_embed, self.model_name, [img], self.batch_spin.value() or None,
-            tag="embed", replace=True,
+            self._job_tiles, self.model_name, img, self.batch_spin.value() or None, key,
+            tag="embed", replace=True, priority=BACKGROUND,
             on_result=lambda r, key=key: self._on_embedded(key, r),
-            on_error=self._on_error, on_progress=self._on_progress,
-            on_cancelled=lambda: self._set_status("embedding cancelled"))
+            on_error=self._on_error, on_progress=lambda d, t, key=key: self._on_tiles(key, d, t),
+            on_cancelled=lambda key=key: self._on_tiles_cancelled(key))
+
+    def _on_tiles_cancelled(self, key: tuple) -> None:
+        self._early.pop(key, None)
+        if self._image_alive() and key == self._plane_key():  # not replaced: the user cancelled
+            self._set_status("embedding cancelled")
 
     def _on_embedded(self, key: tuple, result) -> None:
         prepared, seconds = result
         self._prepared[key] = prepared[0]
+        self._early.pop(key, None)
         self.last_embed_seconds = seconds
         if key == self._plane_key():
-            self._set_status(f"embedding ready ({seconds:.2f} s)")
-            # the decoder's image-only work, done now in the background rather than in the
-            # user's first prompt (a prompt submitted meanwhile queues behind it and reuses it)
-            self._submit(self._job_warm, self.model_name, prepared[0], tag="warm", replace=True)
-            self._on_prompts_changed()
+            n = self._tiles.get(key, (0, 0))[1]
+            self._set_status(f"embedding ready ({seconds:.2f} s, {n}/{n} tiles)")
+            # the decoder's image-only work, in the background rather than in the user's
+            # first prompt (a prompt meanwhile goes first; the warm-up reuses its work)
+            self._submit(self._job_warm, self.model_name, prepared[0], tag="warm", replace=True,
+                         priority=BACKGROUND)
+            idle = self._preview_job is None or self._preview_job.wait(0)
+            if not self.has_preview() and idle:
+                self._on_prompts_changed()  # a prompt whose decode did not come through
 
     def _image_alive(self) -> bool:
         """False before an image is chosen and once the user (or closing the viewer)
@@ -337,18 +381,19 @@ class SamAnnotatorWidget(QWidget):
         lead = shape[:-2]
         indices = [tuple(int(i) for i in np.unravel_index(k, lead)) for k in range(int(np.prod(lead)))]
         indices = [i for i in indices if self._plane_key(i) not in self._prepared]
-        planes = [np.array(plane(self.image_layer, i), copy=True) for i in indices]
+        planes = {i: np.array(plane(self.image_layer, i), copy=True) for i in indices}
+        keys = {i: self._plane_key(i) for i in indices}
         t0 = time.perf_counter()
         self._set_status(f"precomputing {len(planes)} slices…")
+        self.stack_order = []
 
-        def done(result, keys=[self._plane_key(i) for i in indices]):
-            prepared, seconds = result
-            self._prepared.update(zip(keys, prepared))
-            self._set_status(f"stack ready: {len(keys)} slices in {time.perf_counter() - t0:.1f} s")
+        def done(result):
+            self._prepared.update(result)
+            self._set_status(f"stack ready: {len(result)} slices in {time.perf_counter() - t0:.1f} s")
 
         self._stack_job = self._submit(
-            self._job_embed, self.model_name, planes, self.batch_spin.value() or None,
-            tag="stack", on_result=done, on_error=self._on_error,
+            self._job_stack, self.model_name, planes, keys, self.batch_spin.value() or None,
+            tag="stack", priority=IDLE, on_result=done, on_error=self._on_error,
             on_progress=self._on_progress,
             on_cancelled=lambda: self._set_status("precompute cancelled"))
 
@@ -373,14 +418,15 @@ class SamAnnotatorWidget(QWidget):
             self._clear_preview()
             return
         key = self._plane_key(index)
-        image = self._prepared.get(key)
+        image = self._prepared.get(key) or self._early.get(key)
         if image is None:
             image = np.array(plane(self.image_layer, index), copy=True)
+        self._focus = prompt_focus(prompt)  # the background tiles near the prompt come next
         gen, layer = self._generation, self.image_layer
         multimask = self.multimask.isChecked() and prompt.box is None
         self._preview_job = self._submit(
             self._job_predict, self.model_name, image, [prompt], multimask,
-            tag="preview", replace=True,
+            tag="preview", replace=True, priority=INTERACTIVE,
             on_result=lambda res: self._show_preview(layer, index, gen, res[0]),
             on_error=self._on_preview_error)
         self.redraw.hold()
@@ -455,7 +501,7 @@ class SamAnnotatorWidget(QWidget):
         if len(boxes) == 0:
             show_info("Draw one or more boxes in the 'SAM boxes' layer first.")
             return
-        image = self._prepared.get(self._plane_key(index))
+        image = self._prepared.get(self._plane_key(index)) or self._early.get(self._plane_key(index))
         if image is None:
             image = np.array(plane(self.image_layer, index), copy=True)
         layer, t0 = self.image_layer, time.perf_counter()

@@ -1,0 +1,134 @@
+"""The annotator's order of work, observed through the worker's log (not by timing):
+a prompt on a new image runs before the image's tiles and embeds only its own view; an
+image switch cancels the old image's tiles; a stack is embedded from the displayed slice
+outwards."""
+import threading
+
+import numpy as np
+import pytest
+import tifffile
+
+from napari_gpuseg.engine.worker import CANCELLED, DONE
+from napari_gpuseg.engine.sam_schedule import outward
+
+from sam_fixtures import gt_boxes, iou, require_lite_medsam
+
+WAIT = 180_000
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lite_available():
+    require_lite_medsam()
+
+
+@pytest.fixture(scope="module")
+def strip(shared_data):
+    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[19]
+    img = tifffile.imread(f)[100:356, :640]  # three 256 px tiles side by side
+    gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[100:356, :640]
+    return img, gt
+
+
+def open_dock(viewer):
+    _dock, widget = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    return widget
+
+
+def hold_worker(worker):
+    """Block the worker until the returned event is set; jobs submitted meanwhile queue."""
+    release, started = threading.Event(), threading.Event()
+    worker.submit(lambda: (started.set(), release.wait(120)), tag="test-gate")
+    assert started.wait(WAIT / 1000)
+    return release
+
+
+def add_box(w, box):
+    x0, y0, x1, y1 = box
+    w.box_layer.add_rectangles(np.array([[y0, x0], [y0, x1], [y1, x1], [y1, x0]], float))
+
+
+def log_index(worker, event, job):
+    return [(ev, i) for ev, i, _t in worker.log].index((event, job.id))
+
+
+def test_outward_order():
+    assert outward([(i,) for i in range(6)], (3,)) == [(3,), (2,), (4,), (1,), (5,), (0,)]
+    assert outward([(0, 0), (0, 1), (1, 1), (1, 0)], (1, 1))[:1] == [(1, 1)]
+
+
+def test_a_box_on_a_new_image_needs_only_its_own_tile(make_napari_viewer, qtbot, strip):
+    img, gt = strip
+    viewer = make_napari_viewer()
+    w = open_dock(viewer)
+    qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)  # model loaded
+    texts = []
+    real_set = w._set_status
+    w._set_status = lambda t: (real_set(t), texts.append(w.status.text()))
+    release = hold_worker(w.worker)
+    try:
+        viewer.add_image(img, name="strip")
+        qtbot.waitUntil(lambda: w.image_layer is not None and w.image_layer.name == "strip",
+                        timeout=WAIT)
+        ids, boxes = gt_boxes(gt)
+        k = next(i for i, b in enumerate(boxes) if b[0] > 460)  # in the last tile only
+        add_box(w, boxes[k])
+    finally:
+        release.set()
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    engine = w._engine(w.model_name)
+    tiles, preview = w._embed_job, w._preview_job
+    assert preview.status == DONE
+    result = w._preview[3]
+    assert result.view.x0 > 256 and iou(result.full(gt.shape), gt == ids[k]) > 0.6
+    # the decode (and the embedding of its one tile) ran before the image's tiles
+    assert log_index(w.worker, "end", preview) < log_index(w.worker, "start", tiles)
+    qtbot.waitUntil(lambda: w._plane_key() in w._prepared, timeout=WAIT)
+    assert engine.views_ready(w._prepared[w._plane_key()]) == 3
+    assert "3/3 tiles" in w.status.text()
+    counts = [t for t in texts if "/3 tiles" in t]
+    assert any("1/3 tiles" in t or "2/3 tiles" in t for t in counts), texts
+
+
+def test_image_switch_cancels_the_old_tiles_and_serves_the_new_prompt_first(
+        make_napari_viewer, qtbot, strip):
+    img, gt = strip
+    viewer = make_napari_viewer()
+    w = open_dock(viewer)
+    qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)
+    release = hold_worker(w.worker)
+    try:
+        viewer.add_image(img[:, ::-1] + 3, name="old")  # content no test has embedded
+        qtbot.waitUntil(lambda: w.image_layer is not None and w.image_layer.name == "old",
+                        timeout=WAIT)
+        old_tiles = w._embed_job
+        old_image = w.image_layer
+        viewer.add_image(img, name="new")
+        qtbot.waitUntil(lambda: w.image_layer.name == "new", timeout=WAIT)
+        new_tiles = w._embed_job
+        ids, boxes = gt_boxes(gt)
+        k = next(i for i, b in enumerate(boxes) if b[0] > 460)
+        add_box(w, boxes[k])
+        preview = w._preview_job
+    finally:
+        release.set()
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    assert old_tiles.wait(60) and old_tiles.status == CANCELLED
+    engine = w._engine(w.model_name)
+    assert engine.views_ready(engine.prepare(np.asarray(old_image.data))) == 0
+    assert log_index(w.worker, "end", preview) < log_index(w.worker, "start", new_tiles)
+    assert w._preview[0].name == "new"
+    assert iou(w._preview[3].full(gt.shape), gt == ids[k]) > 0.6
+    qtbot.waitUntil(lambda: w._plane_key() in w._prepared, timeout=WAIT)
+    assert new_tiles.status == DONE
+
+
+def test_stack_precompute_starts_at_the_displayed_slice(make_napari_viewer, qtbot, shared_data):
+    vol = tifffile.imread(shared_data / "synthetic3d" / "image.tif")[20:25] + 5
+    viewer = make_napari_viewer()
+    viewer.add_image(vol, name="volume")
+    w = open_dock(viewer)
+    viewer.dims.set_current_step(0, 3)
+    w.precompute_stack()
+    qtbot.waitUntil(lambda: "stack ready" in w.status.text(), timeout=WAIT)
+    assert w.stack_order == [(3,), (2,), (4,), (1,), (0,)]
+    assert all(w._plane_key((z,)) in w._prepared for z in range(5))

@@ -1,0 +1,144 @@
+"""Priorities in the inference worker: order observed through the worker's log, not timing."""
+import threading
+
+import pytest
+import torch
+
+from napari_gpuseg.engine.device import Policy
+from napari_gpuseg.engine.worker import (
+    BACKGROUND, CANCELLED, DONE, IDLE, INTERACTIVE, InferenceWorker, pause_point,
+)
+
+
+@pytest.fixture
+def worker():
+    w = InferenceWorker(Policy(torch.device("cpu"), "fp32"))
+    yield w
+    w.shutdown()
+
+
+def gate(worker):
+    """Occupy the worker until the returned event is set, so jobs queue up behind it."""
+    release, started = threading.Event(), threading.Event()
+    job = worker.submit(lambda: (started.set(), release.wait(10)), tag="gate")
+    assert started.wait(10)
+    return release, job
+
+
+def starts(worker, *tags):
+    return [t for ev, _id, t in worker.log if ev == "start" and t in tags]
+
+
+def test_higher_priority_runs_first_and_fifo_within_one(worker):
+    release, _ = gate(worker)
+    jobs = [worker.submit(lambda: None, tag="bg1", priority=BACKGROUND),
+            worker.submit(lambda: None, tag="idle", priority=IDLE),
+            worker.submit(lambda: None, tag="normal"),
+            worker.submit(lambda: None, tag="bg2", priority=BACKGROUND),
+            worker.submit(lambda: None, tag="prompt", priority=INTERACTIVE)]
+    assert [j.tag for j in worker.pending()] == ["prompt", "normal", "bg1", "bg2", "idle"]
+    release.set()
+    for j in jobs:
+        j.result(10)
+    assert starts(worker, "bg1", "idle", "normal", "bg2", "prompt") == \
+        ["prompt", "normal", "bg1", "bg2", "idle"]
+
+
+def test_a_prompt_during_a_stepped_background_job_is_answered_between_steps(worker):
+    step_started, go_on = threading.Event(), threading.Event()
+    steps = []
+
+    def background(n):
+        for i in range(n):
+            steps.append(i)
+            if i == 1:
+                step_started.set()
+                go_on.wait(10)  # the prompt arrives while step 1 runs
+            yield i
+        return "all"
+
+    bg = worker.submit(background, 5, tag="tiles", priority=BACKGROUND)
+    assert step_started.wait(10)
+    prompt = worker.submit(lambda: len(steps), tag="prompt", priority=INTERACTIVE)
+    go_on.set()
+    assert prompt.result(10) == 2  # answered after step 1, before step 2
+    assert bg.result(10) == "all" and bg.status == DONE
+    events = [(ev, t) for ev, _i, t in worker.log if t in ("tiles", "prompt")]
+    assert events == [("start", "tiles"), ("pause", "tiles"), ("start", "prompt"),
+                      ("end", "prompt"), ("resume", "tiles"), ("end", "tiles")]
+
+
+def test_pause_point_serves_higher_priority_jobs_inside_a_running_job(worker):
+    inside, go_on = threading.Event(), threading.Event()
+    seen = []
+
+    def long_job():
+        inside.set()
+        go_on.wait(10)
+        pause_point()  # e.g. between two encoder blocks
+        seen.append("after pause")
+        return list(seen)
+
+    bg = worker.submit(long_job, tag="encoder", priority=BACKGROUND)
+    assert inside.wait(10)
+    prompt = worker.submit(lambda: seen.append("prompt"), tag="prompt", priority=INTERACTIVE)
+    later = worker.submit(lambda: seen.append("idle"), tag="idle", priority=IDLE)
+    go_on.set()
+    assert bg.result(10) == ["prompt", "after pause"]  # the idle job did not jump ahead
+    later.result(10)
+    assert seen == ["prompt", "after pause", "idle"]
+    pause_point()  # outside a worker thread: nothing happens
+
+
+def test_cancel_takes_effect_at_a_pause_point_and_closes_stepped_jobs(worker):
+    inside, go_on, closed = threading.Event(), threading.Event(), []
+
+    def long_job():
+        inside.set()
+        go_on.wait(10)
+        pause_point()
+        return "finished"
+
+    job = worker.submit(long_job, tag="a", priority=BACKGROUND)
+    assert inside.wait(10)
+    job.cancel()
+    go_on.set()
+    assert job.wait(10) and job.status == CANCELLED
+
+    def stepped():
+        try:
+            while True:
+                yield
+        finally:
+            closed.append(True)
+
+    release, _ = gate(worker)
+    gen_job = worker.submit(stepped, tag="gen", priority=BACKGROUND)
+    worker.submit(lambda: None, tag="x", priority=INTERACTIVE)
+    release.set()
+    # the stepped job gives way at every step while the worker has other work
+    for _ in range(3):
+        worker.submit(lambda: None, tag="x", priority=INTERACTIVE).result(10)
+    assert worker.cancel("gen") == 1
+    assert gen_job.wait(10) and gen_job.status == CANCELLED and closed == [True]
+
+
+def test_image_switch_reorders_the_queue(worker):
+    """A new image: the old image's queued background work is cancelled (or demoted) and
+    the new image's work runs first."""
+    release, _ = gate(worker)
+    old_tiles = worker.submit(lambda: "old", tag=("tiles", "old"), priority=BACKGROUND)
+    old_stack = worker.submit(lambda: "old stack", tag=("stack", "old"), priority=BACKGROUND)
+    assert worker.reprioritize(("stack", "old"), IDLE) == 1
+    worker.cancel(("tiles", "old"))
+    new_tiles = worker.submit(lambda: "new", tag=("tiles", "new"), priority=BACKGROUND)
+    prompt = worker.submit(lambda: "mask", tag="prompt", priority=INTERACTIVE)
+    assert [j.tag for j in worker.pending()] == \
+        [("tiles", "old"), "prompt", ("tiles", "new"), ("stack", "old")]
+    release.set()
+    assert prompt.result(10) == "mask" and new_tiles.result(10) == "new"
+    assert old_stack.result(10) == "old stack"
+    assert old_tiles.wait(10) and old_tiles.status == CANCELLED
+    order = [t for ev, _i, t in worker.log if ev == "start" and t != "gate"]
+    # the cancelled job is only dropped (it never runs its function)
+    assert order[1:] == ["prompt", ("tiles", "new"), ("stack", "old")]
