@@ -6,6 +6,7 @@ start (bad arguments, unknown method, model failed to load), 130 interrupted (Ct
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -108,6 +109,16 @@ def _list_methods() -> int:
     return 0
 
 
+def _exit_if_threads_left(code: int) -> None:
+    """After a hard abort (Ctrl-C twice) a stage thread may still be inside torch or a C
+    library; letting the interpreter finalise around it aborts with SIGABRT (exit 134).
+    End the process here instead, with ``code``."""
+    if any(t.is_alive() and t.name.startswith("gpuseg-") for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def run_batch(args: argparse.Namespace) -> int:
     """Run the ``batch`` subcommand; returns the process exit code."""
     from .engine.jobs import CancelToken
@@ -155,6 +166,7 @@ def run_batch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         bar.close()
         print("aborted", file=sys.stderr)
+        _exit_if_threads_left(130)
         return 130
     except (PipelineError, MethodUnavailable, NotADirectoryError, ValueError, RuntimeError) as exc:
         bar.close()

@@ -76,11 +76,16 @@ def list_inputs(in_dir, out_dir, pattern="*.tif*", recursive=False) -> list[Path
 
 
 def _parse_devices(devices) -> list[str]:
-    if devices is None or devices == "" or devices == []:
+    """``None`` -> ``["auto"]``; ``"cuda:0,cuda:1"`` -> a list. A list that names no
+    device (``","``, ``" "``, ``[]``) is a ValueError: it would start no worker."""
+    if devices is None:
         return ["auto"]
-    if isinstance(devices, str):
-        devices = devices.split(",")
-    return [str(d).strip() for d in devices if str(d).strip()]
+    parts = devices.split(",") if isinstance(devices, str) else list(devices)
+    names = [str(d).strip() for d in parts if str(d).strip()]
+    if not names:
+        raise ValueError(f"the device list {devices!r} names no device "
+                         "(give e.g. cpu, cuda:0 or cuda:0,cuda:1, or leave it out for the best one)")
+    return names
 
 
 def _shape_str(a: np.ndarray) -> str:
@@ -287,10 +292,26 @@ class _Run:
     def alive(self) -> bool:
         return any(t.is_alive() for t in self.threads)
 
-    def join(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for every stage thread (``None``: until they end; each ends after its
+        current step once ``stop`` is set). A thread left running inside torch or a C
+        library when the interpreter exits aborts the process (SIGABRT), so the run
+        never returns while one is alive, unless interrupted again."""
+        end = None if timeout is None else time.monotonic() + timeout
         for t in self.threads:
-            t.join(max(0.0, end - time.monotonic()))
+            while t.is_alive():
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                t.join(_POLL if left is None else min(_POLL, left))  # signals stay responsive
+
+    def drain(self) -> list[ImageStatus]:
+        out = []
+        while True:
+            try:
+                out.append(self.rows.get_nowait())
+            except queue.Empty:
+                return out
 
 
 def _make_factory(method, method_options) -> tuple[Callable[[], Segmenter], str]:
@@ -394,6 +415,7 @@ def run_folder(
             progress(Progress(len(report.rows), report.total, rate, eta, counts["ok"],
                               counts["skipped"], counts["error"], now - t_start, row))
 
+    aborted = False
     run.start()
     try:
         _emit(None)
@@ -419,7 +441,13 @@ def run_folder(
         run.stop.set()
         if report.cancelled:
             run.cancel.cancel()  # a method checking the token stops mid-batch
-        run.join(timeout=1.5)
+        try:
+            run.join()  # every stage ends after its current step; no thread outlives the run
+        except KeyboardInterrupt:  # interrupted again while waiting: report what is known
+            report.cancelled = aborted = True
+        for row in run.drain():  # rows of files finished while stopping: every output has one
+            report.rows.append(row)
+            counts[row.status] += 1
         gio.remove_temp_files(out_dir, targets=ours)
         report.seconds = time.perf_counter() - t_start
     if run.fatal is not None:
@@ -431,4 +459,6 @@ def run_folder(
                         for it in items if it.rel not in done]
     report.rows.sort(key=lambda r: r.file)
     write_report(report, out_dir, shard_t)
+    if aborted:
+        raise KeyboardInterrupt
     return report
