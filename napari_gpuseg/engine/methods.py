@@ -39,7 +39,7 @@ from .jobs import CancelToken
 
 # measured peak memory per input pixel value while one image is segmented (bytes), for
 # the memory guard of folder jobs: benchmarks/method_memory.py (docs/benchmarks.md)
-BYTES_PER_VALUE = {"threshold": 40.0, "unet": 60.0, "sam": 40.0}
+BYTES_PER_VALUE = {"threshold": 40.0, "unet": 115.0, "sam": 40.0}
 
 
 @dataclass(frozen=True)
