@@ -89,11 +89,10 @@ def _our_table(path: Path) -> bool:
 
 
 def foreign_output(labels_path: Path, table_path: Path, labels_rel: str,
-                   earlier: dict[str, ImageStatus]) -> Path | None:
+                   listed: set[str]) -> Path | None:
     """The file at an output name that another program wrote (e.g. a ground truth
     ``X_labels.tif`` beside ``X.tif``), or None. Ours: label files carry our metadata;
-    files named by an earlier report of ours count as ours too."""
-    listed = {r.labels for r in earlier.values() if r.labels}
+    files ``listed`` in the labels column of an earlier report of ours count as ours too."""
     if os.path.lexists(labels_path):
         if gio.output_info(labels_path) is None and labels_rel not in listed:
             return labels_path

@@ -398,6 +398,7 @@ def run_folder(
     header, earlier = read_earlier(out_dir, shard_t)
     same_dir = same_folder(in_dir, out_dir)
     items, seen, foreign = [], {}, []
+    listed = {r.labels for r in earlier.values() if r.labels}
     for i, f in enumerate(found):
         rel = rel_name(f, in_dir)
         lp, tp = output_paths(in_dir, out_dir, f)
@@ -407,7 +408,7 @@ def run_folder(
                                            error=f"output name {lp.name} already used by {seen[lp]}"))
             continue
         seen[lp] = rel
-        other = foreign_output(lp, tp, item.labels_rel, earlier)
+        other = foreign_output(lp, tp, item.labels_rel, listed)
         if other is not None:  # never replace a file this program did not write
             foreign.append(other)
             report.rows.append(ImageStatus(rel, status="error", error=(
@@ -419,7 +420,8 @@ def run_folder(
         raise PipelineError(
             f"the output folder is the input folder and {len(foreign)} output name(s) are taken by "
             f"files napari-gpuseg did not write (e.g. {foreign[0].name}); choose another output folder")
-    report.kept = [r for f, r in sorted(earlier.items()) if f not in {rel_name(x, in_dir) for x in found}]
+    this_run = {rel_name(x, in_dir) for x in found}
+    report.kept = [r for f, r in sorted(earlier.items()) if f not in this_run]
 
     ours = [p for it in items for p in (it.labels_path, it.table_path)]
     ours += [out_dir / n for n in report_names(shard_t)]
