@@ -1,11 +1,15 @@
 """``napari-gpuseg batch IN_DIR OUT_DIR``: segment a folder from a terminal or a cluster job.
 
-Exit codes: 0 every file ok or skipped, 1 at least one file failed, 2 the run could not
-start (bad arguments, unknown method, model failed to load), 130 interrupted (Ctrl-C).
+Exit codes: 0 every file ok or skipped, 1 at least one file failed (or the outputs could
+not all be written, e.g. a full disk), 2 the run could not start (bad arguments or method
+options, unknown method, no device, an output folder that cannot be written, OUT == IN
+with outputs that would replace other files, model failed to load), 130 interrupted
+(Ctrl-C).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -18,7 +22,8 @@ examples:
   sbatch --array=0-7 --wrap "napari-gpuseg batch images/ labels/ --method unet"
 
 Outputs: OUT/<name>_labels.tif (compressed TIFF), OUT/<name>_objects.csv, OUT/report.csv and
-OUT/report.json. A rerun skips files whose output is complete (use --overwrite to redo).
+OUT/report.json. A rerun skips files whose output is complete (use --overwrite to redo) and
+keeps the earlier rows of the report; files this program did not write are never replaced.
 """
 
 
@@ -28,6 +33,16 @@ def _batch_size(text: str) -> int | None:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("batch size must be >= 1 or 'auto'")
+    return value
+
+
+def _positive_gb(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number of GiB")
     return value
 
 
@@ -64,8 +79,9 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
                    help="prompts/tiles per device call inside the method (default: auto)")
     p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
     p.add_argument("--overwrite", action="store_true", help="redo files that already have output")
-    p.add_argument("--max-image-gb", type=float, default=None,
-                   help="refuse images needing more memory than this (GiB)")
+    p.add_argument("--max-image-gb", type=_positive_gb, default=None,
+                   help="refuse images whose segmentation needs more memory than this (GiB; "
+                        "estimated per method; default: half the available RAM)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE|FILE.py",
                    help="import a module that registers extra methods (repeatable)")
     p.add_argument("--list-methods", action="store_true", help="list methods and exit")
@@ -108,6 +124,16 @@ def _list_methods() -> int:
     return 0
 
 
+def _exit_if_threads_left(code: int) -> None:
+    """After a hard abort (Ctrl-C twice) a stage thread may still be inside torch or a C
+    library; letting the interpreter finalise around it aborts with SIGABRT (exit 134).
+    End the process here instead, with ``code``."""
+    if any(t.is_alive() and t.name.startswith("gpuseg-") for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def run_batch(args: argparse.Namespace) -> int:
     """Run the ``batch`` subcommand; returns the process exit code."""
     from .engine.jobs import CancelToken
@@ -124,8 +150,8 @@ def run_batch(args: argparse.Namespace) -> int:
             raise ValueError("IN_DIR and OUT_DIR are required")
         shard = resolve_shard(args.shard)
         options = {**parse_options(args.options), "model": args.model, "batch_size": args.batch_size}
-        method_factory(args.method)  # fail fast on an unknown method
-    except (MethodUnavailable, ValueError, ImportError, OSError) as exc:
+        method_factory(args.method, **options)()  # fail fast: unknown method, bad option
+    except (MethodUnavailable, ValueError, TypeError, ImportError, OSError) as exc:
         print(f"napari-gpuseg batch: {exc}", file=sys.stderr)
         return 2
 
@@ -155,6 +181,7 @@ def run_batch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         bar.close()
         print("aborted", file=sys.stderr)
+        _exit_if_threads_left(130)
         return 130
     except (PipelineError, MethodUnavailable, NotADirectoryError, ValueError, RuntimeError) as exc:
         bar.close()
@@ -169,10 +196,18 @@ def run_batch(args: argparse.Namespace) -> int:
         print(f"  error  {row.file}: {row.error}")
     if report.errors > 20:
         print(f"  ... {report.errors - 20} more errors")
-    print(f"report: {report.report_csv}")
+    for text in report.warnings:
+        print(f"warning: {text}", file=sys.stderr)
+    if report.disk_error:
+        print(f"napari-gpuseg batch: stopped: {report.disk_error}; the {report.ok} outputs "
+              "written are complete", file=sys.stderr)
+    if report.report_error:
+        print(f"napari-gpuseg batch: {report.report_error}", file=sys.stderr)
+    else:
+        print(f"report: {report.report_csv}")
     if report.cancelled or interrupted.is_set():
         return 130
-    return 1 if report.failed else 0
+    return 1 if (report.failed or report.report_error) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,8 +79,8 @@ class LoadedImage:
 
 
 # ----------------------------------------------------------------------------- reading
-def _peek_nbytes(path: Path) -> int | None:
-    """Uncompressed size of a TIFF's first series without reading pixels (None if unknown)."""
+def _peek_size(path: Path) -> tuple[int, int] | None:
+    """(values, bytes) of a TIFF's first series without reading pixels (None if unknown)."""
     if path.suffix.lower() not in TIFF_SUFFIXES:
         return None
     try:
@@ -88,9 +88,29 @@ def _peek_nbytes(path: Path) -> int | None:
 
         with tifffile.TiffFile(path) as tf:
             series = tf.series[0]
-            return int(np.prod(series.shape)) * np.dtype(series.dtype).itemsize
+            n = int(np.prod(series.shape))
+            return n, n * np.dtype(series.dtype).itemsize
     except Exception:  # noqa: BLE001 - the real read reports the problem
         return None
+
+
+def memory_needed(values: int, nbytes: int, bytes_per_value: float | None = None) -> int:
+    """Bytes an image needs while it is segmented: its pixels, or ``bytes_per_value`` per
+    pixel value when the method's peak is known (e.g. ~20x the raw bytes for threshold)."""
+    return int(max(nbytes, values * (bytes_per_value or 0)))
+
+
+def _check_memory(path: Path, values: int, nbytes: int, max_bytes: int,
+                  bytes_per_value: float | None) -> None:
+    need = memory_needed(values, nbytes, bytes_per_value)
+    if need > max_bytes:
+        how = (f" ({nbytes / 2**30:.2f} GiB of pixels; the method peaks at about "
+               f"{bytes_per_value:g} bytes per pixel value)" if need > nbytes else "")
+        raise TooLargeError(
+            path,
+            f"needs {need / 2**30:.2f} GiB in memory{how}, more than the limit "
+            f"{max_bytes / 2**30:.2f} GiB; split it into tiles first",
+        )
 
 
 def _read_raw(path: Path) -> np.ndarray:
@@ -144,30 +164,34 @@ def _clean_dtype(path: Path, data: np.ndarray, notes: list[str]) -> np.ndarray:
     )
 
 
-def load_image(path: str | os.PathLike, max_bytes: int | None = None) -> LoadedImage:
+def load_image(path: str | os.PathLike, max_bytes: int | None = None,
+               bytes_per_value: float | None = None) -> LoadedImage:
     """Read and validate one image file.
 
-    Raises an :class:`ImageReadError` subclass for a missing or zero-byte file, a file that
-    is not a (readable) image, more than 4 dimensions, a complex/object dtype, an all-NaN
-    image, or an image whose pixels need more than ``max_bytes`` of memory.
+    Raises an :class:`ImageReadError` subclass for a missing or zero-byte file, a broken
+    symbolic link, a file that is not a (readable) image, more than 4 dimensions, a
+    complex/object dtype, an all-NaN image, or an image that needs more than ``max_bytes``
+    of memory (its pixels, or ``bytes_per_value`` per pixel value: see
+    :func:`memory_needed`).
     """
     path = Path(path)
     if not path.is_file():
+        if path.is_symlink():
+            raise ImageReadError(path, f"broken symbolic link (target {os.readlink(path)!r} "
+                                       "missing, or a link loop)")
         raise ImageReadError(path, "file not found")
     if path.stat().st_size == 0:
         raise EmptyFileError(path, "zero-byte file (empty or interrupted copy)")
     if max_bytes is not None:
-        need = _peek_nbytes(path)
-        if need is not None and need > max_bytes:
-            raise TooLargeError(
-                path,
-                f"needs {need / 2**30:.2f} GiB in memory, more than the limit "
-                f"{max_bytes / 2**30:.2f} GiB; split it into tiles first",
-            )
+        size = _peek_size(path)
+        if size is not None:
+            _check_memory(path, *size, max_bytes, bytes_per_value)
     try:
         data = _read_raw(path)
     except MemoryError as exc:
         raise TooLargeError(path, "too large to load into memory; split it into tiles first") from exc
+    if max_bytes is not None and path.suffix.lower() not in TIFF_SUFFIXES:
+        _check_memory(path, int(data.size), int(data.nbytes), max_bytes, bytes_per_value)
     if data.dtype == object or data.size == 0:
         raise NotAnImageError(path, f"no pixel data (shape {data.shape}, dtype {data.dtype})")
     notes: list[str] = []
@@ -223,7 +247,8 @@ def scan_folder(
 
     Sorted by their path relative to ``folder`` (POSIX form), so the order is the same on
     every machine. Hidden files, our temp files and anything under ``exclude`` (for
-    example an output folder inside the input folder) are left out.
+    example an output folder inside the input folder) are left out. Symbolic links are
+    followed; a broken one (or a link loop) is listed, so that reading it reports it.
     """
     root = Path(folder)
     if not root.is_dir():
@@ -242,7 +267,9 @@ def scan_folder(
             if name.startswith("."):
                 continue
             full = here / name
-            if not any(fnmatch.fnmatch(name.lower(), p) for p in pats) or not full.is_file():
+            if not any(fnmatch.fnmatch(name.lower(), p) for p in pats):
+                continue
+            if not full.is_file() and not (full.is_symlink() and not full.is_dir()):
                 continue
             found.append(full)
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
@@ -250,10 +277,13 @@ def scan_folder(
 
 # ----------------------------------------------------------------------------- writing
 def _temp_path(target: Path) -> tuple[int, str]:
-    """A new hidden temp file beside ``target`` (mode 0666 minus the umask, like open())."""
+    """A new hidden temp file beside ``target`` (mode 0666 minus the umask, like open()).
+
+    The name carries the writing process id (``.gpuseg-tmp-NAME.PID-RANDOM.tmp``), so a
+    clean-up never deletes the temp file of another live process writing the same folder."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     while True:
-        tmp = target.parent / f"{TEMP_PREFIX}{target.name}.{secrets.token_hex(4)}.tmp"
+        tmp = target.parent / f"{TEMP_PREFIX}{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
         try:
             return os.open(tmp, flags, 0o666), str(tmp)
         except FileExistsError:
@@ -291,16 +321,84 @@ def label_dtype(labels: np.ndarray) -> np.dtype:
     return np.dtype(np.uint64)
 
 
-def write_labels(path: str | os.PathLike, labels: np.ndarray) -> Path:
-    """Write an instance label image as a zlib-compressed TIFF, atomically."""
+OUTPUT_TAG = "napari_gpuseg"  # key in a label TIFF's metadata: written by this program
+
+
+def write_labels(path: str | os.PathLike, labels: np.ndarray, info: Mapping | None = None) -> Path:
+    """Write an instance label image as a zlib-compressed TIFF, atomically.
+
+    The TIFF's metadata says it was written here (``OUTPUT_TAG``), with ``info`` (e.g. the
+    method and model): :func:`output_info` reads it back."""
     import tifffile
 
     labels = np.asarray(labels)
     if labels.dtype.kind not in "ui" and labels.dtype != bool:
         raise TypeError(f"labels must be integers, got {labels.dtype}")
     buf = _io.BytesIO()
-    tifffile.imwrite(buf, labels.astype(label_dtype(labels), copy=False), compression="zlib")
+    meta = {OUTPUT_TAG: 1, **{k: v for k, v in (info or {}).items() if k != "shape"}}
+    tifffile.imwrite(buf, labels.astype(label_dtype(labels), copy=False), compression="zlib",
+                     metadata=meta)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def output_info(path: str | os.PathLike) -> dict | None:
+    """The metadata :func:`write_labels` stored in ``path`` (None when another program
+    wrote the file, or it is not a readable TIFF). Reads the header only."""
+    try:
+        import tifffile
+
+        with tifffile.TiffFile(path) as tf:
+            meta = tf.shaped_metadata
+            if meta and isinstance(meta[0], dict) and OUTPUT_TAG in meta[0]:
+                return {k: v for k, v in meta[0].items() if k != "shape"}
+    except Exception:  # noqa: BLE001 - not ours
+        pass
+    return None
+
+
+def read_output(path: str | os.PathLike) -> tuple[np.ndarray, dict | None] | None:
+    """(labels, :func:`output_info`) of a complete label file, or None when ``path`` is
+    missing, empty or not fully readable (the same test as :func:`is_valid_output`)."""
+    path = Path(path)
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return None
+        import tifffile
+
+        with tifffile.TiffFile(path) as tf:
+            if not tf.pages:
+                return None
+            labels = tf.asarray()
+            meta = tf.shaped_metadata
+        info = meta[0] if meta and isinstance(meta[0], dict) and OUTPUT_TAG in meta[0] else None
+        return labels, ({k: v for k, v in info.items() if k != "shape"} if info else None)
+    except Exception:  # noqa: BLE001 - anything unreadable is not a valid output
+        return None
+
+
+def check_writable_dir(folder: str | os.PathLike) -> Path:
+    """Create ``folder`` if needed and prove it is writable (a probe file is written,
+    fsynced and removed). Raises ``OSError`` with a one-line message saying why not."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"output folder {folder} is an existing file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(exc.errno, f"output folder {folder} cannot be created: "
+                                 f"{exc.strerror or exc}") from exc
+    try:
+        fd, tmp = _temp_path(folder / "write-probe")  # a name of its own: runs may overlap
+        try:
+            os.write(fd, b"probe")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+    except OSError as exc:
+        raise OSError(exc.errno, f"output folder {folder} is not writable: "
+                                 f"{exc.strerror or exc}") from exc
+    return folder
 
 
 def read_labels(path: str | os.PathLike) -> np.ndarray:
@@ -326,6 +424,23 @@ def is_valid_output(path: str | os.PathLike) -> bool:
         return False
 
 
+def temp_owner(temp: str | os.PathLike) -> int | None:
+    """The id of the process that created a temp file (None for names without one)."""
+    tag = Path(temp).name.rsplit(".", 2)[-2] if Path(temp).name.count(".") >= 2 else ""
+    pid, sep, _ = tag.partition("-")
+    return int(pid) if sep and pid.isdigit() else None
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists, owned by someone else
+    return True
+
+
 def temp_target(temp: str | os.PathLike) -> Path:
     """The file a temp file of :func:`atomic_write_bytes` was going to become."""
     temp = Path(temp)
@@ -340,6 +455,8 @@ def remove_temp_files(
 
     ``targets``: only temp files of these destination paths (so concurrent jobs writing
     other files into the same folder, e.g. the shards of a job array, are left alone).
+    A temp file whose writing process is still alive (this one included) is never
+    deleted: it is a write in progress, maybe of another run into the same folder.
     """
     root = Path(folder)
     if not root.is_dir():
@@ -349,6 +466,9 @@ def remove_temp_files(
     n = 0
     for p in it:
         if wanted is not None and os.path.abspath(temp_target(p)) not in wanted:
+            continue
+        owner = temp_owner(p)
+        if owner is not None and _process_alive(owner):
             continue
         with contextlib.suppress(OSError):
             p.unlink()

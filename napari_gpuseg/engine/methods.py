@@ -37,6 +37,68 @@ import numpy as np
 from ..io import UnsupportedDimensionsError, is_rgb, to_gray
 from .jobs import CancelToken
 
+# measured peak memory per input pixel value while one image is segmented (bytes), for
+# the memory guard of folder jobs: benchmarks/method_memory.py (docs/benchmarks.md)
+BYTES_PER_VALUE = {"threshold": 40.0, "unet": 115.0, "sam": 40.0}
+
+
+@dataclass(frozen=True)
+class Option:
+    """What a method option accepts: ``kind`` "int", "float", "bool", "str", "dict" or
+    "size" (an int or a list of ints), an inclusive range, fixed ``choices``, or None."""
+
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple = ()
+    none_ok: bool = False
+
+    def accepts(self, v) -> bool:
+        if v is None:
+            return self.none_ok
+        if self.choices:
+            return v in self.choices
+        num = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = {"int": isinstance(v, int) and not isinstance(v, bool),
+              "float": num, "bool": isinstance(v, bool), "str": isinstance(v, str),
+              "dict": isinstance(v, dict),
+              "size": (isinstance(v, int) and not isinstance(v, bool)) or (
+                  isinstance(v, (list, tuple)) and bool(v)
+                  and all(isinstance(x, int) and not isinstance(x, bool) for x in v))}[self.kind]
+        if not ok:
+            return False
+        values = v if isinstance(v, (list, tuple)) else [v] if num else []
+        return all((self.lo is None or x >= self.lo) and (self.hi is None or x <= self.hi)
+                   for x in values)
+
+    def describe(self) -> str:
+        if self.choices:
+            text = "one of " + ", ".join(map(str, self.choices))
+        else:
+            text = {"int": "an integer", "float": "a number", "bool": "true or false",
+                    "str": "a text", "dict": "a JSON object ({...})",
+                    "size": "an integer or a list of integers"}[self.kind]
+            if self.lo is not None and self.hi is not None:
+                text += f" in [{self.lo:g}, {self.hi:g}]"
+            elif self.lo is not None:
+                text += f" >= {self.lo:g}"
+        return text + (" (or null)" if self.none_ok else "")
+
+
+class OptionError(ValueError, TypeError):
+    """A method option that the method does not take (name, type or range)."""
+
+
+def check_options(method: str, options: Mapping[str, Any], spec: Mapping[str, Option]) -> None:
+    """Raise :class:`OptionError` naming the first option ``spec`` does not accept (unknown name,
+    wrong type, out of range): checked when a method is created, before any work."""
+    unknown = sorted(set(options) - set(spec))
+    if unknown:
+        raise OptionError(f"{method} method: unknown option(s) {unknown}; known: {sorted(spec)}")
+    for key, value in options.items():
+        if not spec[key].accepts(value):
+            raise OptionError(f"{method} method: option {key}={value!r} must be {spec[key].describe()}")
+
 
 @dataclass
 class SegResult:
@@ -65,15 +127,27 @@ class Segmenter:
     name = "segmenter"
     spatial_ndims: tuple[int, ...] = (2,)
     accepts_rgb = False
+    # the options the method takes (checked at creation, before any work); None: unchecked
+    options_spec: Mapping[str, Option] | None = None
+    # peak memory while one image is segmented, in bytes per pixel value of the input
+    # (the memory guard of folder jobs); None: the raw pixel bytes
+    bytes_per_value: float | None = None
 
     def __init__(self, model: str | None = None, batch_size: int | None = None, **options: Any):
         self.model = model
         self.batch_size = batch_size
         self.options = options
+        spec = self.option_spec()
+        if spec is not None:
+            check_options(self.name, options, spec)
         self.policy = None
         self.cancel: CancelToken | None = None  # set by the pipeline; check it in long loops
 
     # -- lifecycle ----------------------------------------------------------------
+    def option_spec(self) -> Mapping[str, Option] | None:
+        """The options this method accepts (default: ``options_spec``)."""
+        return self.options_spec
+
     def load(self, policy) -> None:
         """Load weights onto ``policy.device``. Called once, in the device worker thread."""
         self.policy = policy
@@ -147,17 +221,10 @@ class ThresholdSegmenter(Segmenter):
 
     name = "threshold"
     spatial_ndims = (2, 3)
-
-    def __init__(self, **options):
-        import inspect
-
-        from .classical import classical_segment
-
-        super().__init__(**options)
-        known = set(inspect.signature(classical_segment).parameters) - {"image"}
-        unknown = sorted(set(self.options) - known)
-        if unknown:
-            raise TypeError(f"threshold method: unknown option(s) {unknown}; known: {sorted(known)}")
+    options_spec = {"sigma": Option("float", 0), "min_distance": Option("int", 1),
+                    "min_size": Option("int", 0), "threshold": Option("float", none_ok=True),
+                    "footprint": Option("int", 1, none_ok=True)}
+    bytes_per_value = BYTES_PER_VALUE["threshold"]
 
     def segment(self, images):
         from .classical import classical_segment
@@ -182,6 +249,12 @@ class UNetSegmenter(Segmenter):
     name = "unet"
     spatial_ndims = (2, 3)
     _POST = ("interior_threshold", "foreground_threshold", "min_size", "min_seed")
+    options_spec = {"overlap": Option("float", 0, 0.95), "roi_size": Option("size", 8),
+                    "tile": Option("int", 16, none_ok=True), "channels_last": Option("bool", none_ok=True),
+                    "normalization": Option("dict", none_ok=True),
+                    "interior_threshold": Option("float", 0, 1), "foreground_threshold": Option("float", 0, 1),
+                    "min_size": Option("int", 0), "min_seed": Option("int", 0)}
+    bytes_per_value = BYTES_PER_VALUE["unet"]
 
     def load(self, policy) -> None:
         from . import unet

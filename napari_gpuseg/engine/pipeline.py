@@ -33,11 +33,13 @@ import numpy as np
 from .. import io as gio
 from .jobs import Cancelled, CancelToken
 from .methods import SegResult, Segmenter, method_factory
+from .outputs import (  # noqa: F401 - output_paths, list_inputs re-exported
+    DISK_ERRNOS, LABELS_SUFFIX, TABLE_SUFFIX, describe_method, foreign_output, list_inputs,
+    output_paths, read_earlier, rel_name, same_folder, skipped_row,
+)
 from .report import ImageStatus, Progress, RunReport, report_names, write_report  # noqa: F401 - re-exported
 from .sharding import resolve_shard, shard_files  # noqa: F401 - re-exported
 
-LABELS_SUFFIX = "_labels.tif"
-TABLE_SUFFIX = "_objects.csv"
 _POLL = 0.05
 _STOP = object()
 
@@ -61,26 +63,17 @@ class _Item:
     device: str = ""
 
 
-def output_paths(in_dir: str | os.PathLike, out_dir: str | os.PathLike, file: str | os.PathLike):
-    """(labels path, object table path) for an input ``file`` under ``in_dir``."""
-    rel = Path(file).resolve().relative_to(Path(in_dir).resolve())
-    stem = rel.name.split(".")[0] if rel.name.lower().endswith((".ome.tif", ".ome.tiff")) else rel.stem
-    base = Path(out_dir) / rel.parent / stem
-    return base.with_name(stem + LABELS_SUFFIX), base.with_name(stem + TABLE_SUFFIX)
-
-
-def list_inputs(in_dir, out_dir, pattern="*.tif*", recursive=False) -> list[Path]:
-    """Input files, leaving out the output folder and our own outputs."""
-    files = gio.scan_folder(in_dir, pattern, recursive, exclude=[out_dir])
-    return [f for f in files if not f.name.endswith(LABELS_SUFFIX)]
-
-
 def _parse_devices(devices) -> list[str]:
-    if devices is None or devices == "" or devices == []:
+    """``None`` -> ``["auto"]``; ``"cuda:0,cuda:1"`` -> a list. A list that names no
+    device (``","``, ``" "``, ``[]``) is a ValueError: it would start no worker."""
+    if devices is None:
         return ["auto"]
-    if isinstance(devices, str):
-        devices = devices.split(",")
-    return [str(d).strip() for d in devices if str(d).strip()]
+    parts = devices.split(",") if isinstance(devices, str) else list(devices)
+    names = [str(d).strip() for d in parts if str(d).strip()]
+    if not names:
+        raise ValueError(f"the device list {devices!r} names no device "
+                         "(give e.g. cpu, cuda:0 or cuda:0,cuda:1, or leave it out for the best one)")
+    return names
 
 
 def _shape_str(a: np.ndarray) -> str:
@@ -90,9 +83,13 @@ def _shape_str(a: np.ndarray) -> str:
 class _Run:
     """The threads and queues of one :func:`run_folder` call."""
 
-    def __init__(self, items, factory, policies, io_workers, image_batch, overwrite,
-                 max_image_bytes, cancel):
+    def __init__(self, items, factory, prep, policies, io_workers, image_batch, overwrite,
+                 max_image_bytes, cancel, run_info, earlier=({}, {})):
         self.items = items
+        self.run_info = run_info  # {"method", "model"}: stored in every label file
+        self.header, self.earlier = earlier  # the report an earlier run left in OUT
+        self.other_method: dict[tuple[str, str], int] = {}  # skipped outputs of another method
+        self.disk_error: OSError | None = None
         self.factory = factory
         self.policies = policies
         self.image_batch = max(1, int(image_batch))
@@ -113,7 +110,7 @@ class _Run:
         self.n_writers = max(1, int(io_workers))
         self._alive = {"readers": self.n_readers, "workers": n_dev}
         self._alive_lock = threading.Lock()
-        self.prep = factory()  # unloaded instance: prepare() runs in the reader threads
+        self.prep = prep  # unloaded instance: prepare() runs in the reader threads
         self.threads: list[threading.Thread] = []
 
     # -- plumbing ---------------------------------------------------------------------
@@ -156,13 +153,13 @@ class _Run:
                 except queue.Empty:
                     break
                 t0 = time.perf_counter()
-                if not self.overwrite and gio.is_valid_output(item.labels_path):
-                    self.rows.put(ImageStatus(item.rel, status="skipped",
-                                              labels=item.labels_rel,
-                                              notes="existing valid output"))
+                done = None if self.overwrite else gio.read_output(item.labels_path)
+                if done is not None:
+                    self._skip(item, *done)
                     continue
                 try:
-                    loaded = gio.load_image(item.path, max_bytes=self.max_image_bytes)
+                    loaded = gio.load_image(item.path, max_bytes=self.max_image_bytes,
+                                            bytes_per_value=self.prep.bytes_per_value)
                     item.notes = "; ".join(loaded.notes)
                     item.data = self.prep.prepare(loaded.data, loaded.rgb)
                 except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
@@ -176,6 +173,15 @@ class _Run:
                     return
         finally:
             self._last_out("readers", self.in_q, len(self.policies))
+
+    def _skip(self, item: _Item, labels, info) -> None:
+        current = (self.run_info["method"], self.run_info["model"])
+        row, other = skipped_row(item.rel, item.labels_rel, labels, info, item.table_path,
+                                 self.earlier.get(item.rel), self.header, current)
+        if other is not None:
+            with self._alive_lock:
+                self.other_method[other] = self.other_method.get(other, 0) + 1
+        self.rows.put(row)
 
     def worker(self, policy) -> None:
         seg: Segmenter | None = None
@@ -263,10 +269,13 @@ class _Run:
                 table = gio.object_table(labels, res.scores)
                 n_obj = int(len(table["label"]))
                 gio.atomic_write_text(item.table_path, gio.table_to_csv(table))
-                gio.write_labels(item.labels_path, labels)  # last: its presence means done
+                gio.write_labels(item.labels_path, labels, self.run_info)  # last: means done
             except Exception as exc:  # noqa: BLE001
                 item.seconds += time.perf_counter() - t0
                 self._error(item, exc, shape)
+                if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+                    self.disk_error = exc  # every later write fails too: stop, keep what is done
+                    self.stop.set()
                 continue
             item.seconds += time.perf_counter() - t0
             notes = "; ".join(n for n in (item.notes, getattr(res, "notes", "")) if n)
@@ -288,10 +297,26 @@ class _Run:
     def alive(self) -> bool:
         return any(t.is_alive() for t in self.threads)
 
-    def join(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for every stage thread (``None``: until they end; each ends after its
+        current step once ``stop`` is set). A thread left running inside torch or a C
+        library when the interpreter exits aborts the process (SIGABRT), so the run
+        never returns while one is alive, unless interrupted again."""
+        end = None if timeout is None else time.monotonic() + timeout
         for t in self.threads:
-            t.join(max(0.0, end - time.monotonic()))
+            while t.is_alive():
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                t.join(_POLL if left is None else min(_POLL, left))  # signals stay responsive
+
+    def drain(self) -> list[ImageStatus]:
+        out = []
+        while True:
+            try:
+                out.append(self.rows.get_nowait())
+            except queue.Empty:
+                return out
 
 
 def _make_factory(method, method_options) -> tuple[Callable[[], Segmenter], str]:
@@ -339,9 +364,17 @@ def run_folder(
     t_start = time.perf_counter()
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     factory, method_name = _make_factory(method, method_options)
+    try:  # checks the method's options before any work
+        prep = factory()  # unloaded instance: prepare() and finish() run in the I/O threads
+    except Exception as exc:  # noqa: BLE001 - e.g. an option the method does not take
+        raise PipelineError(f"method {method_name!r} could not be created: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    run_info = {"method": method_name, "model": str(prep.model or "")}
     dev_names = _parse_devices(devices)
     if isinstance(method, Segmenter) and len(dev_names) > 1:
         raise ValueError("one Segmenter instance cannot serve several devices; pass a name or factory")
+    if max_image_bytes is not None and max_image_bytes <= 0:
+        raise ValueError(f"the memory limit per image must be positive, got {max_image_bytes} bytes")
     if dev_names == ["auto"] and precision in (None, "auto"):
         policies = [get_policy()]  # what the user chose for the session (set_policy)
     elif dev_names == ["auto"]:
@@ -352,17 +385,23 @@ def run_folder(
     shard_t = resolve_shard(shard, os.environ if env is None else env)
     if shard_t is not None:
         found = shard_files(found, *shard_t, root=in_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:  # before any work: results that cannot be written must not be computed
+        gio.check_writable_dir(out_dir)
+    except OSError as exc:
+        raise PipelineError(exc.strerror or str(exc)) from exc
     if max_image_bytes is None:  # refuse what cannot fit instead of swapping or dying
         import psutil
 
         max_image_bytes = psutil.virtual_memory().available // 2
 
-    report = RunReport(str(in_dir), str(out_dir), method_name, len(found),
+    report = RunReport(str(in_dir), str(out_dir), method_name, len(found), model=run_info["model"],
                        shard=f"{shard_t[0]}/{shard_t[1]}" if shard_t else "")
-    items, seen = [], {}
+    header, earlier = read_earlier(out_dir, shard_t)
+    same_dir = same_folder(in_dir, out_dir)
+    items, seen, foreign = [], {}, []
+    listed = {r.labels for r in earlier.values() if r.labels}
     for i, f in enumerate(found):
-        rel = Path(f).resolve().relative_to(in_dir.resolve()).as_posix()
+        rel = rel_name(f, in_dir)
         lp, tp = output_paths(in_dir, out_dir, f)
         item = _Item(i, Path(f), rel, lp, tp, lp.relative_to(out_dir).as_posix())
         if lp in seen:
@@ -370,17 +409,26 @@ def run_folder(
                                            error=f"output name {lp.name} already used by {seen[lp]}"))
             continue
         seen[lp] = rel
+        other = foreign_output(lp, tp, item.labels_rel, listed)
+        if other is not None:  # never replace a file this program did not write
+            foreign.append(other)
+            report.rows.append(ImageStatus(rel, status="error", error=(
+                f"not overwritten: {other.name} exists and was not written by napari-gpuseg "
+                "(move it away or choose another output folder)")))
+            continue
         items.append(item)
+    if same_dir and foreign:
+        raise PipelineError(
+            f"the output folder is the input folder and {len(foreign)} output name(s) are taken by "
+            f"files napari-gpuseg did not write (e.g. {foreign[0].name}); choose another output folder")
+    this_run = {rel_name(x, in_dir) for x in found}
+    report.kept = [r for f, r in sorted(earlier.items()) if f not in this_run]
 
     ours = [p for it in items for p in (it.labels_path, it.table_path)]
     ours += [out_dir / n for n in report_names(shard_t)]
     gio.remove_temp_files(out_dir, targets=ours)  # left over from a killed run of these files
-    try:
-        run = _Run(items, factory, policies, io_workers, image_batch, overwrite, max_image_bytes,
-                   cancel or CancelToken())
-    except Exception as exc:  # noqa: BLE001 - e.g. an option the method does not take
-        raise PipelineError(f"method {method_name!r} could not be created: "
-                            f"{type(exc).__name__}: {exc}") from exc
+    run = _Run(items, factory, prep, policies, io_workers, image_batch, overwrite, max_image_bytes,
+               cancel or CancelToken(), run_info, (header, earlier))
     counts = {"ok": 0, "skipped": 0, "error": 0}
     for r in report.rows:
         counts[r.status] += 1
@@ -395,6 +443,7 @@ def run_folder(
             progress(Progress(len(report.rows), report.total, rate, eta, counts["ok"],
                               counts["skipped"], counts["error"], now - t_start, row))
 
+    aborted = False
     run.start()
     try:
         _emit(None)
@@ -402,7 +451,7 @@ def run_folder(
             if run.cancel.cancelled:
                 report.cancelled = True
                 break
-            if run.fatal is not None:
+            if run.fatal is not None or run.disk_error is not None:
                 break
             try:
                 row = run.rows.get(timeout=_POLL)
@@ -420,16 +469,37 @@ def run_folder(
         run.stop.set()
         if report.cancelled:
             run.cancel.cancel()  # a method checking the token stops mid-batch
-        run.join(timeout=1.5)
+        try:
+            run.join()  # every stage ends after its current step; no thread outlives the run
+        except KeyboardInterrupt:  # interrupted again while waiting: report what is known
+            report.cancelled = aborted = True
+        for row in run.drain():  # rows of files finished while stopping: every output has one
+            report.rows.append(row)
+            counts[row.status] += 1
         gio.remove_temp_files(out_dir, targets=ours)
         report.seconds = time.perf_counter() - t_start
     if run.fatal is not None:
         raise PipelineError(f"method {method_name!r} could not start: "
                             f"{type(run.fatal).__name__}: {run.fatal}") from run.fatal
+    if run.disk_error is not None:
+        err = run.disk_error
+        report.disk_error = f"writing the outputs failed: {err.strerror or err}"
     if not report.cancelled:  # every file gets a row, whatever happened
         done = {r.file for r in report.rows}
-        report.rows += [ImageStatus(it.rel, status="error", error="not processed (internal error)")
+        why = (f"not processed: the run stopped ({report.disk_error})" if report.disk_error
+               else "not processed (internal error)")
+        report.rows += [ImageStatus(it.rel, status="error", error=why)
                         for it in items if it.rel not in done]
+    for (m, model), n in sorted(run.other_method.items()):
+        report.warnings.append(
+            f"{n} existing output(s) were written by method {describe_method(m, model)}, not "
+            f"{describe_method(method_name, run_info['model'])}; they were skipped as they are "
+            "(use --overwrite to redo them)")
     report.rows.sort(key=lambda r: r.file)
-    write_report(report, out_dir, shard_t)
+    try:
+        write_report(report, out_dir, shard_t)
+    except OSError as exc:  # e.g. the disk filled up: the outputs written stay; say why
+        report.report_error = f"report not written to {out_dir}: {exc.strerror or exc}"
+    if aborted:
+        raise KeyboardInterrupt
     return report

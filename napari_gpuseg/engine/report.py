@@ -50,6 +50,11 @@ class RunReport:
     shard: str = ""
     report_csv: str = ""
     report_json: str = ""
+    model: str = ""  # the method's model ("" = its default); stored so a rerun can compare
+    warnings: list[str] = field(default_factory=list)
+    kept: list[ImageStatus] = field(default_factory=list)  # earlier rows of files not in this run
+    disk_error: str = ""  # why the run stopped writing (disk full, read-only), if it did
+    report_error: str = ""  # why report.csv/json could not be written, if they could not
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.rows)
@@ -89,14 +94,18 @@ def report_names(shard: tuple[int, int] | None) -> tuple[str, str]:
 
 
 def write_report(report: RunReport, out_dir: Path, shard) -> None:
+    """``report.csv`` / ``report.json``: this run's rows merged with the rows an earlier
+    run wrote for files this run did not see (``report.kept``). The counts in the JSON
+    header are this run's. Raises ``OSError`` when the folder cannot take them."""
     csv_name, json_name = report_names(shard)
+    rows = sorted(report.rows + report.kept, key=lambda r: r.file)
     cols = ["file", "shape", "objects", "seconds", "status", "error", "labels", "notes", "device"]
-    table = {c: [getattr(r, c) if getattr(r, c) is not None else "" for r in report.rows] for c in cols}
-    report.report_csv = str(gio.atomic_write_text(out_dir / csv_name, gio.table_to_csv(table)))
-    report.report_json = str(out_dir / json_name)
-    doc = {k: v for k, v in asdict(report).items() if k != "rows"}
-    doc.update(ok=report.ok, skipped=report.skipped, errors=report.errors,
-               images_per_s=round(report.images_per_s, 4), rows=[asdict(r) for r in report.rows])
+    table = {c: [getattr(r, c) if getattr(r, c) is not None else "" for r in rows] for c in cols}
+    report.report_csv, report.report_json = str(out_dir / csv_name), str(out_dir / json_name)
+    doc = {k: v for k, v in asdict(report).items() if k not in ("rows", "kept", "report_error")}
+    doc.update(ok=report.ok, skipped=report.skipped, errors=report.errors, earlier_rows=len(report.kept),
+               images_per_s=round(report.images_per_s, 4), rows=[asdict(r) for r in rows])
+    gio.atomic_write_text(out_dir / csv_name, gio.table_to_csv(table))
     gio.atomic_write_text(out_dir / json_name, json.dumps(doc, indent=1))
 
 

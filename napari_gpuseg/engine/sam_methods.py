@@ -16,9 +16,17 @@ from typing import Sequence
 
 import numpy as np
 
-from .methods import Segmenter, SegResult
+from .methods import BYTES_PER_VALUE, Option, Segmenter, SegResult
 
 DEFAULT_MODEL = "lite_medsam"
+
+
+class _Any(Option):
+    def accepts(self, v) -> bool:
+        return True
+
+
+_ANY = _Any("str")
 
 
 def _planes(image: np.ndarray, rgb: bool) -> tuple[list[np.ndarray], tuple]:
@@ -42,6 +50,7 @@ def stack_labels(labels: Sequence[np.ndarray], lead: tuple) -> np.ndarray:
 class _SamSegmenter(Segmenter, metaclass=abc.ABCMeta):
     spatial_ndims = (2, 3)
     accepts_rgb = True
+    bytes_per_value = BYTES_PER_VALUE["sam"]
 
     def __init__(self, model: str | None = None, batch_size: int | None = None, **options):
         super().__init__(model=model or DEFAULT_MODEL, batch_size=batch_size, **options)
@@ -106,6 +115,10 @@ class SamBoxSegmenter(_SamSegmenter):
     """
 
     name = "sam-boxes"
+    options_spec = {"detector": Option("str", choices=("auto", "threshold", "unet")),
+                    "padding": Option("float", 0), "min_area": Option("int", 0),
+                    "embed_batch_size": Option("int", 1, none_ok=True),
+                    "detector_options": Option("dict", none_ok=True)}
 
     def _segment_planes(self, planes):
         from .sam_boxes import detect_boxes, segment_boxes_batch
@@ -130,6 +143,23 @@ class SamEverythingSegmenter(_SamSegmenter):
     defaults otherwise). ``batch_size`` = point prompts per decoder call."""
 
     name = "sam-everything"
+
+    def option_spec(self):
+        """The fields of :class:`AutomaticParams` (typed by their defaults) and
+        ``embed_batch_size``."""
+        from .automatic import AutomaticParams
+
+        kinds = {bool: "bool", int: "int", float: "float", str: "str"}
+        spec = {"embed_batch_size": Option("int", 1, none_ok=True),
+                "tiling": Option("str", choices=("auto", "crops", "tiles")),
+                "label_order": Option("str", choices=("score", "area")),
+                "min_object_area": Option("int", 0, none_ok=True), "point_grids": _ANY}
+        for f in fields(AutomaticParams):
+            kind = kinds.get(type(f.default))
+            if f.name not in spec and kind is not None:
+                spec[f.name] = Option(kind, 0 if kind in ("int", "float") else None,
+                                      none_ok=f.name == "points_per_side")
+        return spec
 
     def _segment_planes(self, planes):
         from .automatic import AutomaticParams, segment_everything_batch

@@ -276,7 +276,9 @@ class BatchFolderWidget(QWidget):
             self._add_row(row)
         self.progress.setRange(0, max(1, report.total))
         self.progress.setValue(len(report.rows))
-        self.status.setText(f"{report.summary()} · report: {report.report_csv}")
+        where = report.report_error or f"report: {report.report_csv}"
+        notes = [n for n in (report.disk_error and f"stopped: {report.disk_error}", *report.warnings) if n]
+        self.status.setText(" · ".join([report.summary(), *notes, where]))
 
     def _on_failed(self, message: str) -> None:
         self.thread = None
