@@ -78,7 +78,11 @@ def test_progress_and_cancel():
 
 
 def test_initial_batch_size_from_free_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (10 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 0)
     size = batching.initial_batch_size(1000, "cuda", item_bytes=2**30, headroom=0.7)
     assert size == 7
     assert batching.initial_batch_size(3, "cpu") == 3

@@ -6,11 +6,12 @@ from napari_gpuseg.engine import device as dev
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    def install(cc):
+    def install(cc, name="Fake GPU"):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: cc)
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake GPU")
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     return install
 
 
@@ -22,8 +23,6 @@ def test_cuda_precision_by_capability(fake_cuda, monkeypatch, cc, expected):
     policy = dev.make_policy("auto", "auto")
     assert policy.device.type == "cuda"
     assert policy.precision == expected
-    assert torch.backends.cudnn.benchmark is True
-    assert torch.backends.cuda.matmul.allow_tf32 is True
 
 
 def test_cuda_preferred_over_mps_and_cpu(fake_cuda, monkeypatch):

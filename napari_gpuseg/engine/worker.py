@@ -99,10 +99,25 @@ class InferenceWorker:
         self._policy = value
 
     # -- models -------------------------------------------------------------
-    def model(self, key: Hashable, loader: Callable[[], Any]) -> Any:
-        """Return the cached model for ``key``, loading it once (call from a job)."""
+    def model(self, key: Hashable, loader: Callable[[], Any], replace: bool = False) -> Any:
+        """Return the cached model for ``key``, loading it once (call from a job).
+
+        ``replace=True`` (key a tuple): a new model releases the cached ones of the same
+        kind (``key[0]``) first, so switching models does not keep the old one in GPU memory.
+        """
         with self._models_lock:
             if key not in self._models:
+                if replace:
+                    old = [k for k in self._models if isinstance(k, tuple) and k[:1] == key[:1]]
+                    for k in old:
+                        del self._models[k]
+                    if old:
+                        import gc
+
+                        from .memory import empty_cache
+
+                        gc.collect()  # engines hold reference cycles (memo closures)
+                        empty_cache(self.policy.device)
                 self._models[key] = loader()
             return self._models[key]
 
@@ -177,7 +192,10 @@ class InferenceWorker:
             job.token.check()
             job.status = RUNNING
             grad = torch.inference_mode() if job.inference else torch.enable_grad()
-            with grad, (self.policy.autocast() if job.inference else _null()):
+            dev = self.policy.device  # this thread's current CUDA device is the policy's
+            on_dev = torch.cuda.device(dev) if dev.type == "cuda" and dev.index is not None \
+                and torch.cuda.is_available() else _null()
+            with grad, on_dev, (self.policy.autocast() if job.inference else _null()):
                 value = job.fn(*job.args, **kwargs)
             job.token.check()
             job.value, job.status = value, DONE

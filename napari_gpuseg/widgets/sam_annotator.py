@@ -17,7 +17,7 @@ from qtpy.QtWidgets import (
 )
 
 from ..engine.annotation import LabelCommitter
-from ..engine.device import get_policy
+from ..engine.device import get_policy, synchronize
 from ..engine.sam_loader import DEFAULT_MODEL, load_engine
 from ..engine.worker import InferenceWorker, default_worker
 from . import _bridge
@@ -217,13 +217,14 @@ class SamAnnotatorWidget(QWidget):
 
     def _engine(self, model: str):
         policy = self.worker.policy
-        return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy))
+        return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy), replace=True)
 
     def _job_embed(self, model: str, planes: list[np.ndarray], batch_size: int | None,
                    progress=None, cancel=None):
         engine = self._engine(model)
         t0 = time.perf_counter()
         prepared = engine.embed(planes, batch_size=batch_size, progress=progress, cancel=cancel)
+        synchronize(engine.policy.device)  # the time includes the GPU work, not just its launch
         return prepared, time.perf_counter() - t0
 
     def _job_warm(self, model: str, image, cancel=None) -> int:
