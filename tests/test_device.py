@@ -76,3 +76,32 @@ def test_global_policy_override_and_autocast():
             assert (a @ a).dtype == torch.float32
     finally:
         dev.reset_policy()
+
+
+def test_environment_variables_are_read_and_checked(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dev, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setenv("NAPARI_GPUSEG_PRECISION", "bf16")
+    monkeypatch.setenv("NAPARI_GPUSEG_DEVICE", "cpu")
+    for policy in (dev.make_policy(), dev.make_policy("auto", "auto"), dev.make_policy(None, None)):
+        assert policy.device.type == "cpu" and policy.precision == "bf16"  # was fp32 (env ignored)
+    assert dev.make_policy("cpu", "fp32").precision == "fp32"  # an explicit choice wins
+    monkeypatch.setenv("NAPARI_GPUSEG_DEVICE", "gpu0")
+    with pytest.raises(ValueError, match="NAPARI_GPUSEG_DEVICE='gpu0' is not a device"):
+        dev.make_policy()
+    monkeypatch.setenv("NAPARI_GPUSEG_DEVICE", "cpu")
+    monkeypatch.setenv("NAPARI_GPUSEG_PRECISION", "half")
+    with pytest.raises(ValueError, match="NAPARI_GPUSEG_PRECISION='half' is not a precision"):
+        dev.make_policy("auto", "auto")
+    try:
+        with pytest.raises(ValueError, match="NAPARI_GPUSEG_PRECISION"):
+            dev.get_policy()
+    finally:
+        dev.reset_policy()
+
+
+def test_missing_gpu_index_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(RuntimeError, match="only 1 CUDA GPU"):
+        dev.pick_device("cuda:3")

@@ -27,10 +27,19 @@ def _clean_pins():
 
 @pytest.fixture(scope="module")
 def lite_sam():
+    """A LiteMedSAM (random weights) whose image encoder is replaced by a cheap stand-in
+    with the same output shape (the real encoder costs seconds per tile on a busy CPU)."""
     from napari_gpuseg.models.sam.build import build_sam
 
     torch.manual_seed(0)
-    return build_sam("lite_medsam", image_size=256).eval().requires_grad_(False)
+    sam = build_sam("lite_medsam", image_size=256).eval().requires_grad_(False)
+    proj = torch.nn.Conv2d(3, 256, 1).requires_grad_(False)
+
+    def encode(x):  # (B, 3, 256, 256) -> (B, 256, 64, 64)
+        return proj(torch.nn.functional.avg_pool2d(x, 4))
+
+    sam.image_encoder.forward = encode
+    return sam
 
 
 def _image(seed=0, shape=(200, 240)):
@@ -91,10 +100,11 @@ def test_embed_peak_memory_is_close_to_its_outputs(lite_sam):
     encoder = eng.sam.image_encoder
     real_forward = encoder.forward
 
-    def tracked(x):
-        out = real_forward(x)
-        outputs.append(weakref.ref(out))
-        return out
+    def tracked(x):  # the output lives in a numpy buffer: a weakref to it follows the storage
+        res = real_forward(x)
+        buf = np.empty(tuple(res.shape), np.float32)
+        outputs.append(weakref.ref(buf))
+        return torch.from_numpy(buf).copy_(res)
 
     encoder.forward = tracked
     peak = [0]
@@ -102,7 +112,7 @@ def test_embed_peak_memory_is_close_to_its_outputs(lite_sam):
 
     def put(key, value, persist=True):
         real_put(key, value, persist)
-        live = sum(o().numel() * 4 for o in outputs if o() is not None)
+        live = sum(o().nbytes for o in outputs if o() is not None)
         peak[0] = max(peak[0], live + eng.cache.nbytes)
 
     eng.cache.put = put
@@ -110,7 +120,7 @@ def test_embed_peak_memory_is_close_to_its_outputs(lite_sam):
         img = _image(shape=(700, 700))  # 9 tiles of 256
         eng.embed([img], batch_size=2)
     finally:
-        del encoder.forward
+        encoder.forward = real_forward
     n = len(eng.views(eng.prepare(img)))
     one = 256 * 64 * 64 * 4
     assert n >= 8 and eng.cache.nbytes == n * one
@@ -122,7 +132,7 @@ def test_inference_weights_do_not_require_grad(tmp_path, lite_sam):
     from napari_gpuseg.models.sam.build import load_sam
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
-    sam = load_sam("lite_medsam", dict(lite_sam.state_dict()), image_size=256)
+    sam = load_sam("lite_medsam", dict(lite_sam.state_dict()), image_size=256)  # real modules
     assert not any(p.requires_grad for p in sam.parameters())
     cfg = UNetConfig(spatial_dims=2, depth=2, base=8)
     net = build_unet(cfg)
@@ -243,7 +253,7 @@ def test_nan_embedding_reruns_in_fp32_identical_to_fp32(lite_sam):
     view = ref_eng.views(prepared)[0]
     ref = ref_eng.embedding(prepared, view)
     encoder = lite_sam.image_encoder
-    _nan_under_autocast(encoder)
+    real_forward = _nan_under_autocast(encoder)
     try:
         eng = SamEngine(lite_sam, info, BF16)
         with pytest.warns(RuntimeWarning, match="non-finite image embedding in bf16"):
@@ -256,7 +266,7 @@ def test_nan_embedding_reruns_in_fp32_identical_to_fp32(lite_sam):
             eng.cache.clear()
             eng.embed([img])
     finally:
-        del encoder.forward
+        encoder.forward = real_forward
 
 
 def test_nan_unet_window_reruns_in_fp32_identical_to_fp32():
