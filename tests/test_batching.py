@@ -15,7 +15,7 @@ class FlakyNet:
     def __call__(self, batch):
         self.sizes.append(len(batch))
         if len(batch) > self.limit:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return batch * batch + 1
 
 
@@ -51,7 +51,7 @@ def test_order_preserved_with_lists_and_tuples():
 def test_non_oom_errors_propagate_and_oom_at_size_one_raises():
     with pytest.raises(ValueError):
         batching.run_batched(lambda b: (_ for _ in ()).throw(ValueError("bad")), [1, 2], batch_size=2)
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(torch.cuda.OutOfMemoryError):
         batching.run_batched(FlakyNet(limit=0), torch.ones(3), batch_size=4)
 
 

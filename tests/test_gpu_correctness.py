@@ -150,7 +150,7 @@ def test_unet_softmax_runs_inside_the_backoff(monkeypatch):
     def softmax(x, dim):
         calls.append(x.shape[0])
         if len(calls) == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(x, dim=dim)
 
     monkeypatch.setattr(torch, "softmax", softmax)
@@ -232,12 +232,19 @@ def test_no_fp16_on_cards_without_tensor_cores(fake_cuda, cc, name, expected):
     assert expected != "fp32" or "no tensor cores" in policy.reason
 
 
+def _cpu_autocast() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
 def _nan_under_autocast(module):
     real = module.forward
 
     def forward(x):
         out = real(x)
-        return out * float("nan") if torch.is_autocast_enabled("cpu") else out
+        return out * float("nan") if _cpu_autocast() else out
 
     module.forward = forward
     return real
@@ -391,12 +398,12 @@ def test_oom_between_memo_steps_leaves_a_usable_memo(lite_sam):
     def failing():
         state["n"] += 1
         if state["n"] == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
         return real()
 
     pe.get_dense_pe = failing
     try:
-        with pytest.raises(torch.OutOfMemoryError):
+        with pytest.raises(torch.cuda.OutOfMemoryError):
             eng.predict(img, [prompt])
         again = eng.predict(img, [prompt])[0]  # was KeyError: 'pe'
     finally:
