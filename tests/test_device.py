@@ -105,3 +105,14 @@ def test_missing_gpu_index_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(RuntimeError, match="only 1 CUDA GPU"):
         dev.pick_device("cuda:3")
+
+
+def test_cli_refuses_a_precision_the_device_cannot_run(monkeypatch, capsys):
+    from napari_gpuseg import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["info", "--device", "cpu", "--precision", "fp16"]) == 2
+    assert "fp16 is not supported on CPU" in capsys.readouterr().err
+    monkeypatch.setenv("NAPARI_GPUSEG_DEVICE", "tpu")
+    assert cli.main(["info"]) == 2
+    assert "NAPARI_GPUSEG_DEVICE='tpu'" in capsys.readouterr().err
