@@ -82,11 +82,27 @@ def main(argv: list[str] | None = None) -> int:
         sub = parser.add_subparsers(dest="command")
         getattr(mod, add_name)(sub)
         args = parser.parse_args(argv)
-        return int(getattr(mod, run_name)(args) or 0)
+        return _policy_error(args) or int(getattr(mod, run_name)(args) or 0)
     if argv and argv[0] == "info":
         args = build_parser().parse_args(argv[1:])
-        return _info(args)
-    return _open_viewer(build_parser().parse_args(argv))
+        return _policy_error(args) or _info(args)
+    args = build_parser().parse_args(argv)
+    return _policy_error(args) or _open_viewer(args)
+
+
+def _policy_error(args) -> int:
+    """2 (after one line on stderr) when --device/--precision (or the environment) name a
+    device or precision this machine cannot use, e.g. bf16 on a Turing card; else 0."""
+    if not hasattr(args, "device") and not hasattr(args, "precision"):
+        return 0
+    from .engine.device import make_policy
+
+    try:
+        make_policy(getattr(args, "device", None), getattr(args, "precision", None))
+    except (ValueError, RuntimeError) as exc:
+        print(f"napari-gpuseg: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,7 +15,7 @@ class FlakyNet:
     def __call__(self, batch):
         self.sizes.append(len(batch))
         if len(batch) > self.limit:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return batch * batch + 1
 
 
@@ -51,7 +51,7 @@ def test_order_preserved_with_lists_and_tuples():
 def test_non_oom_errors_propagate_and_oom_at_size_one_raises():
     with pytest.raises(ValueError):
         batching.run_batched(lambda b: (_ for _ in ()).throw(ValueError("bad")), [1, 2], batch_size=2)
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(torch.cuda.OutOfMemoryError):
         batching.run_batched(FlakyNet(limit=0), torch.ones(3), batch_size=4)
 
 
@@ -78,7 +78,11 @@ def test_progress_and_cancel():
 
 
 def test_initial_batch_size_from_free_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (10 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 0)
     size = batching.initial_batch_size(1000, "cuda", item_bytes=2**30, headroom=0.7)
     assert size == 7
     assert batching.initial_batch_size(3, "cpu") == 3

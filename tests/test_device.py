@@ -6,11 +6,12 @@ from napari_gpuseg.engine import device as dev
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    def install(cc):
+    def install(cc, name="Fake GPU"):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: cc)
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake GPU")
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     return install
 
 
@@ -22,8 +23,6 @@ def test_cuda_precision_by_capability(fake_cuda, monkeypatch, cc, expected):
     policy = dev.make_policy("auto", "auto")
     assert policy.device.type == "cuda"
     assert policy.precision == expected
-    assert torch.backends.cudnn.benchmark is True
-    assert torch.backends.cuda.matmul.allow_tf32 is True
 
 
 def test_cuda_preferred_over_mps_and_cpu(fake_cuda, monkeypatch):
@@ -77,3 +76,43 @@ def test_global_policy_override_and_autocast():
             assert (a @ a).dtype == torch.float32
     finally:
         dev.reset_policy()
+
+
+def test_environment_variables_are_read_and_checked(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dev, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setenv("NAPARI_GPUSEG_PRECISION", "bf16")
+    monkeypatch.setenv("NAPARI_GPUSEG_DEVICE", "cpu")
+    for policy in (dev.make_policy(), dev.make_policy("auto", "auto"), dev.make_policy(None, None)):
+        assert policy.device.type == "cpu" and policy.precision == "bf16"  # was fp32 (env ignored)
+    assert dev.make_policy("cpu", "fp32").precision == "fp32"  # an explicit choice wins
+    monkeypatch.setenv("NAPARI_GPUSEG_DEVICE", "gpu0")
+    with pytest.raises(ValueError, match="NAPARI_GPUSEG_DEVICE='gpu0' is not a device"):
+        dev.make_policy()
+    monkeypatch.setenv("NAPARI_GPUSEG_DEVICE", "cpu")
+    monkeypatch.setenv("NAPARI_GPUSEG_PRECISION", "half")
+    with pytest.raises(ValueError, match="NAPARI_GPUSEG_PRECISION='half' is not a precision"):
+        dev.make_policy("auto", "auto")
+    try:
+        with pytest.raises(ValueError, match="NAPARI_GPUSEG_PRECISION"):
+            dev.get_policy()
+    finally:
+        dev.reset_policy()
+
+
+def test_missing_gpu_index_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(RuntimeError, match="only 1 CUDA GPU"):
+        dev.pick_device("cuda:3")
+
+
+def test_cli_refuses_a_precision_the_device_cannot_run(monkeypatch, capsys):
+    from napari_gpuseg import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["info", "--device", "cpu", "--precision", "fp16"]) == 2
+    assert "fp16 is not supported on CPU" in capsys.readouterr().err
+    monkeypatch.setenv("NAPARI_GPUSEG_DEVICE", "tpu")
+    assert cli.main(["info"]) == 2
+    assert "NAPARI_GPUSEG_DEVICE='tpu'" in capsys.readouterr().err

@@ -27,3 +27,33 @@ def test_refresh_is_cheap(qtbot):
     for _ in range(50):
         w.refresh()
     assert (time.perf_counter() - t0) / 50 < 0.02
+
+
+def test_annotator_and_automatic_docks_release_the_old_sam_engine(monkeypatch):
+    """Switching the SAM model in a dock drops the previous engine (and its GPU memory)."""
+    import gc
+    import types
+    import weakref
+
+    import torch
+
+    from napari_gpuseg.engine.device import Policy
+    from napari_gpuseg.engine.worker import InferenceWorker
+    from napari_gpuseg.widgets import sam_annotator, sam_automatic
+
+    class Engine:
+        def __init__(self, model, policy):
+            self.model = model
+
+    monkeypatch.setattr(sam_annotator, "load_engine", Engine)
+    monkeypatch.setattr(sam_automatic, "load_engine", Engine)
+    monkeypatch.setattr(sam_automatic, "segment_everything_batch", lambda *a, **k: None)
+    worker = InferenceWorker(Policy(torch.device("cpu"), "fp32"))
+    dock = types.SimpleNamespace(worker=worker)
+    try:
+        ref = weakref.ref(sam_annotator.SamAnnotatorWidget._engine(dock, "model-a"))
+        sam_automatic.SamAutomaticWidget._job_run(dock, "model-b", "everything", [], None, None, 0, 0, None, None)
+        gc.collect()
+        assert ref() is None and len(worker.loaded_models()) == 1
+    finally:
+        worker.shutdown()

@@ -64,7 +64,7 @@ def test_profiler_stops_at_first_oom_and_recommends_fastest_fitting():
     def step(batch):
         calls.append(len(batch))
         if len(batch) >= 16:
-            raise torch.OutOfMemoryError("CUDA out of memory")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
         return torch.nn.functional.conv2d(batch, torch.ones(4, 3, 3, 3))
 
     res = profiler.profile_batch_sizes(step, lambda n: torch.randn(n, 3, 32, 32),

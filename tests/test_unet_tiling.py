@@ -100,7 +100,7 @@ def test_adaptive_batches_and_oom_backoff_equal_fixed():
     def flaky(batch):  # out of memory for batches larger than 2: the runner must halve
         calls.append(len(batch))
         if len(batch) > 2:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return net(batch)
 
     with torch.no_grad():

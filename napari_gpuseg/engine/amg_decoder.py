@@ -22,6 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .device import autocast_off
+
 __all__ = ["decode_points", "decode_sparse", "point_sparse", "supports_factored"]
 
 MASK_HEAD_BYTES = 128 * 2**20  # activations of the mask upscaling computed at once (GPU)
@@ -223,10 +225,11 @@ def _factored(sam, emb: torch.Tensor, sparse: torch.Tensor, sl: slice, iou_thres
     c, hh, ww = emb.shape
     n = sparse.shape[0]
     memo = {} if memo is None else memo
-    if "src" not in memo:
+    if "src" not in memo or "pe" not in memo:
         emb = emb.float()  # (a bf16 embedding is converted once per memo, not per call)
-        memo["src"] = (emb + sam.prompt_encoder.no_mask_embed.weight.reshape(c, 1, 1)).flatten(1).T  # P C
-        memo["pe"] = sam.prompt_encoder.get_dense_pe()[0].flatten(1).T.float()  # P C
+        src = (emb + sam.prompt_encoder.no_mask_embed.weight.reshape(c, 1, 1)).flatten(1).T  # P C
+        pe = sam.prompt_encoder.get_dense_pe()[0].flatten(1).T.float()  # P C
+        memo.update(src=src, pe=pe)  # both or neither: an OOM above leaves the memo empty
     src, pe = memo["src"], memo["pe"]
 
     def pe_proj(lin):  # W pe + b: the same for every prompt
@@ -298,7 +301,7 @@ def decode_sparse(sam, emb: torch.Tensor, sparse: torch.Tensor, outputs: str = "
         # 1.75x faster than 64 at once); the shared products are computed once (memo)
         step = CPU_PROMPT_CHUNK if dev.type == "cpu" else max(1, sparse.shape[0])
         parts = []
-        with torch.autocast(dev.type, enabled=False):
+        with autocast_off(dev):
             for a in range(0, max(1, sparse.shape[0]), step):
                 iou, sel, low = _factored(sam, emb, sparse[a:a + step].float(), sl, iou_thresh, memo)
                 parts.append((iou, sel + a, low))
@@ -317,6 +320,6 @@ def decode_points(sam, emb: torch.Tensor, coords: torch.Tensor, multimask: bool 
                   iou_thresh: float = float("-inf"), factored: bool | None = None,
                   memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`decode_sparse` for one positive point per prompt; coords: (N, 2) input-frame xy."""
-    with torch.autocast(emb.device.type, enabled=False):
+    with autocast_off(emb.device):
         sparse = point_sparse(sam, coords)
     return decode_sparse(sam, emb, sparse, "multi" if multimask else "single", iou_thresh, factored, memo)

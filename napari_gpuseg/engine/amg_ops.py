@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from scipy import ndimage as ndi
 
+from .device import wide_float
+
 EDGE_ATOL = 20.0  # official: masks whose box lies within 20 px of an inner crop edge are dropped
 _EIGHT = np.ones((3, 3), dtype=bool)
 
@@ -120,7 +122,7 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float,
     b = boxes[order].float()
     over = torch.zeros((n, n), dtype=torch.bool, device=b.device)
     for s in range(0, n, chunk):
-        over[s:s + chunk] = box_iou(b[s:s + chunk], b).double() > float(iou_threshold)
+        over[s:s + chunk] = box_iou(b[s:s + chunk], b).to(wide_float(b.device)) > float(iou_threshold)
     over = torch.triu(over, diagonal=1)  # over[i, j]: earlier box i would suppress later box j
     if b.device.type == "cpu":
         m = over.numpy()

@@ -35,6 +35,7 @@ import torch
 from . import amg_ops as ops
 from .amg_decoder import decode_points
 from .batching import remembered_batch_size, run_batched
+from .device import wide_float
 from .jobs import CancelToken, ProgressFn, check
 from .sam import MaskResult, SamEngine
 from .sam_inputs import PreparedImage, logits_to_view_mask
@@ -157,7 +158,7 @@ class _Masks:
     def empty(cls, device) -> "_Masks":
         z = torch.zeros(0, device=device)
         return cls([], [], z, z, torch.zeros((0, 4), dtype=torch.int64, device=device),
-                   torch.zeros((0, 2), device=device, dtype=torch.float64),
+                   torch.zeros((0, 2), device=device, dtype=wide_float(device)),
                    torch.zeros(0, dtype=torch.int64, device=device))
 
     def __len__(self) -> int:
@@ -213,7 +214,7 @@ def _crop_masks(engine: SamEngine, image: PreparedImage, crop: Crop, ci: int, gr
     emb = engine.embedding(image, view).to(dev)
     pts = grid * np.array([view.w, view.h]) + np.array([view.x0, view.y0])  # image xy
     pts_in = torch.as_tensor(view.to_input(pts), dtype=torch.float32, device=dev)
-    pts_img = torch.as_tensor(pts, dtype=torch.float64, device=dev)
+    pts_img = torch.as_tensor(pts, dtype=wide_float(dev), device=dev)  # float32 on MPS
     iou_thr = params.pred_iou_thresh if params.pred_iou_thresh > 0 else float("-inf")
     s = view.input_size
     found: list[_Masks] = []
@@ -382,12 +383,13 @@ def segment_everything_batch(engine: SamEngine, images: Sequence, params: Automa
 
 
 def _result(masks: _Masks, crops: list[Crop], labels, ids, n_prompts: int, seconds: float) -> AutomaticResult:
-    order = np.argsort(-masks.iou.cpu().numpy(), kind="stable") if len(masks) else np.zeros(0, int)
+    iou = masks.iou.cpu().numpy()  # one device->host copy, not one per mask
+    order = np.argsort(-iou, kind="stable") if len(masks) else np.zeros(0, int)
     crop_idx = masks.crop.cpu().numpy()
     out = []
     for i in order:
         m, y0, x0 = masks.crops[i]
-        out.append(MaskResult(m, int(y0), int(x0), float(masks.iou[i]), masks.low[i].float(),
+        out.append(MaskResult(m, int(y0), int(x0), float(iou[i]), masks.low[i].float(),
                               crops[int(crop_idx[i])].view))
     boxes = masks.boxes.cpu().numpy()[order].astype(np.float64).reshape(-1, 4)
     boxes[:, 2:] += 1  # exclusive ends

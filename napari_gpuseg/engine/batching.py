@@ -3,8 +3,10 @@
 ``run_batched(fn, items)`` calls ``fn`` on consecutive slices of ``items`` (a list or a
 tensor whose first dimension indexes items) and returns the per-item results in input
 order. On ``torch.cuda.OutOfMemoryError`` (or any ``torch.OutOfMemoryError``) the batch
-size is halved and the failed batch retried, so no item is lost. The size that worked is
-remembered per ``key`` (for example ``(model_name, input_shape)``) for the next call.
+size is halved and the failed batch retried, so no item is lost. CUBLAS/cuDNN allocation
+failures count as out-of-memory too. The size that worked is remembered per ``key`` (for
+example ``(model_name, input_shape, device)``: include the device, two GPUs differ) for
+the next call.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 import torch
 
 from .jobs import CancelToken, ProgressFn, check, report
+from .memory import empty_cache, free_bytes
 
 _OOM_TYPES: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t
@@ -27,10 +30,17 @@ _memory: dict[Hashable, int] = {}
 _memory_lock = threading.Lock()
 
 
+# allocation failures inside CUDA libraries surface as plain RuntimeErrors with these texts
+_OOM_TEXTS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+              "cudnn_status_not_enough_workspace", "cusolver_status_alloc_failed",
+              "cufft_alloc_failed")
+
+
 def is_oom(exc: BaseException) -> bool:
     if _OOM_TYPES and isinstance(exc, _OOM_TYPES):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(t in text for t in _OOM_TEXTS)
 
 
 def remembered_batch_size(key: Hashable) -> int | None:
@@ -58,8 +68,7 @@ def initial_batch_size(
     """A starting batch size from free device memory and the per-item footprint."""
     device = torch.device(device)
     if device.type == "cuda" and item_bytes:
-        free, _total = torch.cuda.mem_get_info(device)
-        size = int(free * headroom // max(1, item_bytes))
+        size = int(free_bytes(device) * headroom // max(1, item_bytes))
     elif device.type == "cuda":
         size = 16
     else:
@@ -139,16 +148,18 @@ class BatchRunner:
         while done < n:
             check(cancel)
             stop = min(n, done + size)
+            oom = False
             try:
                 out = fn(_take(items, done, stop))
                 results = _split(out, stop - done)
             except Exception as exc:  # noqa: BLE001 - re-raised unless OOM
                 if not is_oom(exc) or size == 1:
                     raise
+                oom = True
+            if oom:  # outside the except block: the traceback (and the failed batch) is gone
+                out = results = None
                 self.oom_events += 1
-                del exc
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
+                empty_cache(self.device)
                 size = max(1, size // 2)
                 self.batch_size = size
                 continue  # retry the same items with a smaller batch

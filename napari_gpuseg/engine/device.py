@@ -2,19 +2,63 @@
 
 Everything that runs a network asks :func:`get_policy` (or takes a :class:`Policy`
 argument); users override with :func:`set_policy` or the ``NAPARI_GPUSEG_DEVICE`` /
-``NAPARI_GPUSEG_PRECISION`` environment variables.
+``NAPARI_GPUSEG_PRECISION`` environment variables (read whenever no explicit choice is
+passed; a bogus value is a ``ValueError`` naming the variable).
+
+Precision rules (see README, "Device, precision and memory"): bf16 on CUDA compute
+capability >= 8.0; fp16 on 7.x cards with tensor cores; fp32 on GTX 16xx (fp16
+convolutions give NaN there), on older cards and on MPS with torch < 2.5 (autocast on
+MPS raises there). A non-finite network output under autocast re-runs in fp32 and pins
+fp32 for that device (:func:`guard_finite`). TF32 and ``cudnn.benchmark`` are never
+switched on for the process: :meth:`Policy.autocast` scopes them to our own calls.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ENV_DEVICE = "NAPARI_GPUSEG_DEVICE"
+ENV_PRECISION = "NAPARI_GPUSEG_PRECISION"
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def torch_version() -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def mps_autocast_ok() -> bool:
+    """``torch.autocast("mps", ...)`` raises before torch 2.5, even with ``enabled=False``."""
+    return torch_version() >= (2, 5)
+
+
+def autocast_off(device: torch.device | str):
+    """A context that turns autocast off on ``device``; a no-op where autocast does not exist."""
+    dev_type = torch.device(device).type
+    if dev_type == "mps" and not mps_autocast_ok():
+        return contextlib.nullcontext()
+    try:
+        return torch.autocast(dev_type, enabled=False)
+    except RuntimeError:  # a device type autocast does not know
+        return contextlib.nullcontext()
+
+
+def wide_float(device: torch.device | str) -> torch.dtype:
+    """float64 where the device has it; float32 on MPS (no float64 there)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def _no_tensor_cores(name: str) -> bool:
+    """Turing cards without tensor cores (GTX 16xx, e.g. "NVIDIA GeForce GTX 1660 Ti")."""
+    return re.search(r"GTX\s*16\d\d", name, re.IGNORECASE) is not None
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -37,7 +81,11 @@ def mps_available() -> bool:
 
 def pick_device(requested: str | None = None) -> torch.device:
     """``cuda > mps > cpu`` unless ``requested`` names one ("auto" or None = pick)."""
-    requested = requested or os.environ.get("NAPARI_GPUSEG_DEVICE") or "auto"
+    from_env = not requested
+    requested = (requested or os.environ.get(ENV_DEVICE) or "auto").strip()
+    if not _DEVICE_RE.match(requested):
+        src = f"{ENV_DEVICE}={requested!r}" if from_env else f"device {requested!r}"
+        raise ValueError(f"{src} is not a device: use auto, cpu, cuda, cuda:N or mps")
     if requested != "auto":
         dev = torch.device(requested)
         if dev.type == "cuda" and not torch.cuda.is_available():
@@ -45,6 +93,9 @@ def pick_device(requested: str | None = None) -> torch.device:
                 f"Device {requested!r} was requested but no CUDA GPU is available "
                 "(is a CUDA build of torch installed?). Use 'cpu' or 'auto'."
             )
+        if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+            raise RuntimeError(f"Device {requested!r} was requested but only "
+                               f"{torch.cuda.device_count()} CUDA GPU(s) are visible.")
         if dev.type == "mps" and not mps_available():
             raise RuntimeError(f"Device {requested!r} was requested but MPS is not available.")
         return dev
@@ -58,33 +109,124 @@ def pick_device(requested: str | None = None) -> torch.device:
 def pick_precision(device: torch.device, requested: str | None = None) -> str:
     """Decide the autocast precision for ``device``.
 
-    CUDA: bf16 on compute capability >= 8.0, fp16 on >= 7.0, fp32 below.
-    CPU: bf16 where the CPU has fast bf16 (AMX / AVX512-BF16), fp32 otherwise.
-    MPS: fp16.
+    CUDA: bf16 on compute capability >= 8.0, fp16 on 7.x with tensor cores, fp32 on
+    GTX 16xx and below 7.0. CPU: bf16 where the CPU has fast bf16 (AMX / AVX512-BF16),
+    fp32 otherwise. MPS: fp16 (fp32 with torch < 2.5). An explicit choice is checked
+    with :func:`check_precision` (``ValueError`` with the reason when the device cannot).
     """
-    requested = requested or os.environ.get("NAPARI_GPUSEG_PRECISION") or "auto"
+    from_env = not requested
+    requested = (requested or os.environ.get(ENV_PRECISION) or "auto").strip()
     if requested not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {requested!r}")
+        src = f"{ENV_PRECISION}={requested!r}" if from_env else f"precision {requested!r}"
+        raise ValueError(f"{src} is not a precision: use one of {', '.join(PRECISIONS)}")
     if requested != "auto":
+        check_precision(device, requested)
         return requested
     if device.type == "cuda":
         major, _minor = torch.cuda.get_device_capability(device)
         if major >= 8:
             return "bf16"
-        if major >= 7:
+        if major >= 7 and not _no_tensor_cores(torch.cuda.get_device_name(device)):
             return "fp16"
         return "fp32"
     if device.type == "mps":
-        return "fp16"
+        return "fp16" if mps_autocast_ok() else "fp32"
     return "bf16" if cpu_has_fast_bf16() else "fp32"
 
 
-def configure_backends(device: torch.device) -> None:
-    """cuDNN autotuning and TF32 matmuls on CUDA (no-op elsewhere)."""
+def check_precision(device: torch.device, precision: str) -> None:
+    """Refuse a precision the device cannot run well, with the reason (one line)."""
+    if precision == "fp32":
+        return
+    if device.type == "cpu" and precision == "fp16":
+        raise ValueError("fp16 is not supported on CPU; use fp32 or bf16")
+    if device.type == "mps":
+        if not mps_autocast_ok():
+            raise ValueError(f"{precision} on MPS needs torch >= 2.5 (autocast on MPS), this is "
+                             f"torch {torch.__version__}; use fp32")
+        if precision == "bf16":
+            raise ValueError("bf16 is not supported on MPS; use fp16 or fp32")
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        major, minor = torch.cuda.get_device_capability(device)
+        name = torch.cuda.get_device_name(device)
+        if precision == "bf16" and major < 8:
+            raise ValueError(f"bf16 needs compute capability >= 8.0 (Ampere); {name} is "
+                             f"{major}.{minor}: use fp16 or fp32")
+        if precision == "fp16" and (major < 7 or _no_tensor_cores(name)):
+            raise ValueError(f"fp16 on {name} (compute capability {major}.{minor}, no tensor "
+                             "cores) is slow or gives NaN in convolutions: use fp32")
+
+
+_pinned: dict[str, str] = {}  # device -> why fp32 was pinned
+_pinned_lock = threading.Lock()
+
+
+def pin_fp32(device: torch.device | str, reason: str) -> None:
+    """Run everything on ``device`` in fp32 from now on; warns once per device."""
+    key = str(torch.device(device))
+    with _pinned_lock:
+        if key in _pinned:
+            return
+        _pinned[key] = reason
+    warnings.warn(f"napari-gpuseg: {reason} on {key}; re-ran in fp32 and using fp32 on this "
+                  "device from now on", RuntimeWarning, stacklevel=2)
+
+
+def fp32_pinned(device: torch.device | str) -> str | None:
+    with _pinned_lock:
+        return _pinned.get(str(torch.device(device)))
+
+
+def unpin_all() -> None:
+    with _pinned_lock:
+        _pinned.clear()
+
+
+def all_finite(out) -> bool:
+    """True when every floating tensor in ``out`` (a tensor, or a list/tuple/dict of them) is finite."""
+    if isinstance(out, torch.Tensor):
+        return not out.is_floating_point() or bool(torch.isfinite(out).all())
+    if isinstance(out, dict):
+        return all(all_finite(v) for v in out.values())
+    if isinstance(out, (list, tuple)):
+        return all(all_finite(v) for v in out)
+    return True
+
+
+def guard_finite(policy: "Policy", compute, what: str = "network output"):
+    """``compute()`` (which enters ``policy.autocast()`` itself); when it ran in reduced
+    precision and gave a non-finite result, pin fp32 for the device and run it again."""
+    reduced = policy.uses_autocast
+    out = compute()
+    if reduced and not all_finite(out):
+        pin_fp32(policy.device, f"non-finite {what} in {policy.precision}")
+        out = compute()
+    return out
+
+
+_flags_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def scoped_backends(device: torch.device, benchmark: bool = False, tf32: bool = False):
+    """Set TF32 and ``cudnn.benchmark`` for our own CUDA calls only and restore them after.
+
+    Defaults: no TF32 ("fp32" means fp32, also on A100/H100) and no autotuning (every
+    new U-Net window shape would re-tune every convolution); the SAM encoder, which
+    always sees one input shape, asks for ``benchmark=True``. No-op off CUDA.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    mm, cd = torch.backends.cuda.matmul, torch.backends.cudnn
+    with _flags_lock:
+        saved = (mm.allow_tf32, cd.allow_tf32, cd.benchmark)
+        mm.allow_tf32, cd.allow_tf32, cd.benchmark = tf32, tf32, benchmark
+    try:
+        yield
+    finally:
+        with _flags_lock:
+            mm.allow_tf32, cd.allow_tf32, cd.benchmark = saved
 
 
 @dataclass(frozen=True)
@@ -101,21 +243,41 @@ class Policy:
         return _DTYPES[self.precision]
 
     @property
-    def uses_autocast(self) -> bool:
-        return self.precision != "fp32"
+    def active_precision(self) -> str:
+        """``precision``, or fp32 once a non-finite output pinned fp32 for the device."""
+        return "fp32" if self.precision != "fp32" and fp32_pinned(self.device) else self.precision
 
-    def autocast(self):
+    @property
+    def uses_autocast(self) -> bool:
+        return self.active_precision != "fp32"
+
+    def autocast(self, benchmark: bool = False):
         """Autocast context for this policy; enter it *inside* the thread that runs the net.
 
-        Autocast keeps LayerNorm, softmax and reductions in fp32 on CUDA (fp16 and bf16).
+        Also scopes TF32 (off) and ``cudnn.benchmark`` (``benchmark``) to the block, and
+        makes the thread's current CUDA device the policy's. Autocast keeps LayerNorm,
+        softmax and reductions in fp32 on CUDA (fp16 and bf16).
         """
-        if not self.uses_autocast:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
+        stack = contextlib.ExitStack()
+        if self.device.type == "cuda" and self.device.index is not None and torch.cuda.is_available():
+            stack.enter_context(torch.cuda.device(self.device))
+        stack.enter_context(scoped_backends(self.device, benchmark=benchmark))
+        if self.uses_autocast and (self.device.type != "mps" or mps_autocast_ok()):
+            stack.enter_context(torch.autocast(self.device.type, dtype=_DTYPES[self.active_precision]))
+        return stack
 
     def describe(self) -> str:
         name = device_name(self.device)
         return f"{name} · {self.precision}"
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued work on ``device`` (for honest timings); no-op on the CPU."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps" and mps_available():
+        torch.mps.synchronize()
 
 
 def device_name(device: torch.device) -> str:
@@ -128,15 +290,17 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def make_policy(device: str | None = "auto", precision: str | None = "auto") -> Policy:
+def make_policy(device: str | None = None, precision: str | None = None) -> Policy:
+    """None (or "" ) reads ``NAPARI_GPUSEG_DEVICE`` / ``NAPARI_GPUSEG_PRECISION``, then "auto"."""
+    device = None if device == "auto" and os.environ.get(ENV_DEVICE) else device
+    precision = None if precision == "auto" and os.environ.get(ENV_PRECISION) else precision
     dev = pick_device(device)
     prec = pick_precision(dev, precision)
-    if dev.type == "cpu" and prec == "fp16":
-        raise ValueError("fp16 is not supported on CPU; use fp32 or bf16")
-    configure_backends(dev)
     if dev.type == "cuda":
         cc = torch.cuda.get_device_capability(dev)
         reason = f"compute capability {cc[0]}.{cc[1]}"
+        if cc[0] == 7 and _no_tensor_cores(torch.cuda.get_device_name(dev)):
+            reason += ", no tensor cores (fp32)"
     elif dev.type == "cpu":
         reason = "CPU with fast bf16" if cpu_has_fast_bf16() else "CPU without fast bf16"
     else:
@@ -157,7 +321,7 @@ def get_policy() -> Policy:
         return _policy
 
 
-def set_policy(device: str | None = "auto", precision: str | None = "auto") -> Policy:
+def set_policy(device: str | None = None, precision: str | None = None) -> Policy:
     """Override the process-wide policy; returns the new policy."""
     global _policy
     new = make_policy(device, precision)

@@ -74,6 +74,10 @@ class EmbeddingCache:
         return None
 
     def put(self, key: Hashable, value: torch.Tensor, persist: bool = True) -> None:
+        """Keep ``value`` in host memory (a GPU tensor is copied to RAM: the cache is sized
+        as RAM and must not hold device memory on small cards)."""
+        if value.device.type != "cpu":
+            value = value.detach().to("cpu")
         size = value.numel() * value.element_size()
         with self._lock:
             old = self._items.pop(key, None)

@@ -5,6 +5,7 @@ Every probe degrades gracefully: no CUDA, no NVML library, no permission: the fi
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -66,7 +67,7 @@ class _Nvml:
                 return None, None, None
             nv = self._mod
             try:
-                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                handle = nvml_handle(nv, index)
             except Exception as exc:
                 self.error = f"NVML: {exc}"
                 return None, None, None
@@ -84,6 +85,42 @@ class _Nvml:
             except Exception:
                 pass
             return util, temp, power
+
+
+def nvml_handle(nv, index: int):
+    """The NVML handle of torch's CUDA device ``index``.
+
+    NVML numbers every GPU of the machine while torch numbers only the visible ones
+    (``CUDA_VISIBLE_DEVICES``, set by SLURM): match by UUID, then PCI bus id, then the
+    ``CUDA_VISIBLE_DEVICES`` entry; the bare index only when nothing is remapped.
+    """
+    try:
+        props = torch.cuda.get_device_properties(index)
+    except Exception:
+        props = None
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        text = str(uuid)
+        try:
+            return nv.nvmlDeviceGetHandleByUUID(text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}")
+        except Exception:
+            pass
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is not None:
+        domain, dev = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
+        try:
+            return nv.nvmlDeviceGetHandleByPciBusId(f"{domain:08x}:{bus:02x}:{dev:02x}.0")
+        except Exception:
+            pass
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if index < len(entries):
+            entry = entries[index]
+            if entry.isdigit():
+                return nv.nvmlDeviceGetHandleByIndex(int(entry))
+            return nv.nvmlDeviceGetHandleByUUID(entry)
+    return nv.nvmlDeviceGetHandleByIndex(index)
 
 
 _nvml = _Nvml()
@@ -132,11 +169,30 @@ def reset_peak(device: torch.device | str | None = None) -> None:
         torch.cuda.reset_peak_memory_stats(device if device is not None else None)
 
 
-def empty_cache() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    if hasattr(torch, "mps") and getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+def empty_cache(device: torch.device | str | None = None) -> None:
+    """Give cached allocator blocks back to the driver: of ``device`` only, or of all devices."""
+    dev = torch.device(device) if device is not None else None
+    if torch.cuda.is_available() and (dev is None or dev.type == "cuda"):
+        if dev is not None and dev.index is not None:
+            with torch.cuda.device(dev):
+                torch.cuda.empty_cache()
+        else:
+            torch.cuda.empty_cache()
+    if (dev is None or dev.type == "mps") and hasattr(torch, "mps") and \
+            getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         torch.mps.empty_cache()
+
+
+def free_bytes(device: torch.device | str) -> int:
+    """Memory a new allocation on a CUDA ``device`` can get: free on the card plus what
+    torch has reserved but does not use (its cache). 0 off CUDA."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return 0
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    free, _total = torch.cuda.mem_get_info(idx)
+    cached = torch.cuda.memory_reserved(idx) - torch.cuda.memory_allocated(idx)
+    return int(free + max(0, cached))
 
 
 def format_bytes(n: int | None) -> str:

@@ -15,6 +15,7 @@ import torch
 
 from .batching import is_oom, remember_batch_size
 from .jobs import CancelToken, ProgressFn, check, report
+from .memory import empty_cache
 
 
 @dataclass
@@ -67,7 +68,7 @@ def profile_batch_sizes(
     """
     device = torch.device(device)
     if device.type == "cuda":
-        _free, limit = torch.cuda.mem_get_info(device)
+        _free, limit = torch.cuda.mem_get_info(device)  # the card's total
     else:
         limit = psutil.virtual_memory().total
     result = ProfileResult(limit_bytes=limit)
@@ -98,11 +99,12 @@ def profile_batch_sizes(
             if not is_oom(exc):
                 raise
             result.oom_at = size
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            break
         finally:
             report(progress, i + 1, len(sizes))
+        if result.oom_at is not None:  # outside the except block: the failed batch is freed
+            batch = None
+            empty_cache(device)
+            break
     fitting = [p for p in result.points if p.peak_bytes <= (1 - headroom) * limit]
     if fitting:
         result.recommended = max(fitting, key=lambda p: p.items_per_s).batch_size

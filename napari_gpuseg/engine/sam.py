@@ -19,7 +19,7 @@ import torch
 
 from .amg_decoder import decode_sparse, supports_factored
 from .batching import initial_batch_size, run_batched, to_device
-from .device import Policy, get_policy
+from .device import Policy, get_policy, guard_finite
 from .embedding_cache import EmbeddingCache
 from .jobs import CancelToken, ProgressFn, check
 from .sam_inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
@@ -223,8 +223,13 @@ class SamEngine:
     # -- encoder --------------------------------------------------------------
     def _encode(self, batch: torch.Tensor) -> torch.Tensor:
         x = to_device(batch, self.policy.device)
-        with torch.inference_mode(), self.policy.autocast():
-            return self.sam.image_encoder(x)
+
+        def run():
+            with torch.inference_mode(), self.policy.autocast(benchmark=True):  # one input shape
+                return self.sam.image_encoder(x)
+
+        # a non-finite embedding under autocast re-runs in fp32 (and pins fp32 for the device)
+        return guard_finite(self.policy, run, "image embedding")
 
     def embed(self, images: Sequence[np.ndarray | PreparedImage],
               views: Sequence[Sequence[View]] | None = None, batch_size: int | None = None,
@@ -248,15 +253,17 @@ class SamEngine:
         def encode(pairs):
             check(cancel)
             x = torch.stack([view_input(img, v, self.info.normalization) for img, v in pairs])
-            return self._encode(x)
+            out = self._encode(x)
+            # each embedding to its own host copy, inside the OOM back-off; the batch output
+            # is dropped here, so the peak is the embeddings plus one batch, not twice them
+            for (img, v), emb in zip(pairs, out):
+                self.cache.put(self._key(img, v), emb.to("cpu", copy=True))
+            return [None] * len(pairs)
 
-        key = ("sam-encoder", self.info.name, s, self.policy.precision)
+        key = ("sam-encoder", self.info.name, s, self.policy.precision, str(self.policy.device))
         item_bytes = 40 * 3 * s * s * 4  # activations of one image, a loose upper bound
-        runner_out = run_batched(encode, todo, batch_size=batch_size, key=key,
-                                 device=self.policy.device, item_bytes=item_bytes,
-                                 progress=progress, cancel=cancel)
-        for (img, v), emb in zip(todo, runner_out):
-            self.cache.put(self._key(img, v), emb.clone())
+        run_batched(encode, todo, batch_size=batch_size, key=key, device=self.policy.device,
+                    item_bytes=item_bytes, progress=progress, cancel=cancel)
         return prepared
 
     def embedding(self, image: PreparedImage, view: View) -> torch.Tensor:

@@ -254,8 +254,9 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
                     target = np.stack([items[idx[p]][4] for p in pos]) - [view.x0, view.y0, view.x0, view.y0]
                     pick = _best_fit(masks, torch.as_tensor(target, dtype=torch.float32, device=dev))
                 ar = torch.arange(len(pos), device=dev)
+                scores = score[sub].tolist()  # one device->host copy per block, not one per box
                 for k, (p, j, crop) in enumerate(zip(pos, pick.tolist(), _crop_to_mask(masks[ar, pick], view))):
-                    out[p] = (crop, float(score[s + k]), low[s + k, j].detach().half(), view)
+                    out[p] = (crop, scores[k], low[s + k, j].detach().half(), view)
         return out
 
     key = ("sam-boxes", engine.info.name, engine.input_size, engine.policy.precision, str(dev))

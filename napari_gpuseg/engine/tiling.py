@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from .batching import run_batched, to_device
-from .device import Policy
+from .device import Policy, guard_finite
+from .memory import free_bytes
 from .jobs import CancelToken, ProgressFn, check
 
 MODES = ("gaussian", "constant")
@@ -105,8 +106,7 @@ def output_fits(nbytes: int, device: torch.device, fraction: float = 0.5) -> boo
     """Whether an output buffer of ``nbytes`` may live on ``device``."""
     if device.type != "cuda":
         return True
-    free, _total = torch.cuda.mem_get_info(device)
-    return nbytes <= fraction * free
+    return nbytes <= fraction * free_bytes(device)  # torch's unused cache counts as free
 
 
 def sliding_window_inference(
@@ -170,9 +170,12 @@ def sliding_window_inference(
         data = to_device(data, sw_device)
         if channels_last and nd == 2:
             data = data.contiguous(memory_format=torch.channels_last)
-        amp = policy.autocast() if policy is not None else contextlib.nullcontext()
-        with amp:
-            pred = predictor(data)
+        def predict():
+            with policy.autocast() if policy is not None else contextlib.nullcontext():
+                return predictor(data)
+
+        # a non-finite window under autocast (fp16 on cards without tensor cores) re-runs in fp32
+        pred = guard_finite(policy, predict, "U-Net output") if policy is not None else predict()
         if tuple(pred.shape[2:]) != roi or pred.shape[0] != len(batch):
             raise ValueError(f"predictor returned {tuple(pred.shape)} for windows {tuple(data.shape)}")
         pred = pred.float() * weight

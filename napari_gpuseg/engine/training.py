@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
@@ -24,7 +25,7 @@ from scipy import ndimage as ndi
 from skimage.segmentation import find_boundaries
 
 from ..models.unet import UNet, UNetConfig, build_unet, count_parameters
-from .device import Policy, get_policy
+from .device import Policy, get_policy, pin_fp32
 from .jobs import CancelToken, ProgressFn, check, report
 from .metrics import foreground_iou, object_f1
 from .normalize import apply_normalization, normalization_spec
@@ -331,6 +332,30 @@ def evaluate(model: UNet, xs: list, ys: list, config: TrainConfig, policy: Polic
     return object_f1(truth, preds, 0.5), foreground_iou(truth, preds)
 
 
+LOSS_SYNC_EVERY = 8  # iterations whose losses are read back to the host in one copy
+
+
+def _compiled(model):
+    """``torch.compile(model)``, or ``model`` (with a warning) when compiling is unavailable."""
+    try:
+        return torch.compile(model)
+    except Exception as exc:  # noqa: BLE001 - e.g. no compiler for this Python or platform
+        warnings.warn(f"napari-gpuseg: torch.compile unavailable ({exc.__class__.__name__}); "
+                      "training without compilation", RuntimeWarning, stacklevel=2)
+        return model
+
+
+def _flush_losses(pending: list, on_event, epoch: int, total: int, best_score) -> list[float]:
+    """One device->host copy for the pending losses; emits their "iter" events."""
+    if not pending:
+        return []
+    values = torch.stack([p[1].float() for p in pending]).tolist()
+    for (it, _loss, lr), lv in zip(pending, values):
+        _emit(on_event, TrainEvent("iter", epoch, it, total, lv, best_score=best_score, lr=lr))
+    pending.clear()
+    return values
+
+
 def train_unet(
     images,
     labels,
@@ -388,7 +413,8 @@ def train_unet(
     channels_last = channels_last and mcfg.spatial_dims == 2
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    fwd = torch.compile(model) if config.compile else model
+    fwd = _compiled(model) if config.compile else model
+    compile_pending = fwd is not model  # compilation happens (and can fail) on the first call
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=fused)
     use_amp = policy.uses_autocast
@@ -418,6 +444,7 @@ def train_unet(
     }
     report(progress, 0, total)
     model.train()
+    pending: list = []  # (iteration, loss on the device, lr): read back every few iterations
     for epoch in range(config.epochs):
         losses = []
         for xb, yb in loader:
@@ -428,23 +455,41 @@ def train_unet(
             if channels_last:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             yb = yb.to(device, non_blocking=True)
-            amp = policy.autocast() if use_amp else contextlib.nullcontext()
-            with amp:
-                logits = fwd(xb)
-            loss = dice_ce_loss(logits, yb, config.contact_weight)
+            def step_loss():
+                with policy.autocast() if use_amp else contextlib.nullcontext():
+                    logits = fwd(xb)
+                return dice_ce_loss(logits, yb, config.contact_weight)
+
+            if compile_pending:
+                try:
+                    loss = step_loss()
+                except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly
+                    warnings.warn(f"napari-gpuseg: torch.compile failed ({exc.__class__.__name__}: "
+                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); training "
+                                  "without compilation", RuntimeWarning, stacklevel=2)
+                    summary["compile"] = f"failed, eager: {exc.__class__.__name__}"
+                    fwd = model
+                    loss = step_loss()
+                compile_pending = False
+            else:
+                loss = step_loss()
+            if use_amp and not bool(torch.isfinite(loss)):  # one sync per step, only under autocast
+                pin_fp32(device, f"non-finite training loss in {policy.precision}")
+                use_amp = False  # this batch and every later one in fp32
+                loss = step_loss()
             opt.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
             it += 1
-            lv = float(loss.detach())
-            losses.append(lv)
-            _emit(on_event, TrainEvent("iter", epoch, it, total, lv, best_score=best_score,
-                                       lr=opt.param_groups[0]["lr"]))
+            pending.append((it, loss.detach(), opt.param_groups[0]["lr"]))
+            if len(pending) >= LOSS_SYNC_EVERY:
+                losses += _flush_losses(pending, on_event, epoch, total, best_score)
             report(progress, it, total)
             if config.max_time_s and time.perf_counter() - t0 > config.max_time_s:
                 stopped = "time_limit"
                 break
+        losses += _flush_losses(pending, on_event, epoch, total, best_score)
         mean_loss = float(np.mean(losses)) if losses else float("nan")
         entry = {"epoch": epoch, "iteration": it, "train_loss": mean_loss}
         if vx:

@@ -110,7 +110,8 @@ def model_from_checkpoint(ckpt: dict, device="cpu") -> UNet:
         raise ValueError(f"checkpoint does not match the architecture: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
     model.load_state_dict(state, strict=True)
-    return model.to(device).eval()
+    # inference weights: no grad, so autocast does not keep low-precision weight copies
+    return model.requires_grad_(False).to(device).eval()
 
 
 @dataclass
@@ -249,11 +250,22 @@ def predict_probabilities(
                 progress=lambda k, t, m=part.shape[0]: sub_progress(k, t, m),
                 cancel=cancel, batch_key=("unet", id(model), tuple(roi)),
             )
-            outs.append(torch.softmax(logits, dim=1).cpu().numpy())
+            outs.append(_softmax_to_host(logits, cancel))
             done[0] += part.shape[0]
             del logits
     probs = np.concatenate(outs)
     return probs.reshape(tuple(lead) + probs.shape[1:])
+
+
+def _softmax_to_host(logits: torch.Tensor, cancel: CancelToken | None = None) -> np.ndarray:
+    """Channel softmax of stitched logits (N, C, ...) as a host array, a few images at a
+    time inside the out-of-memory back-off (a whole 3D chunk at once can exceed the card)."""
+    from .batching import run_batched
+
+    per_image = int(logits[0].numel()) * 4 * 2
+    parts = run_batched(lambda b: torch.softmax(b, dim=1).cpu(), logits, device=logits.device,
+                        item_bytes=per_image, cancel=cancel)
+    return torch.stack(parts).numpy() if parts else np.zeros(tuple(logits.shape), np.float32)
 
 
 def probabilities_to_labels(

@@ -138,10 +138,25 @@ class InferenceWorker:
         self._policy = value
 
     # -- models -------------------------------------------------------------
-    def model(self, key: Hashable, loader: Callable[[], Any]) -> Any:
-        """Return the cached model for ``key``, loading it once (call from a job)."""
+    def model(self, key: Hashable, loader: Callable[[], Any], replace: bool = False) -> Any:
+        """Return the cached model for ``key``, loading it once (call from a job).
+
+        ``replace=True`` (key a tuple): a new model releases the cached ones of the same
+        kind (``key[0]``) first, so switching models does not keep the old one in GPU memory.
+        """
         with self._models_lock:
             if key not in self._models:
+                if replace:
+                    old = [k for k in self._models if isinstance(k, tuple) and k[:1] == key[:1]]
+                    for k in old:
+                        del self._models[k]
+                    if old:
+                        import gc
+
+                        from .memory import empty_cache
+
+                        gc.collect()  # engines hold reference cycles (memo closures)
+                        empty_cache(self.policy.device)
                 self._models[key] = loader()
             return self._models[key]
 
@@ -263,8 +278,11 @@ class InferenceWorker:
         try:
             job.token.check()
             job.status = RUNNING
+            dev = self.policy.device  # this thread's current CUDA device is the policy's
             while True:
-                with torch.inference_mode(job.inference), \
+                on_dev = torch.cuda.device(dev) if dev.type == "cuda" and dev.index is not None \
+                    and torch.cuda.is_available() else contextlib.nullcontext()
+                with torch.inference_mode(job.inference), on_dev, \
                         (self.policy.autocast() if job.inference else torch.enable_grad()):
                     if job._gen is None:
                         out = job.fn(*job.args, **self._kwargs(job))

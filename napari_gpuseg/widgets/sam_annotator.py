@@ -19,7 +19,7 @@ from qtpy.QtWidgets import (
 )
 
 from ..engine.annotation import LabelCommitter
-from ..engine.device import get_policy
+from ..engine.device import get_policy, synchronize
 from ..engine.sam_loader import DEFAULT_MODEL, load_engine
 from ..engine.sam_schedule import stack_steps
 from ..engine.worker import BACKGROUND, IDLE, INTERACTIVE, InferenceWorker, default_worker
@@ -235,7 +235,7 @@ class SamAnnotatorWidget(QWidget):
 
     def _engine(self, model: str):
         policy = self.worker.policy
-        return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy))
+        return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy), replace=True)
 
     def _job_tiles(self, model: str, img: np.ndarray, step: int | None, key: tuple,
                    progress=None, cancel=None):
@@ -247,6 +247,7 @@ class SamAnnotatorWidget(QWidget):
         self._early[key] = image  # prompts until the last tile reuse it
         image = yield from engine.embed_steps(image, step=step, focus=lambda: self._focus,
                                               progress=progress, cancel=cancel)
+        synchronize(engine.policy.device)  # the time includes the GPU work, not just its launch
         return [image], time.perf_counter() - t0
 
     def _job_stack(self, model: str, planes: dict, keys: dict, step: int | None,

@@ -287,7 +287,7 @@ class SamAutomaticWidget(QWidget):
                  progress=None, cancel=None):
         """Runs in the worker thread."""
         policy = self.worker.policy
-        engine = self.worker.model(("sam", model, policy), lambda: load_engine(model, policy))
+        engine = self.worker.model(("sam", model, policy), lambda: load_engine(model, policy), replace=True)
         if mode == "boxes":
             if isinstance(boxes, str):
                 boxes = [detect_boxes(p, boxes, policy=policy) for p in planes]

@@ -143,4 +143,5 @@ def load_sam(
     model = build_sam(arch, image_size=size, attn_impl=attn_impl)
     hint = f"This looks like a {guessed!r} checkpoint, not {arch!r}" if guessed and guessed != arch else ""
     load_state_dict_strict(model, state, hint=hint)
-    return model.to(device).eval()
+    # inference weights: no grad, so autocast does not keep low-precision weight copies
+    return model.requires_grad_(False).to(device).eval()
