@@ -10,6 +10,8 @@ import signal
 import sys
 import threading
 
+from .engine.allocator import configure_allocator
+
 EPILOG = """\
 examples:
   napari-gpuseg batch images/ labels/ --method threshold
@@ -109,6 +111,7 @@ def _list_methods() -> int:
 
 
 def run_batch(args: argparse.Namespace) -> int:
+    configure_allocator()
     """Run the ``batch`` subcommand; returns the process exit code."""
     from .engine.jobs import CancelToken
     from .engine.methods import MethodUnavailable, load_plugin, method_factory, parse_options
