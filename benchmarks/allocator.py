@@ -125,8 +125,8 @@ def main() -> None:
     lines = [f"date {datetime.date.today()}, {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, "
              f"{args.rounds} rounds taking turns, medians",
-             "", "| workload | set-up | wall s | user s | sys s | sys / CPU | wall vs env |",
-             "|---|---|---|---|---|---|---|"]
+             "", "| workload | set-up | wall s | user s | sys s | sys / CPU | wall vs env | CPU vs env |",
+             "|---|---|---|---|---|---|---|---|"]
     for work in args.work.split(","):
         res: dict = {s: [] for s in SETUPS}
         for _ in range(args.rounds):
@@ -140,7 +140,8 @@ def main() -> None:
             m = med[s]
             lines.append(f"| {work} | {s} | {m['wall']:.1f} | {m['user']:.1f} | {m['sys']:.1f} | "
                          f"{m['sys'] / max(m['user'] + m['sys'], 1e-9):.0%} | "
-                         f"{m['wall'] / med['env']['wall']:.2f}x |")
+                         f"{m['wall'] / med['env']['wall']:.2f}x | "
+                         f"{(m['user'] + m['sys']) / (med['env']['user'] + med['env']['sys']):.2f}x |")
     text = "\n".join(lines)
     print(text)
     if args.out:

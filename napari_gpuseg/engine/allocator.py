@@ -4,15 +4,21 @@ With glibc's defaults every freed block of more than a few MiB goes back to the 
 or a heap trim) and the next operator page-faults fresh, zeroed pages: embedding a
 520 x 696 BBBC039 field with LiteMedSAM on a 2-core CPU spent about half its CPU time in the
 kernel. :func:`configure_allocator` sets, through ``mallopt``, what
-``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_TOP_PAD_`` would:
+``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_TOP_PAD_`` would, and one
+thing more (measured in ``benchmarks/allocator.py``):
 
-* ``M_MMAP_THRESHOLD`` at glibc's ceiling (32 MiB on 64-bit; ``mallopt`` refuses more) so
-  tensors below it come from the heap and are reused there;
+* ``M_MMAP_THRESHOLD`` 32 MiB (the most every glibc's ``mallopt`` takes on 64-bit; 2.36
+  takes more) so tensors below it come from the heap and are reused there;
 * ``M_TRIM_THRESHOLD`` huge: freed heap memory is not given back after every large free;
 * ``M_TOP_PAD`` 1 GiB: the heap grows in big steps (few ``brk`` calls and page faults);
 * ``M_MMAP_MAX`` 0: blocks above the threshold are heap blocks too (no ``mmap`` /
   ``munmap`` per tensor), which is what makes the difference for the encoder's largest
-  activations.
+  activations;
+* ``M_ARENA_MAX`` 1: every thread allocates from the main heap. A thread's own arena is
+  made of 64 MiB heaps that glibc maps and unmaps by itself, so the settings above did not
+  help the GUI's worker thread (embedding in a second thread: kernel time 48 % of CPU with
+  them, 49 % with the ``MALLOC_*`` variables, about 2 % with one arena in a synthetic
+  test of the same sizes).
 
 Called once at start-up by the plugin and the command-line programs. It does nothing off
 Linux, off glibc, when the user set any ``MALLOC_*`` variable or a ``glibc.malloc`` tunable
@@ -25,12 +31,12 @@ import ctypes.util
 import os
 import platform
 
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -2, -3, -4
-MMAP_THRESHOLD = 32 * 2**20  # glibc's maximum through mallopt on 64-bit (HEAP_MAX_SIZE / 2)
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -2, -3, -4, -8
+MMAP_THRESHOLD = 32 * 2**20  # older glibc's maximum through mallopt on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int
 TOP_PAD = 2**30
 SETTINGS = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-            (M_TOP_PAD, TOP_PAD), (M_MMAP_MAX, 0))
+            (M_TOP_PAD, TOP_PAD), (M_MMAP_MAX, 0), (M_ARENA_MAX, 1))
 
 _state: dict = {}  # "result": what the first call decided
 
