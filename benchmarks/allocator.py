@@ -50,7 +50,6 @@ def child(work: str) -> dict:
     """Run one workload in this process; returns times and what the allocator set-up did."""
     sys.path.insert(0, str(ROOT))
     import napari_gpuseg  # noqa: F401  (configures the allocator on import)
-    import numpy as np
     import tifffile
 
     from napari_gpuseg.engine.allocator import configure_allocator
@@ -96,7 +95,6 @@ def child(work: str) -> dict:
     else:
         run()
     t1, wall = os.times(), time.perf_counter() - w0
-    np.asarray(0)
     return {"user": t1.user - t0.user, "sys": t1.system - t0.system, "wall": wall, "state": state}
 
 
