@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from .engine.allocator import configure_allocator
+
 # (module, add-parser function, run function) for each optional subcommand
 _SUBCOMMANDS = {
     "batch": ("napari_gpuseg.cli_batch", "add_batch_parser", "run_batch"),
@@ -74,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_allocator()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in _SUBCOMMANDS:
         mod_name, add_name, run_name = _SUBCOMMANDS[argv[0]]

@@ -14,6 +14,8 @@ import signal
 import sys
 import threading
 
+from .engine.allocator import configure_allocator
+
 EPILOG = """\
 examples:
   napari-gpuseg batch images/ labels/ --method threshold
@@ -135,6 +137,7 @@ def _exit_if_threads_left(code: int) -> None:
 
 
 def run_batch(args: argparse.Namespace) -> int:
+    configure_allocator()
     """Run the ``batch`` subcommand; returns the process exit code."""
     from .engine.jobs import CancelToken
     from .engine.methods import MethodUnavailable, load_plugin, method_factory, parse_options

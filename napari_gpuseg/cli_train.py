@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from .engine.allocator import configure_allocator
+
 _SUFFIXES = ("_masks", "_mask", "_labels", "_label", "_gt")
 
 
@@ -170,6 +172,7 @@ def _check_inputs(args):
 
 
 def run_train(args) -> int:
+    configure_allocator()
     import torch
 
     from .engine.device import make_policy

@@ -29,11 +29,13 @@ from .batching import remembered_batch_size, run_batched
 from .jobs import CancelToken, ProgressFn, check
 from .sam import MaskResult, Prompt, SamEngine
 from .sam_inputs import PreparedImage, logits_to_view_mask
-from .sam_views import View
+from .sam_views import View, cover_boxes
 
 DEFAULT_BOX_BATCH = 64
 RENDER_BYTES = 256 * 2**20
 ZOOM_FACTOR, ZOOM_MIN = 3.0, 32  # a small box gets a view 3x its size (>= 32 px), upscaled to the input
+ZOOM_VIEW = 64  # routing="shared": small boxes share zoomed views of this size (px)
+ROUTE_MARGIN = 4.0  # px a box keeps from the edge of a native view (as SamEngine.route)
 _UNET_MODELS: dict = {}  # the bundled U-Net detector, loaded once per device
 
 
@@ -161,6 +163,45 @@ def route_box(engine: SamEngine, image: PreparedImage, box: np.ndarray, zoom_bel
     return View(y0, x0, vh, vw, engine.input_size)
 
 
+def plan_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: np.ndarray,
+               zoom_below: float | None, zoom_view: int = ZOOM_VIEW) -> list[View]:
+    """The view of every box (``boxes`` padded, ``raw`` unpadded, inclusive corners), with
+    views shared: boxes held by an already embedded grid tile use it; the other boxes of
+    native size are covered by as few native views as the greedy cover finds (grid tiles
+    win ties, so the annotator's cache is reused); boxes smaller than ``zoom_below`` px
+    (unpadded) are covered by as few zoomed views of ``zoom_view`` px as hold each with a
+    context of its own size on every side (the per-box route gave each its own view 3x its
+    size). Boxes too large for a native view get a larger view centred on them."""
+    n = len(boxes)
+    out: list = [None] * n
+    side = np.maximum(raw[:, 2] - raw[:, 0], raw[:, 3] - raw[:, 1]) + 1
+    small = side < zoom_below if zoom_below else np.zeros(n, bool)
+    grid = engine.views(image)
+    cached = [v for v in grid if engine.is_embedded(image, [v])]
+    s = engine.input_size
+    big = ~small & (np.max(boxes[:, 2:] - boxes[:, :2], 1) + 1 + 2 * ROUTE_MARGIN > s)
+    for i in np.nonzero(big)[0]:
+        out[i] = engine.route(image, Prompt(box=boxes[i]))
+    for group, size, margin, prefer in (
+            (~small & ~big, s, np.full(n, ROUTE_MARGIN), grid),
+            (small, zoom_view, np.maximum(side, 2.0), [])):
+        idx = np.nonzero(group)[0]
+        if not len(idx):
+            continue
+        if prefer and cached:  # first, the tiles already embedded
+            done = []
+            for i in idx:
+                fits = [v for v in cached if v.contains_box(boxes[i], margin[i])]
+                if fits:
+                    out[i] = max(fits, key=lambda v: v.centrality(boxes[i]))
+                    done.append(i)
+            idx = np.setdiff1d(idx, done)
+        views, assign = cover_boxes(boxes[idx], image.shape, size, s, margin[idx], prefer)
+        for i, a in zip(idx, assign):
+            out[i] = views[a] if a >= 0 else engine.route(image, Prompt(box=boxes[i]))
+    return out
+
+
 def _crop_to_mask(masks: torch.Tensor, view) -> list[tuple[np.ndarray, int, int]]:
     boxes = ops.masks_to_boxes(masks).cpu().numpy()
     m = masks.cpu().numpy()
@@ -188,8 +229,8 @@ def _best_fit(masks: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, padding: float = 0.0,
                         batch_size: int | None = None, embed_batch_size: int | None = None,
                         min_area: int = 0, zoom_small: bool = True, mask_choice: str = "box-fit",
-                        progress: ProgressFn = None, cancel: CancelToken | None = None
-                        ) -> list[AutomaticResult]:
+                        progress: ProgressFn = None, cancel: CancelToken | None = None,
+                        routing: str = "shared") -> list[AutomaticResult]:
     """One :class:`AutomaticResult` per image from its boxes (several images per call).
 
     ``batch_size``: boxes per decoder call (default 64 or what worked before; halved on
@@ -202,7 +243,10 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     LiteMedSAM's single output often covers only the bright part of large, textured
     nuclei: BBBC039 validation crops, ground-truth boxes, F1@0.5 0.88 -> 0.955), or
     ``"single"`` the single-mask output. The score of an object is the single output's
-    predicted IoU either way. Label ``i + 1`` is the mask of box ``i`` (where visible).
+    predicted IoU either way. ``routing``: ``"shared"`` (default) lets boxes share views
+    (see :func:`plan_views`), ``"per-box"`` routes each box on its own (:func:`route_box`,
+    a zoomed view per small box; the earlier behaviour). Label ``i + 1`` is the mask of
+    box ``i`` (where visible).
     """
     t0 = time.perf_counter()
     prepared: list[PreparedImage] = [engine.prepare(im) for im in images]
@@ -211,12 +255,19 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     zoom_below = engine.input_size / 16 if zoom_small else None
     if mask_choice not in ("box-fit", "single"):
         raise ValueError(f"mask_choice must be 'box-fit' or 'single', got {mask_choice!r}")
+    if routing not in ("shared", "per-box"):
+        raise ValueError(f"routing must be 'shared' or 'per-box', got {routing!r}")
     fit = mask_choice == "box-fit"
     items = []  # (image, box index, view, padded box, box) with inclusive corners
     for i, (img, bxs) in enumerate(zip(prepared, boxes)):
         raw = prepare_boxes(bxs, img.shape, 0.0)
-        for j, b in enumerate(prepare_boxes(bxs, img.shape, padding)):
-            items.append((i, j, route_box(engine, img, b, zoom_below, padding), b, raw[j]))
+        padded = prepare_boxes(bxs, img.shape, padding)
+        if routing == "shared":
+            routed = plan_views(engine, img, padded, raw, zoom_below)
+        else:
+            routed = [route_box(engine, img, b, zoom_below, padding) for b in padded]
+        for j, (b, v) in enumerate(zip(padded, routed)):
+            items.append((i, j, v, b, raw[j]))
     needed = [sorted({v for (i, _j, v, _b, _r) in items if i == k}) for k in range(len(prepared))]
     n_views = sum(len(v) for v in needed)
     total = n_views + len(items)
@@ -303,10 +354,10 @@ def _assemble(shape, decoded: list, boxes: np.ndarray, min_area: int, seconds: f
 def segment_boxes(engine: SamEngine, image, boxes, padding: float = 0.0, batch_size: int | None = None,
                   embed_batch_size: int | None = None, min_area: int = 0, zoom_small: bool = True,
                   mask_choice: str = "box-fit", progress: ProgressFn = None,
-                  cancel: CancelToken | None = None) -> AutomaticResult:
+                  cancel: CancelToken | None = None, routing: str = "shared") -> AutomaticResult:
     """Masks for ``boxes`` (N, 4) ``x0, y0, x1, y1`` (end exclusive) in one 2D image; see
     :func:`segment_boxes_batch`."""
     return segment_boxes_batch(engine, [image], [boxes], padding=padding, batch_size=batch_size,
                                embed_batch_size=embed_batch_size, min_area=min_area,
                                zoom_small=zoom_small, mask_choice=mask_choice, progress=progress,
-                               cancel=cancel)[0]
+                               cancel=cancel, routing=routing)[0]

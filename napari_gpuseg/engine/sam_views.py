@@ -121,3 +121,63 @@ def prompt_box(points: np.ndarray | None, box: np.ndarray | None) -> np.ndarray:
         parts.append(np.asarray(points, float).reshape(-1, 2))
     pts = np.concatenate(parts, 0)
     return np.array([pts[:, 0].min(), pts[:, 1].min(), pts[:, 0].max(), pts[:, 1].max()])
+
+
+MAX_COVER_WORK = 2 * 10**7  # candidate positions x boxes looked at by cover_boxes
+
+
+def cover_boxes(boxes: np.ndarray, shape: tuple[int, int], size: int, input_size: int,
+                margin: np.ndarray | float = 4.0, prefer: list[View] | tuple = ()) -> tuple[list[View], np.ndarray]:
+    """Few views of ``size`` px (clipped to the image) that together hold every box.
+
+    ``boxes`` (N, 4) inclusive corners, each to be held with its ``margin`` (px, scalar or
+    per box) inside one view. Greedy set cover: the view holding the most boxes not yet
+    held is taken first; ``prefer`` views (e.g. the grid tiles, which the annotator and the
+    cache share) win ties over new positions. A view that holds a set of boxes can always
+    slide right/down until its left/top edge touches one of them, so new positions are tried
+    at every (box left, box top) pair. Returns the views and, per box, the index of its view
+    (-1 for a box that fits no view of that size).
+    """
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    n = len(b)
+    if n == 0:
+        return [], np.zeros(0, dtype=np.int64)
+    m = np.broadcast_to(np.asarray(margin, dtype=np.float64), (n,))
+    lo = np.floor(b[:, :2] - m[:, None])  # (x, y) that must be inside
+    hi = np.ceil(b[:, 2:] + m[:, None])
+    h, w = int(shape[0]), int(shape[1])
+    vh, vw = min(size, h), min(size, w)
+    lo = np.maximum(lo, 0)
+    hi = np.minimum(hi, [w - 1, h - 1])
+    xs = np.unique(np.clip(lo[:, 0], 0, w - vw)).astype(np.int64)
+    ys = np.unique(np.clip(lo[:, 1], 0, h - vh)).astype(np.int64)
+    step = 1
+    while len(xs) * len(ys) * n > MAX_COVER_WORK:  # many boxes: coarser positions
+        step *= 2
+        xs, ys = np.unique(xs // step * step), np.unique(ys // step * step)
+    cand = [(v.y0, v.x0, v.h, v.w) for v in prefer]
+    n_pref = len(cand)
+    cand += [(y, x, vh, vw) for y in ys for x in xs]
+    c = np.asarray(cand, dtype=np.int64).reshape(-1, 4)
+    holds = ((lo[None, :, 0] >= c[:, None, 1]) & (lo[None, :, 1] >= c[:, None, 0])
+             & (hi[None, :, 0] < c[:, None, 1] + c[:, None, 3])
+             & (hi[None, :, 1] < c[:, None, 0] + c[:, None, 2]))
+    assign = np.full(n, -1, dtype=np.int64)
+    left = holds.any(0)
+    views: list[View] = []
+    bonus = np.zeros(len(c))
+    bonus[:n_pref] = 0.5  # a preferred view wins a tie
+    counts = holds[:, left].sum(1) + bonus
+    while left.any():
+        k = int(np.argmax(counts))
+        got = holds[k] & left
+        counts -= holds[:, got].sum(1)
+        y, x, ch, cw = (int(t) for t in c[k])
+        views.append(prefer[k] if k < n_pref else View(y, x, ch, cw, input_size))
+        assign[got] = len(views) - 1
+        left &= ~got
+    for i in np.nonzero(assign >= 0)[0]:  # each box to the most central chosen view holding it
+        fits = [j for j, v in enumerate(views) if lo[i, 0] >= v.x0 and lo[i, 1] >= v.y0
+                and hi[i, 0] < v.x1 and hi[i, 1] < v.y1]
+        assign[i] = max(fits, key=lambda j: views[j].centrality(b[i]), default=int(assign[i]))
+    return views, assign

@@ -1,0 +1,114 @@
+"""Box mode on full fields: encoder views, boxes/s and F1, per-box routing vs shared views.
+
+    OMP_NUM_THREADS=2 python benchmarks/box_views.py [--fields 8] [--out FILE]
+
+The 8 BBBC039 validation fields (the last 8 sorted by name, as in
+``tests/test_automatic_quality.py``) at full size (520 x 696), ground-truth boxes
+(``boxes_from_labels``, the method's 2 px padding), default SAM model (LiteMedSAM) under the
+device policy. Every field runs once per set-up, each in a fresh process with an empty
+embedding cache, the set-ups taking turns field by field (A B C A B C ...) so all see the
+same machine load. Time per field: ``segment_boxes`` alone (model loading excluded).
+
+* ``before``: ``routing="per-box"`` (each small box its own zoomed view, each box its own
+  routed view) with the allocator set-up off (``NAPARI_GPUSEG_MALLOC=0``): the program as
+  it was;
+* ``per-box``: the same routing with the allocator set-up on (what routing alone buys);
+* ``after``: ``routing="shared"`` (the default) with the allocator set-up on (the default).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "bbbc039"
+SETUPS = {"before": ("per-box", "0"), "per-box": ("per-box", "1"), "after": ("shared", "1")}
+
+
+def fields(n: int) -> list[Path]:
+    return sorted((DATA / "images").glob("*.tif"))[-8:][:n]
+
+
+def child(field: str, routing: str) -> dict:
+    sys.path.insert(0, str(ROOT))
+    import napari_gpuseg  # noqa: F401  (allocator set-up on import unless NAPARI_GPUSEG_MALLOC=0)
+    import tifffile
+
+    from napari_gpuseg.engine.metrics import pooled_stats
+    from napari_gpuseg.engine.sam_boxes import boxes_from_labels, segment_boxes
+    from napari_gpuseg.engine.sam_loader import load_engine
+
+    engine = load_engine()
+    image = tifffile.imread(DATA / "images" / field)
+    gt = tifffile.imread(DATA / "masks" / field)
+    boxes = boxes_from_labels(gt)
+    t0 = os.times()
+    res = segment_boxes(engine, image, boxes, padding=2, routing=routing)
+    t1 = os.times()
+    m = pooled_stats([gt], [res.labels], 0.5)
+    return {"seconds": res.seconds, "boxes": len(boxes), "views": len(engine.cache),
+            "user": t1.user - t0.user, "sys": t1.system - t0.system, "tp": m.tp, "fp": m.fp, "fn": m.fn}
+
+
+def run_child(field: str, setup: str) -> dict:
+    routing, malloc = SETUPS[setup]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env["NAPARI_GPUSEG_MALLOC"] = malloc
+    out = subprocess.run([sys.executable, __file__, "--child", field, "--routing", routing], env=env,
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child")
+    ap.add_argument("--routing", default="shared")
+    ap.add_argument("--fields", type=int, default=8)
+    ap.add_argument("--setups", default="before,per-box,after")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.routing)), flush=True)
+        return
+    setups = args.setups.split(",")
+    res: dict = {s: [] for s in setups}
+    t_start = time.time()
+    for f in fields(args.fields):
+        for s in setups:
+            r = run_child(f.name, s)
+            res[s].append(r)
+            print(f.name, s, json.dumps(r), flush=True)
+    lines = [f"date {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
+             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, {args.fields} fields, "
+             f"set-ups taking turns per field, run took {time.time() - t_start:.0f} s", "",
+             "| set-up | routing | allocator set-up | boxes | encoder views | s | boxes/s | vs before "
+             "| user s | sys s | F1@0.5 (pooled) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    base = None
+    for s in setups:
+        rs = res[s]
+        boxes, secs = sum(r["boxes"] for r in rs), sum(r["seconds"] for r in rs)
+        tp, fp, fn = (sum(r[k] or 0 for r in rs) for k in ("tp", "fp", "fn"))
+        f1 = 2 * tp / max(2 * tp + fp + fn, 1)
+        rate = boxes / secs
+        base = base or (rate if s == "before" else None)
+        lines.append(f"| {s} | {SETUPS[s][0]} | {'on' if SETUPS[s][1] == '1' else 'off'} | {boxes} | "
+                     f"{sum(r['views'] for r in rs)} | {secs:.1f} | {rate:.2f} | "
+                     f"{rate / base if base else float('nan'):.2f}x | {sum(r['user'] for r in rs):.0f} | "
+                     f"{sum(r['sys'] for r in rs):.0f} | {f1:.3f} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Box mode routing: neighbouring boxes share encoder views (geometry only, no network).
+
+The engine wraps an identity module: :func:`plan_views` and :func:`route_box` only look at
+the view grid, the cache and the input size, so the real BBBC039 boxes can be routed
+without running the encoder. The quality of the shared views is checked with the real
+model in ``benchmarks/box_views.py`` and ``tests/test_automatic_quality.py``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+
+from napari_gpuseg.engine.device import Policy
+from napari_gpuseg.engine.sam import SamEngine, SamModelInfo
+from napari_gpuseg.engine.sam_boxes import (
+    ZOOM_VIEW, boxes_from_labels, plan_views, prepare_boxes, route_box, segment_boxes,
+)
+from napari_gpuseg.engine.sam_views import cover_boxes
+
+S = 256
+
+
+@pytest.fixture
+def engine():
+    return SamEngine(torch.nn.Identity(), SamModelInfo("geometry", S, "none"), Policy(torch.device("cpu"), "fp32"))
+
+
+def _route(engine, image, boxes, padding=2.0):
+    img = engine.prepare(image)
+    raw = prepare_boxes(boxes, img.shape, 0.0)
+    padded = prepare_boxes(boxes, img.shape, padding)
+    shared = plan_views(engine, img, padded, raw, S / 16)
+    per_box = [route_box(engine, img, b, S / 16, padding) for b in padded]
+    return img, padded, shared, per_box
+
+
+def _holds(view, box, margin=0.0, shape=(520, 696)):
+    """``view`` holds ``box`` with ``margin`` px on every side that the image has room for."""
+    h, w = shape
+    grown = np.clip(np.asarray(box, float) + [-margin, -margin, margin, margin], 0, [w - 1, h - 1, w - 1, h - 1])
+    return view.contains_box(grown)
+
+
+def test_neighbouring_small_boxes_share_one_zoomed_view(engine):
+    image = np.zeros((520, 696), np.uint16)
+    # six 8 px objects within 40 px of each other, far from the tile borders' centres
+    boxes = np.array([[300 + dx, 200 + dy, 308 + dx, 208 + dy] for dx in (0, 14, 28) for dy in (0, 16)], float)
+    img, padded, shared, per_box = _route(engine, image, boxes)
+    assert len(set(per_box)) == 6  # one zoomed view per small box before
+    assert len(set(shared)) == 1  # one zoomed view now
+    (v,) = set(shared)
+    assert v.h == v.w == ZOOM_VIEW and v.scale == S / ZOOM_VIEW
+    raw = prepare_boxes(boxes, img.shape, 0.0)
+    side = (raw[:, 2:] - raw[:, :2]).max(1) + 1
+    assert all(_holds(v, b, s - 1) for b, s in zip(padded, side))  # context of the box's size
+
+
+def test_native_boxes_use_few_views_and_prefer_embedded_tiles(engine):
+    rng = np.random.default_rng(0)
+    xy = rng.uniform(0, [696 - 30, 520 - 30], size=(80, 2))
+    boxes = np.concatenate([xy, xy + 26], 1)
+    image = np.zeros((520, 696), np.uint16)
+    img, padded, shared, per_box = _route(engine, image, boxes)
+    assert all(_holds(v, b, 4.0) and v.h == v.w == S for v, b in zip(shared, padded))
+    assert len(set(shared)) < len(set(per_box))
+    # a tile already embedded (say by the annotator) takes every box it holds
+    tile = engine.views(img)[5]
+    engine.cache.put(engine._key(img, tile), torch.zeros(1))
+    shared2 = plan_views(engine, img, padded, prepare_boxes(boxes, img.shape, 0.0), S / 16)
+    held = [i for i, b in enumerate(padded) if _holds(tile, b, 4.0)]
+    assert held and all(shared2[i] == tile for i in held)
+
+
+def test_cover_boxes_is_a_cover_and_large_boxes_get_their_own_view(engine):
+    boxes = np.array([[0, 0, 10, 10], [600, 400, 690, 510], [5, 5, 40, 40]], float)
+    views, assign = cover_boxes(boxes, (520, 696), S, S, 4.0)
+    assert len(views) == 2 and assign[0] == assign[2] != assign[1]
+    assert all(views[a].contains_box(np.maximum(b - [4, 4, -4, -4], 0)) for a, b in zip(assign, boxes))
+    img = engine.prepare(np.zeros((520, 696), np.uint16))
+    big = np.array([[10, 10, 400, 300]], float)
+    (v,) = plan_views(engine, img, big, big, S / 16)
+    assert v.contains_box(big[0]) and v.h > S
+
+
+def test_bbbc039_validation_fields_need_far_fewer_views(engine, shared_data):
+    files = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-8:]
+    n_shared = n_per_box = 0
+    for f in files:
+        gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)
+        img, padded, shared, per_box = _route(engine, np.asarray(gt, np.uint16), boxes_from_labels(gt))
+        n_shared += len(set(shared))
+        n_per_box += len(set(per_box))
+    print(f"\nencoder views on 8 full fields: per-box {n_per_box}, shared {n_shared}")
+    assert n_shared * 2 <= n_per_box  # measured: 259 -> 125
+
+
+def test_routing_parameter_is_checked(engine):
+    with pytest.raises(ValueError, match="routing"):
+        segment_boxes(engine, np.zeros((64, 64), np.uint8), np.zeros((0, 4)), routing="nearest")
