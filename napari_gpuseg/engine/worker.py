@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import heapq
 import inspect
 import itertools
