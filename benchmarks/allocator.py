@@ -8,7 +8,7 @@ Set-ups (every child starts from the parent's environment with all ``MALLOC_*`` 
 * ``glibc-default``: nothing set and the program's own set-up off (``NAPARI_GPUSEG_MALLOC=0``):
   what the program did before;
 * ``program``: nothing set in the environment; the program configures glibc itself
-  (:func:`napari_gpuseg.engine.allocator.configure_allocator`, run on import);
+  (:func:`napari_gpuseg.engine.runtime.allocator.configure_allocator`, run on import);
 * ``env``: ``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296
   MALLOC_TOP_PAD_=1073741824`` (the program's set-up then stands aside).
 
@@ -52,11 +52,11 @@ def child(work: str) -> dict:
     import napari_gpuseg  # noqa: F401  (configures the allocator on import)
     import tifffile
 
-    from napari_gpuseg.engine.allocator import configure_allocator
+    from napari_gpuseg.engine.runtime.allocator import configure_allocator
 
     state = configure_allocator()
     if work.startswith("embed"):
-        from napari_gpuseg.engine.sam_loader import load_engine
+        from napari_gpuseg.engine.sam.loader import load_engine
 
         engine = load_engine()
         image = tifffile.imread(_fields(1)[0])
@@ -66,7 +66,7 @@ def child(work: str) -> dict:
             engine.embed([img])
             assert engine.is_embedded(img)
     elif work == "unet":
-        from napari_gpuseg.engine import unet
+        from napari_gpuseg.engine.unet import predict as unet
 
         model = unet.load_model(None, device="cpu")
         images = [tifffile.imread(f) for f in _fields(4)]
@@ -75,7 +75,7 @@ def child(work: str) -> dict:
             for im in images:
                 unet.predict_labels(model, im)
     elif work == "folder":
-        from napari_gpuseg.engine.pipeline import run_folder
+        from napari_gpuseg.engine.jobs.pipeline import run_folder
 
         src = Path(tempfile.mkdtemp())
         for f in _fields(12):

@@ -40,7 +40,7 @@ def main() -> None:
     from qtpy.QtWidgets import QApplication
     from skimage.measure import regionprops
 
-    from napari_gpuseg.engine.device import set_policy
+    from napari_gpuseg.engine.runtime.device import set_policy
     from napari_gpuseg.widgets._redraw_hold import HOLD_MS
 
     policy = set_policy("auto", args.precision)

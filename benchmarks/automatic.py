@@ -42,12 +42,12 @@ sys.path.insert(0, str(ROOT))
 import sam_reference as ref  # noqa: E402
 from sam import PeakRSS, val_crops  # noqa: E402  (benchmarks/sam.py)
 
-from napari_gpuseg.engine.automatic import AutomaticParams, segment_everything  # noqa: E402
-from napari_gpuseg.engine.device import Policy, device_name  # noqa: E402
-from napari_gpuseg.engine.embedding_cache import EmbeddingCache  # noqa: E402
+from napari_gpuseg.engine.sam.everything import AutomaticParams, segment_everything  # noqa: E402
+from napari_gpuseg.engine.runtime.device import Policy, device_name  # noqa: E402
+from napari_gpuseg.engine.sam.cache import EmbeddingCache  # noqa: E402
 from napari_gpuseg.engine.metrics import mask_set_match  # noqa: E402
-from napari_gpuseg.engine.sam import Prompt, SamEngine, SamModelInfo  # noqa: E402
-from napari_gpuseg.engine.sam_boxes import boxes_from_labels, prepare_boxes, segment_boxes_batch  # noqa: E402
+from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine, SamModelInfo  # noqa: E402
+from napari_gpuseg.engine.sam.boxes import boxes_from_labels, prepare_boxes, segment_boxes_batch  # noqa: E402
 from napari_gpuseg.models.sam import load_sam  # noqa: E402
 
 LINES: list[str] = []

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from napari_gpuseg import io as gio
-from napari_gpuseg.engine.device import device_name, make_policy
-from napari_gpuseg.engine.methods import method_factory
-from napari_gpuseg.engine.pipeline import output_paths, run_folder
+from napari_gpuseg.engine.runtime.device import device_name, make_policy
+from napari_gpuseg.engine.jobs.methods import method_factory
+from napari_gpuseg.engine.jobs.pipeline import output_paths, run_folder
 
 LINES: list[str] = []
 OUT_FILE: list[Path] = []
@@ -66,7 +66,7 @@ def sync(policy) -> None:
 def random_unet(path: Path) -> Path:
     import torch
 
-    from napari_gpuseg.engine import unet
+    from napari_gpuseg.engine.unet import predict as unet
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
     torch.manual_seed(0)
@@ -132,7 +132,7 @@ class UtilSampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self):
-        from napari_gpuseg.engine import memory
+        from napari_gpuseg.engine.runtime import memory
 
         while not self._stop.wait(0.05):
             util = memory.snapshot(self.policy.device).utilization
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
         files = make_folder(args.data, args.n, in_dir)
         model = args.model
         if args.method == "unet" and model is None:
-            from napari_gpuseg.engine.unet import bundled_model_path
+            from napari_gpuseg.engine.unet.predict import bundled_model_path
 
             model = str(bundled_model_path()) if bundled_model_path().is_file() else None
             model = model or str(random_unet(tmp / "random_unet.pt"))

@@ -25,7 +25,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbbc039" / "im
 
 
 def trial(in_dir: Path, out: Path, method: str, rng: random.Random) -> tuple[bool, str]:
-    cmd = [sys.executable, "-m", "napari_gpuseg.cli", "batch", str(in_dir), str(out),
+    cmd = [sys.executable, "-m", "napari_gpuseg.cli.main", "batch", str(in_dir), str(out),
            "--method", method, "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="2"))

@@ -24,9 +24,9 @@ import tifffile  # noqa: E402
 import torch  # noqa: E402
 from skimage.measure import regionprops  # noqa: E402
 
-from napari_gpuseg.engine.device import get_policy  # noqa: E402
-from napari_gpuseg.engine.sam import Prompt  # noqa: E402
-from napari_gpuseg.engine.sam_loader import load_engine  # noqa: E402
+from napari_gpuseg.engine.runtime.device import get_policy  # noqa: E402
+from napari_gpuseg.engine.sam.predictor import Prompt  # noqa: E402
+from napari_gpuseg.engine.sam.loader import load_engine  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbbc039"
 

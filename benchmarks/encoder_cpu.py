@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from napari_gpuseg.engine.sam_loader import load_sam_model  # noqa: E402
+from napari_gpuseg.engine.sam.loader import load_sam_model  # noqa: E402
 
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3

@@ -60,9 +60,9 @@ def main() -> None:
     from qtpy.QtCore import QTimer
     from qtpy.QtWidgets import QApplication
 
-    from napari_gpuseg.engine.device import set_policy
-    from napari_gpuseg.engine.embedding_cache import EmbeddingCache
-    from napari_gpuseg.engine.sam import SamEngine
+    from napari_gpuseg.engine.runtime.device import set_policy
+    from napari_gpuseg.engine.sam.cache import EmbeddingCache
+    from napari_gpuseg.engine.sam.predictor import SamEngine
 
     policy = set_policy("auto", args.precision)
     data = Path(args.data)

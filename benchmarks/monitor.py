@@ -18,8 +18,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 import torch  # noqa: E402
 from qtpy.QtWidgets import QApplication  # noqa: E402
 
-from napari_gpuseg.engine.device import get_policy  # noqa: E402
-from napari_gpuseg.engine.worker import InferenceWorker  # noqa: E402
+from napari_gpuseg.engine.runtime.device import get_policy  # noqa: E402
+from napari_gpuseg.engine.runtime.worker import InferenceWorker  # noqa: E402
 
 
 def main() -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
-from napari_gpuseg.engine import metrics, unet
-from napari_gpuseg.engine.device import Policy
-from napari_gpuseg.engine.linking import link_slices
+from napari_gpuseg.engine import metrics
+from napari_gpuseg.engine.unet import predict as unet
+from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.stacks import link_slices
 
 DATA = Path("/work/shared/data/synthetic3d")
 

@@ -20,7 +20,7 @@ def shared_data() -> Path:
 
 @pytest.fixture
 def cpu_policy():
-    from napari_gpuseg.engine.device import Policy
+    from napari_gpuseg.engine.runtime.device import Policy
     import torch
 
     return Policy(torch.device("cpu"), "fp32")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from napari_gpuseg.engine import allocator
+from napari_gpuseg.engine.runtime import allocator
 
 
 class FakeLibc:

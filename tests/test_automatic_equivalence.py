@@ -33,12 +33,12 @@ import torch
 from scipy import ndimage as ndi
 
 import sam_reference as ref
-from napari_gpuseg.engine import amg_ops as ops
-from napari_gpuseg.engine.amg_decoder import decode_points
-from napari_gpuseg.engine.automatic import AutomaticParams, segment_everything
-from napari_gpuseg.engine.device import Policy
+from napari_gpuseg.engine.sam import everything_ops as ops
+from napari_gpuseg.engine.sam.fast_decoder import decode_points
+from napari_gpuseg.engine.sam.everything import AutomaticParams, segment_everything
+from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.metrics import mask_set_match
-from napari_gpuseg.engine.sam import SamEngine, SamModelInfo
+from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
 from napari_gpuseg.models.checkpoint import load_state_dict_strict
 from napari_gpuseg.models.sam import build_sam, load_sam
 

@@ -20,11 +20,9 @@ import tifffile
 import torch
 
 from napari_gpuseg.engine.classical import classical_segment
-from napari_gpuseg.engine.device import Policy
+from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.metrics import summary
-from napari_gpuseg.engine.sam_boxes import (
-    boxes_from_csv, boxes_from_labels, detect_boxes, prepare_boxes, segment_boxes_batch,
-)
+from napari_gpuseg.engine.sam.boxes import boxes_from_csv, boxes_from_labels, detect_boxes, prepare_boxes, segment_boxes_batch
 
 from sam_fixtures import require_lite_medsam
 
@@ -34,7 +32,7 @@ CROP = (slice(100, 356), slice(200, 456))
 
 @pytest.fixture(scope="module")
 def engine():
-    from napari_gpuseg.engine.sam_loader import load_engine
+    from napari_gpuseg.engine.sam.loader import load_engine
 
     return load_engine(str(require_lite_medsam()), policy=FP32, arch="lite_medsam")
 
@@ -64,7 +62,7 @@ def test_ground_truth_and_detector_boxes(engine, val):
     s_sam = summary(gts, [r.labels for r in with_det])
     s_det = summary(gts, [classical_segment(im) for im in imgs])
     # the bundled U-Net as the detector (its held-out split is these 8 fields)
-    from napari_gpuseg.engine import unet
+    from napari_gpuseg.engine.unet import predict as unet
 
     model = unet.load_model(None, device="cpu")
     unet_labels = [unet.predict_labels(model, im) for im in imgs]
@@ -102,7 +100,7 @@ def test_batched_decoding_equals_one_box_per_call(engine, val):
 
 
 def test_sam_boxes_method_takes_several_images_per_call(engine, val):
-    from napari_gpuseg.engine.methods import available_methods, create_method
+    from napari_gpuseg.engine.jobs.methods import available_methods, create_method
 
     assert {"sam-boxes", "sam-everything"} <= set(available_methods())
     imgs, gts = val

@@ -18,9 +18,9 @@ import tifffile
 
 import batch_helpers  # noqa: F401 - registers slow-threshold
 from napari_gpuseg import io as gio
-from napari_gpuseg.cli import main
-from napari_gpuseg.engine.methods import OptionError, create_method
-from napari_gpuseg.engine.pipeline import PipelineError, output_paths, run_folder
+from napari_gpuseg.cli.main import main
+from napari_gpuseg.engine.jobs.methods import OptionError, create_method
+from napari_gpuseg.engine.jobs.pipeline import PipelineError, output_paths, run_folder
 
 HELPERS = Path(__file__).with_name("batch_helpers.py")
 
@@ -45,7 +45,7 @@ def _copy(images, folder: Path, n=None) -> Path:
 def _cli(*args, env_extra=None):
     env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=str(Path(__file__).parents[1]),
                **(env_extra or {}))
-    return [sys.executable, "-m", "napari_gpuseg.cli", "batch", *map(str, args)], env
+    return [sys.executable, "-m", "napari_gpuseg.cli.main", "batch", *map(str, args)], env
 
 
 # -- 1. Ctrl-C ---------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from napari_gpuseg.engine import batching
-from napari_gpuseg.engine.jobs import Cancelled, CancelToken
+from napari_gpuseg.engine.runtime import batching
+from napari_gpuseg.engine.runtime.cancel import Cancelled, CancelToken
 
 
 class FlakyNet:

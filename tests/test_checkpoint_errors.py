@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from napari_gpuseg.engine.unet import load_checkpoint, load_model
+from napari_gpuseg.engine.unet.predict import load_checkpoint, load_model
 from napari_gpuseg.models.checkpoint import CheckpointError, read_state_dict
 
 

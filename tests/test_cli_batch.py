@@ -16,7 +16,7 @@ import tifffile
 
 from batch_helpers import BAD, GOOD, make_mixed_folder
 from napari_gpuseg import io as gio
-from napari_gpuseg.cli import main
+from napari_gpuseg.cli.main import main
 
 HELPERS = Path(__file__).with_name("batch_helpers.py")
 PATTERN = "*.tif*,*.png"
@@ -92,7 +92,7 @@ def test_ctrl_c_exits_130_and_leaves_no_temp(eight, tmp_path, capsys, monkeypatc
 
 def _cli(*args, env_extra=None):
     env = dict(os.environ, OMP_NUM_THREADS="2", **(env_extra or {}))
-    return [sys.executable, "-m", "napari_gpuseg.cli", "batch", *map(str, args)], env
+    return [sys.executable, "-m", "napari_gpuseg.cli.main", "batch", *map(str, args)], env
 
 
 def test_sigkill_then_rerun_completes_without_rewriting(eight, tmp_path, capsys):

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from napari_gpuseg.engine import device as dev
+from napari_gpuseg.engine.runtime import device as dev
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_missing_gpu_index_is_a_clear_error(monkeypatch):
 
 
 def test_cli_refuses_a_precision_the_device_cannot_run(monkeypatch, capsys):
-    from napari_gpuseg import cli
+    from napari_gpuseg.cli import main as cli
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(["info", "--device", "cpu", "--precision", "fp16"]) == 2

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from napari_gpuseg.engine import batching, device as dev, memory
-from napari_gpuseg.engine.device import Policy
+from napari_gpuseg.engine.runtime import batching, device as dev, memory
+from napari_gpuseg.engine.runtime.device import Policy
 
 FP32 = Policy(torch.device("cpu"), "fp32")
 BF16 = Policy(torch.device("cpu"), "bf16")
@@ -71,7 +71,7 @@ def test_mps_without_autocast_support_never_calls_autocast(monkeypatch):
 
 # ------------------------------------------------------------------ 3: GPU memory given back
 def test_embedding_cache_keeps_host_tensors():
-    from napari_gpuseg.engine.embedding_cache import EmbeddingCache
+    from napari_gpuseg.engine.sam.cache import EmbeddingCache
 
     moved = []
 
@@ -93,7 +93,7 @@ def test_embedding_cache_keeps_host_tensors():
 def test_embed_peak_memory_is_close_to_its_outputs(lite_sam):
     """Live bytes of encoder outputs plus cached embeddings, sampled at every cache write:
     at most the embeddings plus one batch (before: every batch output and its clone)."""
-    from napari_gpuseg.engine.sam import SamEngine, SamModelInfo
+    from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
 
     eng = SamEngine(lite_sam, SamModelInfo("lite", 256, "minmax"), FP32)
     outputs: list = []
@@ -128,7 +128,7 @@ def test_embed_peak_memory_is_close_to_its_outputs(lite_sam):
 
 
 def test_inference_weights_do_not_require_grad(tmp_path, lite_sam):
-    from napari_gpuseg.engine.unet import model_from_checkpoint
+    from napari_gpuseg.engine.unet.predict import model_from_checkpoint
     from napari_gpuseg.models.sam.build import load_sam
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
@@ -141,7 +141,7 @@ def test_inference_weights_do_not_require_grad(tmp_path, lite_sam):
 
 
 def test_unet_softmax_runs_inside_the_backoff(monkeypatch):
-    from napari_gpuseg.engine import unet
+    from napari_gpuseg.engine.unet import predict as unet
 
     logits = torch.randn(5, 3, 16, 16)
     calls = []
@@ -160,7 +160,7 @@ def test_unet_softmax_runs_inside_the_backoff(monkeypatch):
 
 
 def test_switching_models_releases_the_old_engine():
-    from napari_gpuseg.engine.worker import InferenceWorker
+    from napari_gpuseg.engine.runtime.worker import InferenceWorker
 
     class Engine:
         pass
@@ -181,7 +181,7 @@ def test_switching_models_releases_the_old_engine():
 
 # ------------------------------------------------------------------ 4: torch.compile fails
 def test_training_falls_back_to_eager_when_compile_fails(monkeypatch):
-    from napari_gpuseg.engine.training import TrainConfig, train_unet
+    from napari_gpuseg.engine.unet.training import TrainConfig, train_unet
     from napari_gpuseg.models.unet import UNetConfig
 
     def broken_compile(model, *a, **k):
@@ -251,7 +251,7 @@ def _nan_under_autocast(module):
 
 
 def test_nan_embedding_reruns_in_fp32_identical_to_fp32(lite_sam):
-    from napari_gpuseg.engine.sam import SamEngine, SamModelInfo
+    from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
 
     info = SamModelInfo("lite", 256, "minmax")
     img = _image()
@@ -277,7 +277,7 @@ def test_nan_embedding_reruns_in_fp32_identical_to_fp32(lite_sam):
 
 
 def test_nan_unet_window_reruns_in_fp32_identical_to_fp32():
-    from napari_gpuseg.engine.tiling import sliding_window_inference
+    from napari_gpuseg.engine.unet.tiling import sliding_window_inference
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
     torch.manual_seed(0)
@@ -292,7 +292,7 @@ def test_nan_unet_window_reruns_in_fp32_identical_to_fp32():
 
 
 def test_nan_training_loss_pins_fp32_and_training_goes_on():
-    from napari_gpuseg.engine import training
+    from napari_gpuseg.engine.unet import training
     from napari_gpuseg.models.unet import UNetConfig
 
     img, lab = _train_pair()
@@ -384,7 +384,7 @@ def test_tf32_and_benchmark_are_scoped_to_our_calls(fake_cuda, monkeypatch):
 
 # ------------------------------------------------------------------ 8: decoder memo atomic
 def test_oom_between_memo_steps_leaves_a_usable_memo(lite_sam):
-    from napari_gpuseg.engine.sam import Prompt, SamEngine, SamModelInfo
+    from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine, SamModelInfo
 
     eng = SamEngine(lite_sam, SamModelInfo("lite", 256, "minmax"), FP32)
     img = eng.embed([_image()])[0]
@@ -445,7 +445,7 @@ def test_free_memory_counts_torch_reserved_cache(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 1 * 2**30)
     assert memory.free_bytes("cuda:0") == 5 * 2**30
     assert batching.initial_batch_size(100, "cuda:0", item_bytes=2**30, headroom=1.0) == 5
-    from napari_gpuseg.engine.tiling import output_fits
+    from napari_gpuseg.engine.unet.tiling import output_fits
 
     assert output_fits(2 * 2**30, torch.device("cuda:0"))  # was False: 2 GiB > 0.5 x 1 GiB
 
@@ -472,7 +472,7 @@ def test_oom_empties_only_the_failing_gpu(monkeypatch):
 
 
 def test_remembered_encoder_batch_is_per_device(lite_sam):
-    from napari_gpuseg.engine.sam import SamEngine, SamModelInfo
+    from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
 
     eng = SamEngine(lite_sam, SamModelInfo("lite", 256, "minmax"), FP32)
     eng.embed([_image()], batch_size=None)
@@ -494,8 +494,8 @@ def test_precision_not_supported_by_the_card_is_refused(fake_cuda, cc, name, pre
 
 # ------------------------------------------------------------------ 12: one sync per batch
 def test_automatic_result_reads_scores_back_once(monkeypatch):
-    from napari_gpuseg.engine.automatic import _Masks, _result
-    from napari_gpuseg.engine.sam_views import View
+    from napari_gpuseg.engine.sam.everything import _Masks, _result
+    from napari_gpuseg.engine.sam.views import View
 
     n = 50
     view = View(0, 0, 32, 32, 256)

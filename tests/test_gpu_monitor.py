@@ -37,8 +37,8 @@ def test_annotator_and_automatic_docks_release_the_old_sam_engine(monkeypatch):
 
     import torch
 
-    from napari_gpuseg.engine.device import Policy
-    from napari_gpuseg.engine.worker import InferenceWorker
+    from napari_gpuseg.engine.runtime.device import Policy
+    from napari_gpuseg.engine.runtime.worker import InferenceWorker
     from napari_gpuseg.widgets import sam_annotator, sam_automatic
 
     class Engine:

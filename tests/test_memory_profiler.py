@@ -4,7 +4,7 @@ import types
 import pytest
 import torch
 
-from napari_gpuseg.engine import memory, profiler
+from napari_gpuseg.engine.runtime import memory, profiler
 
 
 def test_cpu_snapshot_reports_host_memory():
@@ -73,7 +73,7 @@ def test_profiler_stops_at_first_oom_and_recommends_fastest_fitting():
     assert res.oom_at == 16 and 32 not in calls
     best = max(res.points, key=lambda p: p.items_per_s).batch_size
     assert res.recommended == best
-    from napari_gpuseg.engine.batching import remembered_batch_size
+    from napari_gpuseg.engine.runtime.batching import remembered_batch_size
 
     assert remembered_batch_size("conv") == best
     assert "recommended" in res.table()

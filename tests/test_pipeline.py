@@ -1,4 +1,4 @@
-"""Folder pipeline on real images mixed with broken files (napari_gpuseg.engine.pipeline)."""
+"""Folder pipeline on real images mixed with broken files (napari_gpuseg.engine.jobs.pipeline)."""
 from __future__ import annotations
 
 import json
@@ -12,15 +12,10 @@ import tifffile
 from batch_helpers import BAD, GOOD, REAL, SlowThreshold, bbbc, make_mixed_folder
 from napari_gpuseg import io as gio
 from napari_gpuseg.engine.classical import classical_segment
-from napari_gpuseg.engine.jobs import CancelToken
-from napari_gpuseg.engine.methods import (
-    MethodUnavailable, SegResult, Segmenter, ThresholdSegmenter, available_methods,
-    create_method, register_method, unregister_method,
-)
+from napari_gpuseg.engine.runtime.cancel import CancelToken
+from napari_gpuseg.engine.jobs.methods import MethodUnavailable, SegResult, Segmenter, ThresholdSegmenter, available_methods, create_method, register_method, unregister_method
 from napari_gpuseg.engine.metrics import object_f1
-from napari_gpuseg.engine.pipeline import (
-    PipelineError, output_paths, resolve_shard, run_folder, shard_files,
-)
+from napari_gpuseg.engine.jobs.pipeline import PipelineError, output_paths, resolve_shard, run_folder, shard_files
 
 PATTERN = "*.tif*,*.png"
 
@@ -254,7 +249,7 @@ def test_threshold_prepare_rejects_4d_and_converts_rgb():
 def test_unet_method_matches_engine_call(tmp_path, shared_data, cpu_policy):
     import torch
 
-    from napari_gpuseg.engine import unet
+    from napari_gpuseg.engine.unet import predict as unet
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
     torch.manual_seed(0)
@@ -279,7 +274,7 @@ def test_unet_method_matches_engine_call(tmp_path, shared_data, cpu_policy):
 
 
 def test_method_options_parsed():
-    from napari_gpuseg.engine.methods import parse_options
+    from napari_gpuseg.engine.jobs.methods import parse_options
 
     assert parse_options("detector=unet, min_size=20, thr=0.5, flag=true") == {
         "detector": "unet", "min_size": 20, "thr": 0.5, "flag": True}

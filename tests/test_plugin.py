@@ -31,6 +31,6 @@ def test_tiff_drag_and_drop_uses_builtin_reader_without_dialog(make_napari_viewe
 
 
 def test_cli_info_runs():
-    out = subprocess.run([sys.executable, "-m", "napari_gpuseg.cli", "info", "--device", "cpu"],
+    out = subprocess.run([sys.executable, "-m", "napari_gpuseg.cli.main", "info", "--device", "cpu"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "device:" in out.stdout

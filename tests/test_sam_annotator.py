@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from napari_gpuseg.engine.worker import CANCELLED
+from napari_gpuseg.engine.runtime.worker import CANCELLED
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
 

@@ -6,12 +6,12 @@ import pytest
 import tifffile
 import torch
 
-from napari_gpuseg.engine.device import Policy
-from napari_gpuseg.engine.embedding_cache import EmbeddingCache, image_digest
-from napari_gpuseg.engine.jobs import Cancelled, CancelToken
-from napari_gpuseg.engine.sam import Prompt, SamEngine, paste_labels
-from napari_gpuseg.engine.sam_inputs import to_rgb01
-from napari_gpuseg.engine.sam_views import View, centred_view, grid_views, route_box
+from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.sam.cache import EmbeddingCache, image_digest
+from napari_gpuseg.engine.runtime.cancel import Cancelled, CancelToken
+from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine, paste_labels
+from napari_gpuseg.engine.sam.inputs import to_rgb01
+from napari_gpuseg.engine.sam.views import View, centred_view, grid_views, route_box
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
 
@@ -82,7 +82,7 @@ def test_embedding_cache_is_bounded_and_has_a_disk_tier(tmp_path):
 @pytest.fixture(scope="module")
 def lite_engine():
     path = require_lite_medsam()
-    from napari_gpuseg.engine.sam_loader import load_engine
+    from napari_gpuseg.engine.sam.loader import load_engine
 
     return load_engine(str(path), policy=FP32, arch="lite_medsam")
 

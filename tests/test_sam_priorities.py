@@ -6,10 +6,10 @@ import pytest
 import tifffile
 import torch
 
-from napari_gpuseg.engine.device import Policy
-from napari_gpuseg.engine.embedding_cache import EmbeddingCache
-from napari_gpuseg.engine.sam import Prompt, SamEngine
-from napari_gpuseg.engine.worker import BACKGROUND, CANCELLED, INTERACTIVE, InferenceWorker
+from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.sam.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine
+from napari_gpuseg.engine.runtime.worker import BACKGROUND, CANCELLED, INTERACTIVE, InferenceWorker
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
 
@@ -19,7 +19,7 @@ FP32 = Policy(torch.device("cpu"), "fp32")
 @pytest.fixture(scope="module")
 def engine():
     path = require_lite_medsam()
-    from napari_gpuseg.engine.sam_loader import load_engine
+    from napari_gpuseg.engine.sam.loader import load_engine
 
     loaded = load_engine(str(path), policy=FP32, arch="lite_medsam")
     return SamEngine(loaded.sam, loaded.info, FP32, cache=EmbeddingCache())

@@ -10,12 +10,10 @@ import pytest
 import tifffile
 import torch
 
-from napari_gpuseg.cli import main
-from napari_gpuseg.engine import training
-from napari_gpuseg.engine.device import Policy
-from napari_gpuseg.engine.training import (
-    CropDataset, TrainConfig, TrainConfigError, check_output_path, train_unet,
-)
+from napari_gpuseg.cli.main import main
+from napari_gpuseg.engine.unet import training
+from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.unet.training import CropDataset, TrainConfig, TrainConfigError, check_output_path, train_unet
 from napari_gpuseg.models.unet import UNetConfig
 
 FP32 = Policy(torch.device("cpu"), "fp32")

@@ -7,8 +7,8 @@ import torch
 
 from napari_gpuseg.engine import metrics
 from napari_gpuseg.engine.classical import classical_segment
-from napari_gpuseg.engine.device import Policy
-from napari_gpuseg.engine.unet import bundled_model_path, load_model, predict_labels
+from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.unet.predict import bundled_model_path, load_model, predict_labels
 
 FP32 = Policy(torch.device("cpu"), "fp32")
 

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from napari_gpuseg.engine.device import Policy
-from napari_gpuseg.engine.jobs import Cancelled, CancelToken
-from napari_gpuseg.engine.tiling import importance_map, sliding_window_inference, window_slices
-from napari_gpuseg.engine.unet import predict_labels, predict_probabilities
+from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.runtime.cancel import Cancelled, CancelToken
+from napari_gpuseg.engine.unet.tiling import importance_map, sliding_window_inference, window_slices
+from napari_gpuseg.engine.unet.predict import predict_labels, predict_probabilities
 from napari_gpuseg.models.unet import UNet, UNetConfig
 
 monai_inferers = pytest.importorskip("monai.inferers")

@@ -5,10 +5,10 @@ import pytest
 import tifffile
 import torch
 
-from napari_gpuseg.engine.device import Policy
-from napari_gpuseg.engine.jobs import Cancelled, CancelToken
-from napari_gpuseg.engine.training import TrainConfig, dice_ce_loss, make_targets, train_unet
-from napari_gpuseg.engine.unet import load_model, predict_labels, predict_probabilities
+from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.runtime.cancel import Cancelled, CancelToken
+from napari_gpuseg.engine.unet.training import TrainConfig, dice_ce_loss, make_targets, train_unet
+from napari_gpuseg.engine.unet.predict import load_model, predict_labels, predict_probabilities
 from napari_gpuseg.models.unet import UNet, UNetConfig
 
 FP32 = Policy(torch.device("cpu"), "fp32")
@@ -119,7 +119,7 @@ def test_gradient_checkpointing_gives_same_gradients():
 
 
 def test_cli_train_twin(shared_data, tmp_path):
-    from napari_gpuseg.cli import main
+    from napari_gpuseg.cli.main import main
 
     out = tmp_path / "cli.pt"
     bb = shared_data / "bbbc039"

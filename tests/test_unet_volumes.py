@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tifffile
 
-from napari_gpuseg.engine.linking import LINK_NOTE, link_slices
+from napari_gpuseg.engine.stacks import LINK_NOTE, link_slices
 from napari_gpuseg.engine.metrics import object_f1
-from napari_gpuseg.engine.pipeline import run_folder
+from napari_gpuseg.engine.jobs.pipeline import run_folder
 
 
 def test_link_slices_joins_overlapping_objects_and_keeps_neighbours_apart():

@@ -73,8 +73,8 @@ def test_train_dock_from_layers_gives_checkpoint_that_predicts(make_napari_viewe
     assert len(widget.plot.series["train loss"]) == 6 and len(widget.plot.series["val score"]) == 2
     ckpt = torch.load(tmp_path / "dock.pt", map_location="cpu", weights_only=True)
     assert ckpt["training"]["data"]["source"] == "napari layers"
-    from napari_gpuseg.engine.device import Policy
-    from napari_gpuseg.engine.unet import load_model, predict_labels
+    from napari_gpuseg.engine.runtime.device import Policy
+    from napari_gpuseg.engine.unet.predict import load_model, predict_labels
 
     model = load_model(tmp_path / "dock.pt", device="cpu")
     labels = predict_labels(model, img[:128, :128], policy=Policy(torch.device("cpu"), "fp32"))

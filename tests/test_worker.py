@@ -4,9 +4,9 @@ import time
 import pytest
 import torch
 
-from napari_gpuseg.engine.device import Policy
-from napari_gpuseg.engine.jobs import Cancelled
-from napari_gpuseg.engine.worker import CANCELLED, DONE, FAILED, InferenceWorker
+from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.runtime.cancel import Cancelled
+from napari_gpuseg.engine.runtime.worker import CANCELLED, DONE, FAILED, InferenceWorker
 
 
 @pytest.fixture

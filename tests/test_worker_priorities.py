@@ -4,10 +4,8 @@ import threading
 import pytest
 import torch
 
-from napari_gpuseg.engine.device import Policy
-from napari_gpuseg.engine.worker import (
-    BACKGROUND, CANCELLED, DONE, IDLE, INTERACTIVE, InferenceWorker, pause_point,
-)
+from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.runtime.worker import BACKGROUND, CANCELLED, DONE, IDLE, INTERACTIVE, InferenceWorker, pause_point
 
 
 @pytest.fixture

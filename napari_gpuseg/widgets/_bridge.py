@@ -1,11 +1,11 @@
-"""Deliver :class:`~napari_gpuseg.engine.worker.InferenceWorker` callbacks on the Qt thread."""
+"""Deliver :class:`~napari_gpuseg.engine.runtime.worker.InferenceWorker` callbacks on the Qt thread."""
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from qtpy.QtCore import QObject, Qt, Signal
 
-from ..engine.worker import InferenceWorker, Job, default_worker
+from ..engine.runtime.worker import InferenceWorker, Job, default_worker
 
 
 class _Relay(QObject):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.sam import Prompt
+from ..engine.sam.predictor import Prompt
 
 
 def plane_index(image_layer, viewer) -> tuple:

@@ -1,6 +1,6 @@
 """Batch folder dock: segment every image of a folder with the folder pipeline.
 
-A thin skin over :func:`napari_gpuseg.engine.pipeline.run_folder`: the run happens in a
+A thin skin over :func:`napari_gpuseg.engine.jobs.pipeline.run_folder`: the run happens in a
 background thread (the pipeline's own reader/device/writer threads under it), progress
 and results come back to the GUI thread through the Qt relay of ``_bridge``. The GUI
 thread never segments, reads or writes images, except when the user double-clicks a
@@ -21,11 +21,11 @@ from qtpy.QtWidgets import (
 )
 
 from .. import io as gio
-from ..engine import memory
-from ..engine.device import get_policy
-from ..engine.jobs import CancelToken
-from ..engine.methods import available_methods, method_description, parse_options
-from ..engine.pipeline import Progress, RunReport, output_paths, run_folder
+from ..engine.runtime import memory
+from ..engine.runtime.device import get_policy
+from ..engine.runtime.cancel import CancelToken
+from ..engine.jobs.methods import available_methods, method_description, parse_options
+from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
 from ._bridge import relay
 
 COLUMNS = ("file", "objects", "time (s)", "status", "error")

@@ -6,8 +6,8 @@ from qtpy.QtWidgets import (
     QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
 
-from ..engine import memory
-from ..engine.device import device_name, get_policy
+from ..engine.runtime import memory
+from ..engine.runtime.device import device_name, get_policy
 from ._plot import HistoryPlot
 
 fmt = memory.format_bytes

@@ -18,11 +18,11 @@ from qtpy.QtWidgets import (
     QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from ..engine.annotation import LabelCommitter
-from ..engine.device import get_policy, synchronize
-from ..engine.sam_loader import DEFAULT_MODEL, load_engine
-from ..engine.sam_schedule import stack_steps
-from ..engine.worker import BACKGROUND, IDLE, INTERACTIVE, InferenceWorker, default_worker
+from ..engine.sam.annotation import LabelCommitter
+from ..engine.runtime.device import get_policy, synchronize
+from ..engine.sam.loader import DEFAULT_MODEL, load_engine
+from ..engine.sam.schedule import stack_steps
+from ..engine.runtime.worker import BACKGROUND, IDLE, INTERACTIVE, InferenceWorker, default_worker
 from . import _bridge
 from ._annotation_layers import ensure_layers, remove_on_plane, spatial_shape
 from ._prompts import boxes_xyxy, current_prompt, plane, plane_index, prompt_focus

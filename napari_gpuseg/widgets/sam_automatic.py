@@ -1,7 +1,7 @@
 """SAM automatic dock: instance labels from detector/shapes/CSV boxes or from a point grid.
 
-A thin skin over :mod:`napari_gpuseg.engine.sam_boxes` and
-:mod:`napari_gpuseg.engine.automatic`: reads the image plane(s) and box sources on the
+A thin skin over :mod:`napari_gpuseg.engine.sam.boxes` and
+:mod:`napari_gpuseg.engine.sam.everything`: reads the image plane(s) and box sources on the
 GUI thread, runs everything else in the shared inference worker (which also holds the
 annotator's model and embedding cache), and writes the result into a Labels layer.
 """
@@ -17,10 +17,10 @@ from qtpy.QtWidgets import (
     QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from ..engine.automatic import AutomaticParams, segment_everything_batch
-from ..engine.sam_boxes import boxes_from_csv, detect_boxes, segment_boxes_batch
-from ..engine.sam_loader import load_engine
-from ..engine.worker import InferenceWorker, default_worker
+from ..engine.sam.everything import AutomaticParams, segment_everything_batch
+from ..engine.sam.boxes import boxes_from_csv, detect_boxes, segment_boxes_batch
+from ..engine.sam.loader import load_engine
+from ..engine.runtime.worker import InferenceWorker, default_worker
 from . import _bridge
 from ._prompts import boxes_xyxy, plane, plane_index
 from .sam_annotator import BROWSE, _model_names, browse_checkpoint

@@ -1,6 +1,6 @@
 """U-Net predict dock: image layer -> instance labels and/or class probabilities.
 
-A thin skin over :mod:`napari_gpuseg.engine.unet`: the network runs in the shared
+A thin skin over :mod:`napari_gpuseg.engine.unet.predict`: the network runs in the shared
 inference worker (which caches the loaded model), progress and results come back on the
 GUI thread through ``_bridge``; the GUI thread only builds layers.
 """
@@ -14,7 +14,7 @@ from qtpy.QtWidgets import (
     QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from ..engine.worker import default_worker
+from ..engine.runtime.worker import default_worker
 from ._bridge import submit
 
 BUNDLED = "Bundled nuclei model"
@@ -35,7 +35,7 @@ def layer_names(viewer, kind: str) -> list[str]:
 
 def _predict_job(image, model_path, rgb, outputs, batch_size, overlap, tile, progress=None, cancel=None):
     """Runs in the worker thread: load (cached) model, probabilities, labels."""
-    from ..engine import unet
+    from ..engine.unet import predict as unet
 
     worker = default_worker()
     key = ("unet", str(model_path or unet.bundled_model_path()))

@@ -14,7 +14,7 @@ from qtpy.QtWidgets import (
     QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from ..engine.worker import InferenceWorker
+from ..engine.runtime.worker import InferenceWorker
 from ._bridge import relay, submit
 from ._plot import HistoryPlot
 from .unet_predict import layer_array, layer_names
@@ -38,7 +38,7 @@ def default_output() -> Path:
 
 
 def _train_job(image, labels, config, out_path, init, on_event, progress=None, cancel=None):
-    from ..engine.training import train_unet
+    from ..engine.unet.training import train_unet
 
     result = train_unet(image, labels, config, out_path=out_path, policy=train_worker().policy,
                         on_event=on_event, progress=progress, cancel=cancel, init_checkpoint=init,
@@ -138,7 +138,7 @@ class UNetTrainWidget(QWidget):
             self.out_path.setText(path)
 
     def config(self):
-        from ..engine.training import TrainConfig
+        from ..engine.unet.training import TrainConfig
         from ..models.unet import UNetConfig
 
         model = UNetConfig(depth=self.depth.value(), base=self.base.value(), norm=self.norm.currentText())
@@ -168,7 +168,7 @@ class UNetTrainWidget(QWidget):
             return None
         init = None
         if self.init_combo.currentIndex() == 1:
-            from ..engine.unet import bundled_model_path
+            from ..engine.unet.predict import bundled_model_path
 
             init = bundled_model_path()
         config = self.config()

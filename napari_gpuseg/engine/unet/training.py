@@ -24,12 +24,12 @@ import torch.nn.functional as F
 from scipy import ndimage as ndi
 from skimage.segmentation import find_boundaries
 
-from ..models.unet import UNet, UNetConfig, build_unet, count_parameters
-from .device import Policy, get_policy, pin_fp32
-from .jobs import CancelToken, ProgressFn, check, report
-from .metrics import foreground_iou, object_f1
-from .normalize import apply_normalization, normalization_spec
-from .unet import predict_probabilities, probabilities_to_labels, save_checkpoint
+from ...models.unet import UNet, UNetConfig, build_unet, count_parameters
+from ..runtime.device import Policy, get_policy, pin_fp32
+from ..runtime.cancel import CancelToken, ProgressFn, check, report
+from ..metrics import foreground_iou, object_f1
+from ..normalize import apply_normalization, normalization_spec
+from .predict import predict_probabilities, probabilities_to_labels, save_checkpoint
 from .train_output import SaveTarget, check_output_path, fallback_checkpoint_path  # noqa: F401
 
 
@@ -389,7 +389,7 @@ def train_unet(
     torch.manual_seed(config.seed)
     init = None
     if init_checkpoint is not None:
-        from .unet import load_checkpoint
+        from .predict import load_checkpoint
 
         init = load_checkpoint(init_checkpoint)
         config = replace(config, model=dict(init["config"]), normalization=dict(init["normalization"]))
@@ -515,7 +515,7 @@ def train_unet(
         if stopped == "time_limit":
             break
     if out_path is not None and saved is not None:
-        from .unet import load_checkpoint, model_from_checkpoint
+        from .predict import load_checkpoint, model_from_checkpoint
 
         model = model_from_checkpoint(load_checkpoint(saved), device)
     model.eval()

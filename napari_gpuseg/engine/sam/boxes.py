@@ -22,14 +22,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import amg_ops as ops
-from .amg_decoder import decode_sparse
-from .automatic import AutomaticResult
-from .batching import remembered_batch_size, run_batched
-from .jobs import CancelToken, ProgressFn, check
-from .sam import MaskResult, Prompt, SamEngine
-from .sam_inputs import PreparedImage, logits_to_view_mask
-from .sam_views import View, cover_boxes
+from . import everything_ops as ops
+from .fast_decoder import decode_sparse
+from .everything import AutomaticResult
+from ..runtime.batching import remembered_batch_size, run_batched
+from ..runtime.cancel import CancelToken, ProgressFn, check
+from .predictor import MaskResult, Prompt, SamEngine
+from .inputs import PreparedImage, logits_to_view_mask
+from .views import View, cover_boxes
 
 DEFAULT_BOX_BATCH = 64
 RENDER_BYTES = 256 * 2**20
@@ -61,7 +61,7 @@ def _gray(image: np.ndarray, rgb: bool | None) -> np.ndarray:
 def unet_available() -> bool:
     """True when the U-Net engine and its bundled nuclei model are installed."""
     try:
-        from . import unet
+        from ..unet import predict as unet
     except Exception:  # noqa: BLE001 - the U-Net engine is optional here
         return False
     return unet.bundled_model_path().is_file()
@@ -84,7 +84,7 @@ def detect_boxes(image: np.ndarray, detector="threshold", rgb: bool | None = Non
     if detector == "auto":
         detector = "unet" if unet_available() else "threshold"
     if detector == "unet" and unet_available():
-        from . import unet
+        from ..unet import predict as unet
 
         if policy is not None:
             kwargs.setdefault("policy", policy)
@@ -96,7 +96,7 @@ def detect_boxes(image: np.ndarray, detector="threshold", rgb: bool | None = Non
         return np.asarray(unet.detect_boxes(gray, **kwargs), dtype=np.float64).reshape(-1, 4)
     if detector not in ("threshold", "unet"):
         raise ValueError(f"unknown detector {detector!r}: use 'threshold', 'unet', 'auto' or labels")
-    from .classical import detect_boxes as threshold_boxes
+    from ..classical import detect_boxes as threshold_boxes
 
     return np.asarray(threshold_boxes(gray, **kwargs), dtype=np.float64).reshape(-1, 4)
 

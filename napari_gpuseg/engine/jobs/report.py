@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import io as gio
+from ... import io as gio
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The order in which the views of a stack are embedded in the background.
 
-Both functions are generators for :class:`~napari_gpuseg.engine.worker.InferenceWorker`
+Both functions are generators for :class:`~napari_gpuseg.engine.runtime.worker.InferenceWorker`
 jobs: each step is one encoder batch, and the worker serves prompts between steps.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Callable, Hashable, Iterator, Mapping
 
 import numpy as np
 
-from .jobs import CancelToken, ProgressFn
+from ..runtime.cancel import CancelToken, ProgressFn
 
 
 def outward(indices, center: tuple) -> list[tuple]:

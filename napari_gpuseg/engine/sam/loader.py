@@ -5,9 +5,9 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from .device import Policy, get_policy
-from .embedding_cache import EmbeddingCache
-from .sam import SamEngine, SamModelInfo
+from ..runtime.device import Policy, get_policy
+from .cache import EmbeddingCache
+from .predictor import SamEngine, SamModelInfo
 
 DEFAULT_MODEL = "lite_medsam"
 
@@ -25,14 +25,14 @@ def model_info(name: str, sam) -> SamModelInfo:
 def load_sam_model(model: str | os.PathLike = DEFAULT_MODEL, device="cpu", arch: str | None = None,
                    progress: Callable | None = None):
     """A registry name (found in the cache, an installed package, or downloaded) or a file."""
-    from ..models.sam import load_sam
+    from ...models.sam import load_sam
 
     path = Path(model)
     if path.suffix in (".pth", ".pt") or path.exists():
         if not path.exists():
             raise FileNotFoundError(f"SAM checkpoint not found: {path}")
         return load_sam(arch, path, device=device)
-    from ..models import registry
+    from ...models import registry
 
     sam, _spec = registry.load_model(str(model), device=device, progress=progress)
     return sam

@@ -18,11 +18,11 @@ import torch
 from scipy import ndimage as ndi
 from skimage.segmentation import watershed
 
-from ..models.unet import CLASS_NAMES, UNet, UNetConfig, build_unet
-from .classical import relabel_small
-from .device import Policy, get_policy
-from .jobs import CancelToken, ProgressFn, check
-from .normalize import apply_normalization, normalization_spec
+from ...models.unet import CLASS_NAMES, UNet, UNetConfig, build_unet
+from ..classical import relabel_small
+from ..runtime.device import Policy, get_policy
+from ..runtime.cancel import CancelToken, ProgressFn, check
+from ..normalize import apply_normalization, normalization_spec
 from .tiling import sliding_window_inference
 
 FORMAT = "napari-gpuseg-unet"
@@ -89,7 +89,7 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"U-Net checkpoint not found: {path}")
-    from ..models.checkpoint import load_error_message
+    from ...models.checkpoint import load_error_message
 
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
@@ -260,7 +260,7 @@ def predict_probabilities(
 def _softmax_to_host(logits: torch.Tensor, cancel: CancelToken | None = None) -> np.ndarray:
     """Channel softmax of stitched logits (N, C, ...) as a host array, a few images at a
     time inside the out-of-memory back-off (a whole 3D chunk at once can exceed the card)."""
-    from .batching import run_batched
+    from ..runtime.batching import run_batched
 
     per_image = int(logits[0].numel()) * 4 * 2
     parts = run_batched(lambda b: torch.softmax(b, dim=1).cpu(), logits, device=logits.device,

@@ -32,14 +32,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import amg_ops as ops
-from .amg_decoder import decode_points
-from .batching import remembered_batch_size, run_batched
-from .device import wide_float
-from .jobs import CancelToken, ProgressFn, check
-from .sam import MaskResult, SamEngine
-from .sam_inputs import PreparedImage, logits_to_view_mask
-from .sam_views import View
+from . import everything_ops as ops
+from .fast_decoder import decode_points
+from ..runtime.batching import remembered_batch_size, run_batched
+from ..runtime.device import wide_float
+from ..runtime.cancel import CancelToken, ProgressFn, check
+from .predictor import MaskResult, SamEngine
+from .inputs import PreparedImage, logits_to_view_mask
+from .views import View
 
 RENDER_BYTES = 256 * 2**20  # full-resolution logits rendered at once
 LOW_RES_STABILITY_MARGIN = 0.2  # low-res stability this far below the threshold: dropped unrendered

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from .engine.allocator import configure_allocator
+from ..engine.runtime.allocator import configure_allocator
 
 _SUFFIXES = ("_masks", "_mask", "_labels", "_label", "_gt")
 
@@ -32,7 +32,7 @@ class TrainInputError(ValueError):
 
 
 def _scan(folder, pattern, what: str) -> list[Path]:
-    from .io import scan_folder
+    from ..io import scan_folder
 
     if not Path(folder).is_dir():
         raise TrainInputError(f"{what} folder not found: {folder}")
@@ -56,7 +56,7 @@ def find_pairs(images_dir, labels_dir, pattern: str = "*.tif*,*.png,*.npy", limi
 def _read_pairs(pairs):
     """Images (gray) and labels; a file that cannot be read or a pair whose shapes differ
     raises :class:`TrainInputError` naming the file(s)."""
-    from .io import ImageReadError, read_image, read_labels, to_gray
+    from ..io import ImageReadError, read_image, read_labels, to_gray
 
     images, labels = [], []
     for a, b in pairs:
@@ -114,8 +114,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _config(args):
-    from .engine.training import TrainConfig
-    from .models.unet import UNetConfig
+    from ..engine.unet.training import TrainConfig
+    from ..models.unet import UNetConfig
 
     model = UNetConfig(spatial_dims=args.spatial_dims, depth=args.depth, base=args.base, norm=args.norm)
     return TrainConfig(
@@ -142,7 +142,7 @@ def _fail(message: str) -> int:
 def _check_inputs(args):
     """Everything that can be checked before training: options, output path, data.
     Returns (config, pairs, images, labels); raises TrainInputError / OSError."""
-    from .engine.training import TrainConfigError, check_output_path
+    from ..engine.unet.training import TrainConfigError, check_output_path
 
     for flag, value, low in (("--limit", args.limit, 1), ("--skip", args.skip, 0),
                              ("--eval-skip", args.eval_skip, 0), ("--depth", args.depth, 1),
@@ -175,8 +175,8 @@ def run_train(args) -> int:
     configure_allocator()
     import torch
 
-    from .engine.device import make_policy
-    from .engine.training import train_unet
+    from ..engine.runtime.device import make_policy
+    from ..engine.unet.training import train_unet
 
     try:
         config, pairs, images, labels = _check_inputs(args)
@@ -213,9 +213,9 @@ def _evaluate(args, checkpoint, policy) -> dict:
     """Metrics of the saved model on held-out pairs, stored in the checkpoint as ``test``."""
     import torch
 
-    from .engine import metrics
-    from .engine.classical import classical_segment
-    from .engine.unet import load_checkpoint, load_model, plain, predict_labels
+    from ..engine import metrics
+    from ..engine.classical import classical_segment
+    from ..engine.unet.predict import load_checkpoint, load_model, plain, predict_labels
 
     pairs = find_pairs(args.eval_images, args.eval_labels, args.pattern, skip=args.eval_skip)
     images, truth = _read_pairs(pairs)

@@ -1,6 +1,6 @@
 """Folder-job methods for SAM: ``sam-boxes`` (detector + SAM) and ``sam-everything``.
 
-Registered by name in :mod:`napari_gpuseg.engine.methods`; used like every method::
+Registered by name in :mod:`napari_gpuseg.engine.jobs.methods`; used like every method::
 
     seg = create_method("sam-boxes", model="lite_medsam", batch_size=None, detector="auto")
     seg.load(policy)                 # in the device worker thread
@@ -57,7 +57,7 @@ class _SamSegmenter(Segmenter, metaclass=abc.ABCMeta):
         self.engine = None
 
     def load(self, policy) -> None:
-        from .sam_loader import load_engine
+        from ..sam.loader import load_engine
 
         super().load(policy)
         self.engine = load_engine(self.model, policy=policy)
@@ -68,7 +68,7 @@ class _SamSegmenter(Segmenter, metaclass=abc.ABCMeta):
     def prepare(self, image: np.ndarray, rgb: bool | None = None) -> np.ndarray:
         """Checks the shape; gray stacks get a trailing channel axis so that the dimension
         count tells the layout: 2 = gray YX, 3 = colour YXC, 4 = stack ZYXC."""
-        from ..io import is_rgb
+        from ...io import is_rgb
 
         rgb = is_rgb(image) if rgb is None else rgb
         image = super().prepare(image, rgb)
@@ -121,7 +121,7 @@ class SamBoxSegmenter(_SamSegmenter):
                     "detector_options": Option("dict", none_ok=True)}
 
     def _segment_planes(self, planes):
-        from .sam_boxes import detect_boxes, segment_boxes_batch
+        from ..sam.boxes import detect_boxes, segment_boxes_batch
 
         opts = dict(self.options)
         det = opts.pop("detector", "auto")
@@ -147,7 +147,7 @@ class SamEverythingSegmenter(_SamSegmenter):
     def option_spec(self):
         """The fields of :class:`AutomaticParams` (typed by their defaults) and
         ``embed_batch_size``."""
-        from .automatic import AutomaticParams
+        from ..sam.everything import AutomaticParams
 
         kinds = {bool: "bool", int: "int", float: "float", str: "str"}
         spec = {"embed_batch_size": Option("int", 1, none_ok=True),
@@ -162,7 +162,7 @@ class SamEverythingSegmenter(_SamSegmenter):
         return spec
 
     def _segment_planes(self, planes):
-        from .automatic import AutomaticParams, segment_everything_batch
+        from ..sam.everything import AutomaticParams, segment_everything_batch
 
         names = {f.name for f in fields(AutomaticParams)}
         params = AutomaticParams.for_model(self.engine.info.box_trained,

@@ -30,13 +30,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .. import io as gio
-from .jobs import Cancelled, CancelToken
+from ... import io as gio
+from ..runtime.cancel import Cancelled, CancelToken
 from .methods import SegResult, Segmenter, method_factory
-from .outputs import (  # noqa: F401 - output_paths, list_inputs re-exported
-    DISK_ERRNOS, LABELS_SUFFIX, TABLE_SUFFIX, describe_method, foreign_output, list_inputs,
-    output_paths, read_earlier, rel_name, same_folder, skipped_row,
-)
+from .outputs import DISK_ERRNOS, LABELS_SUFFIX, TABLE_SUFFIX, describe_method, foreign_output, list_inputs, output_paths, read_earlier, rel_name, same_folder, skipped_row
 from .report import ImageStatus, Progress, RunReport, report_names, write_report  # noqa: F401 - re-exported
 from .sharding import resolve_shard, shard_files  # noqa: F401 - re-exported
 
@@ -359,7 +356,7 @@ def run_folder(
     ``max_image_bytes``: images needing more memory get an error row (default: half the
     RAM available at the start).
     """
-    from .device import get_policy, make_policy
+    from ..runtime.device import get_policy, make_policy
 
     t_start = time.perf_counter()
     in_dir, out_dir = Path(in_dir), Path(out_dir)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import torch
 
-from .jobs import CancelToken, ProgressFn, check, report
+from .cancel import CancelToken, ProgressFn, check, report
 from .memory import empty_cache, free_bytes
 
 _OOM_TYPES: tuple[type[BaseException], ...] = tuple(

@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable
 import torch
 
 from .device import Policy, get_policy
-from .jobs import Cancelled, CancelToken
+from .cancel import Cancelled, CancelToken
 
 PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
 

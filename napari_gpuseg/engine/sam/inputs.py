@@ -7,9 +7,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .embedding_cache import image_digest
-from .normalize import normalize_percentile
-from .sam_views import View
+from .cache import image_digest
+from ..normalize import normalize_percentile
+from .views import View
 
 SAM_PIXEL_MEAN = (123.675, 116.28, 103.53)
 SAM_PIXEL_STD = (58.395, 57.12, 57.375)

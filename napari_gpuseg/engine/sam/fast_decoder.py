@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .device import autocast_off
+from ..runtime.device import autocast_off
 
 __all__ = ["decode_points", "decode_sparse", "point_sparse", "supports_factored"]
 

@@ -11,12 +11,12 @@ import argparse
 import importlib
 import sys
 
-from .engine.allocator import configure_allocator
+from ..engine.runtime.allocator import configure_allocator
 
 # (module, add-parser function, run function) for each optional subcommand
 _SUBCOMMANDS = {
-    "batch": ("napari_gpuseg.cli_batch", "add_batch_parser", "run_batch"),
-    "train": ("napari_gpuseg.cli_train", "add_train_parser", "run_train"),
+    "batch": ("napari_gpuseg.cli.batch", "add_batch_parser", "run_batch"),
+    "train": ("napari_gpuseg.cli.train", "add_train_parser", "run_train"),
 }
 
 # docks opened by default, in order: (npe2 widget display name)
@@ -24,8 +24,8 @@ DEFAULT_DOCKS = ("SAM annotator", "GPU monitor")
 
 
 def _info(args) -> int:
-    from .engine import memory
-    from .engine.device import make_policy
+    from ..engine.runtime import memory
+    from ..engine.runtime.device import make_policy
 
     policy = make_policy(args.device, args.precision)
     snap = memory.snapshot(policy.device)
@@ -34,7 +34,7 @@ def _info(args) -> int:
     if snap.total is not None:
         print(f"gpu mem:   {memory.format_bytes(snap.free)} free of {memory.format_bytes(snap.total)}")
     try:
-        from .models import registry
+        from ..models import registry
 
         for name in registry.list_models():
             print(f"model:     {name}")
@@ -46,7 +46,7 @@ def _info(args) -> int:
 def _open_viewer(args) -> int:
     import napari
 
-    from .engine.device import set_policy
+    from ..engine.runtime.device import set_policy
 
     set_policy(args.device, args.precision)
     viewer = napari.Viewer(title="napari-gpuseg")
@@ -98,7 +98,7 @@ def _policy_error(args) -> int:
     device or precision this machine cannot use, e.g. bf16 on a Turing card; else 0."""
     if not hasattr(args, "device") and not hasattr(args, "precision"):
         return 0
-    from .engine.device import make_policy
+    from ..engine.runtime.device import make_policy
 
     try:
         make_policy(getattr(args, "device", None), getattr(args, "precision", None))

@@ -10,7 +10,7 @@ A method is a :class:`Segmenter`. The pipeline uses it like this::
 
 Adding a method (the U-Net and SAM engines do this)::
 
-    register_method("sam-boxes", "napari_gpuseg.engine.sam_folder:SamBoxSegmenter",
+    register_method("sam-boxes", "napari_gpuseg.engine.jobs.sam_methods:SamBoxSegmenter",
                     "LiteMedSAM refines threshold/U-Net boxes")
 
 ``factory`` is a callable ``factory(**options) -> Segmenter`` or a ``"module:attribute"``
@@ -34,8 +34,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..io import UnsupportedDimensionsError, is_rgb, to_gray
-from .jobs import CancelToken
+from ...io import UnsupportedDimensionsError, is_rgb, to_gray
+from ..runtime.cancel import CancelToken
 
 # measured peak memory per input pixel value while one image is segmented (bytes), for
 # the memory guard of folder jobs: benchmarks/method_memory.py (docs/benchmarks.md)
@@ -227,7 +227,7 @@ class ThresholdSegmenter(Segmenter):
     bytes_per_value = BYTES_PER_VALUE["threshold"]
 
     def segment(self, images):
-        from .classical import classical_segment
+        from ..classical import classical_segment
 
         out = []
         for img in images:
@@ -243,7 +243,7 @@ class UNetSegmenter(Segmenter):
     ``batch_size`` = sliding windows per device call (None = adaptive). Same-shape images
     go to the engine as one stack; each object's score is its mean interior probability.
     Options: ``overlap``, ``roi_size`` and the post-processing keywords of
-    :func:`napari_gpuseg.engine.unet.probabilities_to_labels`.
+    :func:`napari_gpuseg.engine.unet.predict.probabilities_to_labels`.
     """
 
     name = "unet"
@@ -257,7 +257,7 @@ class UNetSegmenter(Segmenter):
     bytes_per_value = BYTES_PER_VALUE["unet"]
 
     def load(self, policy) -> None:
-        from . import unet
+        from ..unet import predict as unet
 
         super().load(policy)
         self._unet = unet
@@ -268,7 +268,7 @@ class UNetSegmenter(Segmenter):
         """Probabilities -> instance labels; score = mean interior probability per object."""
         from scipy import ndimage as ndi
 
-        from . import unet
+        from ..unet import predict as unet
 
         probs, dims, post = raw
         labels = unet.probabilities_to_labels(probs, spatial_dims=dims, **post)
@@ -288,7 +288,7 @@ class UNetSegmenter(Segmenter):
 
     def _volume(self, img, user_post, kw) -> SegResult:
         """A 2D model on a ZYX volume: labels per slice, linked across slices by overlap."""
-        from .linking import LINK_NOTE, link_slices
+        from ..stacks import LINK_NOTE, link_slices
 
         per_slice = np.asarray(self._unet.predict_labels(self.net, img, postprocess=user_post, **kw))
         if self.dims != 2 or per_slice.ndim != 3:
@@ -447,8 +447,8 @@ def load_plugin(spec: str) -> None:
 register_method("threshold", ThresholdSegmenter,
                 "classical: Gaussian blur, Otsu threshold, distance-transform watershed (CPU)")
 register_method("unet", UNetSegmenter, "U-Net (bundled nuclei model or a checkpoint file)",
-                requires="napari_gpuseg.engine.unet")
-register_method("sam-boxes", "napari_gpuseg.engine.sam_methods:SamBoxSegmenter",
+                requires="napari_gpuseg.engine.unet.predict")
+register_method("sam-boxes", "napari_gpuseg.engine.jobs.sam_methods:SamBoxSegmenter",
                 "SAM (default LiteMedSAM) refines detector boxes: U-Net when installed, else threshold")
-register_method("sam-everything", "napari_gpuseg.engine.sam_methods:SamEverythingSegmenter",
+register_method("sam-everything", "napari_gpuseg.engine.jobs.sam_methods:SamEverythingSegmenter",
                 "SAM segment-everything from a grid of point prompts (SamAutomaticMaskGenerator parameters)")

@@ -16,10 +16,10 @@ from typing import Callable, Hashable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .batching import run_batched, to_device
-from .device import Policy, guard_finite
-from .memory import free_bytes
-from .jobs import CancelToken, ProgressFn, check
+from ..runtime.batching import run_batched, to_device
+from ..runtime.device import Policy, guard_finite
+from ..runtime.memory import free_bytes
+from ..runtime.cancel import CancelToken, ProgressFn, check
 
 MODES = ("gaussian", "constant")
 

@@ -14,7 +14,7 @@ import psutil
 import torch
 
 from .batching import is_oom, remember_batch_size
-from .jobs import CancelToken, ProgressFn, check, report
+from .cancel import CancelToken, ProgressFn, check, report
 from .memory import empty_cache
 
 

@@ -17,14 +17,14 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .amg_decoder import decode_sparse, supports_factored
-from .batching import initial_batch_size, run_batched, to_device
-from .device import Policy, get_policy, guard_finite
-from .embedding_cache import EmbeddingCache
-from .jobs import CancelToken, ProgressFn, check
-from .sam_inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
-from .sam_views import View, grid_views, prompt_box, route_box
-from .worker import pause_point
+from .fast_decoder import decode_sparse, supports_factored
+from ..runtime.batching import initial_batch_size, run_batched, to_device
+from ..runtime.device import Policy, get_policy, guard_finite
+from .cache import EmbeddingCache
+from ..runtime.cancel import CancelToken, ProgressFn, check
+from .inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
+from .views import View, grid_views, prompt_box, route_box
+from ..runtime.worker import pause_point
 
 
 @dataclass(frozen=True)

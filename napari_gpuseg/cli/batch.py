@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from .engine.allocator import configure_allocator
+from ..engine.runtime.allocator import configure_allocator
 
 EPILOG = """\
 examples:
@@ -119,7 +119,7 @@ class _Bar:
 
 
 def _list_methods() -> int:
-    from .engine.methods import available_methods, method_description
+    from ..engine.jobs.methods import available_methods, method_description
 
     for name in available_methods():
         print(f"{name:16s} {method_description(name)}")
@@ -139,10 +139,10 @@ def _exit_if_threads_left(code: int) -> None:
 def run_batch(args: argparse.Namespace) -> int:
     configure_allocator()
     """Run the ``batch`` subcommand; returns the process exit code."""
-    from .engine.jobs import CancelToken
-    from .engine.methods import MethodUnavailable, load_plugin, method_factory, parse_options
-    from .engine.pipeline import PipelineError, run_folder
-    from .engine.sharding import resolve_shard
+    from ..engine.runtime.cancel import CancelToken
+    from ..engine.jobs.methods import MethodUnavailable, load_plugin, method_factory, parse_options
+    from ..engine.jobs.pipeline import PipelineError, run_folder
+    from ..engine.jobs.sharding import resolve_shard
 
     try:
         for plugin in args.plugin:
@@ -214,7 +214,7 @@ def run_batch(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m napari_gpuseg.cli_batch IN OUT ...``)."""
+    """Standalone entry point (``python -m napari_gpuseg.cli.batch IN OUT ...``)."""
     parser = argparse.ArgumentParser(prog="napari-gpuseg")
     add_batch_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["batch", *(sys.argv[1:] if argv is None else argv)])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import io as gio
+from ... import io as gio
 from .report import ImageStatus, report_names
 
 LABELS_SUFFIX = "_labels.tif"

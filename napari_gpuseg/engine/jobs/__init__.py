@@ -1,0 +1,1 @@
+"""Folder jobs: the pipeline, segmentation methods by name, reports, output files, sharding."""

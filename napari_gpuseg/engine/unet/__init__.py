@@ -1,0 +1,1 @@
+"""The U-Net: tiled prediction, instance labels, training."""
