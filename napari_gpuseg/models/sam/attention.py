@@ -1,3 +1,5 @@
+# Derived from segment-anything (Meta Platforms, Inc. and affiliates, Apache-2.0).
+# Licence texts: LICENSES/; details: NOTICE. Modifications: BSD-3-Clause, see LICENSE.
 """Multi-head attention with SAM's decomposed relative-position term, three kernels.
 
 The ViT image encoder adds ``rel_h[q, k_row] + rel_w[q, k_col]`` to the attention logits.
