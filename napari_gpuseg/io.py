@@ -96,7 +96,7 @@ def _peek_size(path: Path) -> tuple[int, int] | None:
 
 def memory_needed(values: int, nbytes: int, bytes_per_value: float | None = None) -> int:
     """Bytes an image needs while it is segmented: its pixels, or ``bytes_per_value`` per
-    pixel value when the method's peak is known (e.g. ~20x the raw bytes for threshold)."""
+    pixel value when the method's peak is known (measured: docs/benchmarks.md)."""
     return int(max(nbytes, values * (bytes_per_value or 0)))
 
 

@@ -40,9 +40,11 @@ def test_steers_box_trained_model_to_box_mode(make_napari_viewer, crop):
     w = open_dock(viewer)
     assert "medsam" in w.model_name and w.mode == "boxes"
     assert w.image_combo.currentText() == "nuclei"
-    assert w.box_group.isVisible() or not w.param_group.isVisible()
+    # the dock is never shown here: isVisibleTo asks whether it would be shown with the dock
+    assert w.box_group.isVisibleTo(w) and not w.param_group.isVisibleTo(w)
     w.mode_combo.setCurrentIndex(1)
     assert w.mode == "everything" and "box" in w.hint_label.text().lower()
+    assert w.param_group.isVisibleTo(w) and not w.box_group.isVisibleTo(w)
     w._apply_model_defaults()  # per-model defaults put it back
     assert w.mode == "boxes"
     assert w.params().points_per_side == 16  # box-trained defaults for the point grid

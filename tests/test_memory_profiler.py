@@ -30,11 +30,47 @@ def test_nvml_missing_is_handled(monkeypatch):
     assert "NVML Shared Library Not Found" in probe.error
 
 
-def test_real_nvml_does_not_crash_here():
+def fake_nvml(temperature_error: Exception | None = None) -> types.ModuleType:
+    """An NVML that answers for one GPU (index 0): 37 % busy, 55 C, 120 W."""
+    nv = types.ModuleType("pynvml")
+    nv.NVML_TEMPERATURE_GPU = 0
+    nv.calls = []
+    nv.nvmlInit = lambda: nv.calls.append("init")
+    nv.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)
+    nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=37, memory=5)
+
+    def temperature(handle, sensor):
+        if temperature_error is not None:
+            raise temperature_error
+        return 55
+
+    nv.nvmlDeviceGetTemperature = temperature
+    nv.nvmlDeviceGetPowerUsage = lambda h: 120_000  # mW
+    return nv
+
+
+def no_device_properties(index):
+    raise RuntimeError("no CUDA device properties")  # nvml_handle falls back to the index
+
+
+def test_nvml_query_reads_a_gpu(monkeypatch):
+    """A working NVML (mocked: no GPU needed): values come back, NVML starts once."""
+    nv = fake_nvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_device_properties)
     probe = memory._Nvml()
-    util, temp, power = probe.query(0)
-    if probe.error:
-        assert util is None
+    assert probe.query(0) == (37.0, 55.0, 120.0)
+    assert probe.query(0) == (37.0, 55.0, 120.0)
+    assert probe.error is None and nv.calls == ["init"]
+
+
+def test_nvml_query_keeps_the_values_it_could_read(monkeypatch):
+    nv = fake_nvml(temperature_error=RuntimeError("NVML_ERROR_NOT_SUPPORTED"))
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_device_properties)
+    assert memory._Nvml().query(0) == (37.0, None, 120.0)
 
 
 def test_cuda_snapshot_with_nvml_missing(monkeypatch):

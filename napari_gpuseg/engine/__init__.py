@@ -1,0 +1,81 @@
+"""napari-gpuseg's engine as a Python API (no Qt, no napari).
+
+SAM (Segment Anything):
+
+- ``load_engine(model=DEFAULT_MODEL, policy=None)`` -> :class:`SamEngine`: load a SAM
+  checkpoint (the default is LiteMedSAM) onto the policy's device.
+- ``SamEngine``: one SAM model on one device; ``engine.predict(image, [Prompt(...)])``
+  returns one :class:`MaskResult` per prompt.
+- ``Prompt``: one object's prompt: points ``(K, 2)`` x, y with labels, and/or a box
+  ``x0, y0, x1, y1``.
+- ``MaskResult``: a mask with its predicted IoU; ``result.full((H, W))`` gives the
+  full-size boolean mask.
+- ``segment_everything(engine, image)``: instance labels of everything SAM finds from a
+  grid of point prompts.
+- ``segment_boxes(engine, image, boxes)``: instance labels from box prompts ``(N, 4)``.
+
+U-Net:
+
+- ``load_unet(path=None, device=None)``: a U-Net checkpoint (None = the bundled nuclei
+  model) ready for prediction.
+- ``load_checkpoint(path)``: read a U-Net checkpoint file (``weights_only=True``) as a dict.
+- ``predict_probabilities(model, image)``: background / interior / boundary probabilities
+  for a 2D/3D image or stack of any size (tiled sliding-window inference).
+- ``probabilities_to_labels(probs)``: instance labels from those probabilities.
+- ``predict_labels(model, image)``: both steps at once.
+- ``train_unet(images, labels, config=None, out_path=None)``: train a U-Net on image /
+  label pairs and save the best checkpoint.
+
+Folders, devices, background work:
+
+- ``run_folder(in_dir, out_dir, method="threshold")``: segment every image of a folder
+  into label TIFFs, per-object CSVs and a report; returns the run's report.
+- ``get_policy()``: the process-wide device and precision in use.
+- ``make_policy(device=None, precision=None)``: a device/precision policy (e.g. ``"cpu"``,
+  ``"cuda:1"``; ``"fp32"``, ``"bf16"``, ``"fp16"``).
+- ``InferenceWorker``: one background thread that owns models and runs submitted jobs
+  by priority.
+- ``CancelToken``: a thread-safe flag that stops a long operation between steps.
+
+Every name is imported on first use, so ``import napari_gpuseg.engine`` stays cheap.
+"""
+from __future__ import annotations
+
+import importlib
+
+# public name -> (module relative to this package, attribute name there)
+_EXPORTS: dict[str, tuple[str, str]] = {
+    "SamEngine": (".sam.predictor", "SamEngine"),
+    "Prompt": (".sam.predictor", "Prompt"),
+    "MaskResult": (".sam.predictor", "MaskResult"),
+    "load_engine": (".sam.loader", "load_engine"),
+    "segment_everything": (".sam.everything", "segment_everything"),
+    "segment_boxes": (".sam.boxes", "segment_boxes"),
+    "load_unet": (".unet.predict", "load_model"),
+    "load_checkpoint": (".unet.predict", "load_checkpoint"),
+    "predict_probabilities": (".unet.predict", "predict_probabilities"),
+    "probabilities_to_labels": (".unet.predict", "probabilities_to_labels"),
+    "predict_labels": (".unet.predict", "predict_labels"),
+    "train_unet": (".unet.training", "train_unet"),
+    "run_folder": (".jobs.pipeline", "run_folder"),
+    "get_policy": (".runtime.device", "get_policy"),
+    "make_policy": (".runtime.device", "make_policy"),
+    "InferenceWorker": (".runtime.worker", "InferenceWorker"),
+    "CancelToken": (".runtime.cancel", "CancelToken"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module, __name__), attr)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -7,7 +7,7 @@ of the two (union-find over the slice pairs, so chains link into one 3D object).
 
 On ``shared/data/synthetic3d`` with the bundled nuclei model (docs/benchmarks.md,
 "Hardening: training, engine API, volumes") this measured better than a 3D watershed on
-the stacked probabilities (3D F1@0.5 0.296 vs 0.243 at the default post-processing).
+the stacked probabilities (3D object F1@0.5 at the default post-processing).
 """
 from __future__ import annotations
 

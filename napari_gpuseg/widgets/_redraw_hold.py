@@ -3,7 +3,7 @@
 A prompt edit makes napari repaint at once (the new box, the layer list's thumbnails),
 and the preview mask arrives a few tens of milliseconds later and needs a second repaint.
 Where the window is drawn in software (no GPU-backed display: remote desktops, VMs,
-Xvfb), each repaint costs 30-80 ms on the GUI thread. PyQt keeps the GIL through Qt's
+Xvfb), each repaint costs tens of ms on the GUI thread. PyQt keeps the GIL through Qt's
 own painting, so the decoder in the worker thread stalls meanwhile and the mask shows
 late. :class:`RedrawHold` holds the window's repaints from the edit until the preview is
 shown, or at most ``max_ms``, and then one repaint shows everything. Events are still

@@ -14,7 +14,7 @@ fmt = memory.format_bytes
 
 
 class GpuMonitorWidget(QWidget):
-    """Refreshes about twice a second; reading the probes costs well under a millisecond."""
+    """Refreshes about twice a second; reading the probes is cheap (docs/benchmarks.md)."""
 
     def __init__(self, napari_viewer=None, interval_ms: int = 500, parent=None):
         super().__init__(parent)

@@ -183,7 +183,7 @@ class SamAnnotatorWidget(QWidget):
     def _preload_model(self) -> None:
         """Load the model in the worker as soon as it is chosen (the dock opens before the
         user drops an image, usually): the first embedding then starts at once, and loading
-        (a one-off ~0.1 s GUI hiccup in torch's unpickler and Python's collector) is over
+        (a one-off GUI hiccup in torch's unpickler and Python's collector) is over
         before any interaction. A missing model is reported now, not at the first prompt."""
         def done(seconds):
             if self.image_layer is None:

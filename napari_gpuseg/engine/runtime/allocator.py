@@ -2,8 +2,8 @@
 
 With glibc's defaults every freed block of more than a few MiB goes back to the OS (``munmap``
 or a heap trim) and the next operator page-faults fresh, zeroed pages: embedding a
-520 x 696 BBBC039 field with LiteMedSAM on a 2-core CPU spent about half its CPU time in the
-kernel. :func:`configure_allocator` sets, through ``mallopt``, what
+520 x 696 BBBC039 field with LiteMedSAM on a 2-core CPU spent much of its CPU time in the
+kernel (numbers: docs/benchmarks.md). :func:`configure_allocator` sets, through ``mallopt``, what
 ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_TOP_PAD_`` would, and one
 thing more (measured in ``benchmarks/allocator.py``):
 
@@ -16,9 +16,8 @@ thing more (measured in ``benchmarks/allocator.py``):
   activations;
 * ``M_ARENA_MAX`` 1: every thread allocates from the main heap. A thread's own arena is
   made of 64 MiB heaps that glibc maps and unmaps by itself, so the settings above did not
-  help the GUI's worker thread (embedding in a second thread: kernel time 48 % of CPU with
-  them, 49 % with the ``MALLOC_*`` variables, about 2 % with one arena in a synthetic
-  test of the same sizes).
+  help the GUI's worker thread (embedding in a second thread: kernel time as high with them
+  as with the ``MALLOC_*`` variables, next to none with one arena; docs/benchmarks.md).
 
 Called once at start-up by the plugin and the command-line programs. It does nothing off
 Linux, off glibc, when the user set any ``MALLOC_*`` variable or a ``glibc.malloc`` tunable

@@ -149,7 +149,7 @@ def route_box(engine: SamEngine, image: PreparedImage, box: np.ndarray, zoom_bel
     """The view a box is decoded in: the engine's native-resolution routing, or for a box
     smaller than ``zoom_below`` px a zoomed view centred on it (3x the box, at least 32 px,
     upscaled to the model input): objects a few pixels across are otherwise segmented far
-    too large (BBBC039, LiteMedSAM: IoU 0.0-0.6 native, 0.6-0.85 zoomed). The decision uses
+    too large (BBBC039, LiteMedSAM; docs/benchmarks.md). The decision uses
     the box without its ``padding``."""
     side = float(max(box[2] - box[0], box[3] - box[1])) + 1
     if not zoom_below or side - 2 * padding >= zoom_below:
@@ -241,7 +241,7 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     ``"box-fit"`` takes, of the single-mask output and the three multimask outputs, the
     mask whose bounding box best matches the box (a box states the object's extent;
     LiteMedSAM's single output often covers only the bright part of large, textured
-    nuclei: BBBC039 validation crops, ground-truth boxes, F1@0.5 0.88 -> 0.955), or
+    nuclei: BBBC039 validation crops, ground-truth boxes; docs/benchmarks.md), or
     ``"single"`` the single-mask output. The score of an object is the single output's
     predicted IoU either way. ``routing``: ``"shared"`` (default) lets boxes share views
     (see :func:`plan_views`), ``"per-box"`` routes each box on its own (:func:`route_box`,

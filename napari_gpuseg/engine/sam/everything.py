@@ -81,7 +81,7 @@ class AutomaticParams:
     def for_model(cls, box_trained: bool = False, **overrides) -> "AutomaticParams":
         """Defaults per model: the official ones, or for box-trained models (LiteMedSAM)
         settings that let their point masks through at all: their predicted IoUs for
-        single points are ~0.1-0.25 and their logits rarely exceed +-1, so every mask has
+        single points are low and their logits rarely exceed +-1, so every mask has
         stability ~0 (measured on BBBC039). Box mode is the right mode for these models."""
         base = dict(points_per_side=16, pred_iou_thresh=0.18, stability_score_thresh=0.0,
                     min_mask_region_area=20) if box_trained else {}

@@ -298,7 +298,7 @@ def decode_sparse(sam, emb: torch.Tensor, sparse: torch.Tensor, outputs: str = "
     if factored:
         memo = {} if memo is None else memo
         # on a CPU, a few prompts at a time keep the attention maps in cache (measured
-        # 1.75x faster than 64 at once); the shared products are computed once (memo)
+        # faster than 64 at once: docs/benchmarks.md); the shared products are computed once (memo)
         step = CPU_PROMPT_CHUNK if dev.type == "cpu" else max(1, sparse.shape[0])
         parts = []
         with autocast_off(dev):

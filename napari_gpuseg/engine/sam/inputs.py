@@ -32,8 +32,8 @@ def to_rgb01(image: np.ndarray, contrast: tuple[float, float] = (0.0, 100.0)) ->
 
     uint8 images are divided by 255 (as the official predictor sees them); every other
     dtype is mapped by the ``contrast`` percentiles over the whole image (default 0-100:
-    min-max, which measured best with LiteMedSAM on BBBC039: mean IoU 0.88 vs 0.78 with
-    1-99.8 % clipping on native-resolution crops). NaNs become 0.
+    min-max, which measured best with LiteMedSAM on BBBC039 against 1-99.8 % clipping on
+    native-resolution crops; docs/benchmarks.md). NaNs become 0.
     """
     a = np.asarray(image)
     if a.ndim == 3 and a.shape[-1] in (1, 3, 4):

@@ -373,7 +373,7 @@ class SamEngine:
 
 
 # before each block, its attention / MLP / convolutions, each downsampling and the neck:
-# about 50 points in TinyViT, at most ~0.1 s apart for a 256 px view on a 2-core CPU
+# about 50 points in TinyViT, a small fraction of one view's embedding apart
 _PAUSE_AT = re.compile(
     r"(^|\.)(blocks\.\d+(\.(attn|mlp|local_conv|conv\d))?|downsample|neck|patch_embed)$")
 

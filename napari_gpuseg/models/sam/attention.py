@@ -1,11 +1,13 @@
+# Derived from segment-anything (Meta Platforms, Inc. and affiliates, Apache-2.0).
+# Licence texts: LICENSES/; details: NOTICE. Modifications: BSD-3-Clause, see LICENSE.
 """Multi-head attention with SAM's decomposed relative-position term, three kernels.
 
 The ViT image encoder adds ``rel_h[q, k_row] + rel_w[q, k_col]`` to the attention logits.
-How that is computed is a measured choice (issue 3), selected per module or globally:
+How that is computed is a measured choice (docs/benchmarks.md), selected per module or globally:
 
 ``"math"``
     explicit ``(q*scale) @ k^T``, the two rel-pos terms added in place, softmax, ``@ v``.
-    The CPU default (issue 3 measured SDPA with a dense bias at 0.78x there). Large attention
+    The CPU default (SDPA with a dense bias measured slower there). Large attention
     maps (global blocks, batches) are processed in head chunks to bound peak memory.
 ``"sdpa"``
     ``F.scaled_dot_product_attention`` with the rel-pos term materialised as a dense

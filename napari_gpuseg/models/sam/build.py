@@ -1,3 +1,6 @@
+# Derived from segment-anything (Meta Platforms, Inc. and affiliates, Apache-2.0);
+#   MobileSAM (Apache-2.0); LiteMedSAM (Apache-2.0).
+# Licence texts: LICENSES/; details: NOTICE. Modifications: BSD-3-Clause, see LICENSE.
 """Build the SAM family by architecture name and load checkpoints into it strictly."""
 from __future__ import annotations
 

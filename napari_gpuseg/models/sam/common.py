@@ -1,3 +1,5 @@
+# Derived from segment-anything (Meta Platforms, Inc. and affiliates, Apache-2.0).
+# Licence texts: LICENSES/; details: NOTICE. Modifications: BSD-3-Clause, see LICENSE.
 """Small building blocks shared by the SAM encoders and decoder.
 
 Precision rules used across ``models/sam`` (we only ever run under ``torch.autocast``,

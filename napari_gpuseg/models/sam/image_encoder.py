@@ -1,3 +1,5 @@
+# Derived from segment-anything (Meta Platforms, Inc. and affiliates, Apache-2.0).
+# Licence texts: LICENSES/; details: NOTICE. Modifications: BSD-3-Clause, see LICENSE.
 """SAM's ViT image encoder (ViT-B/L/H), official state-dict key names.
 
 Same architecture and math as the official ``ImageEncoderViT`` (ViTDet backbone:

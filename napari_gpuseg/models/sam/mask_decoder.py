@@ -1,3 +1,5 @@
+# Derived from segment-anything (Meta Platforms, Inc. and affiliates, Apache-2.0).
+# Licence texts: LICENSES/; details: NOTICE. Modifications: BSD-3-Clause, see LICENSE.
 """SAM's mask decoder, official key names and call signature.
 
 Batch rule (a superset of the official one, which assumes a single image): with

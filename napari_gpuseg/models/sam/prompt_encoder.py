@@ -1,3 +1,5 @@
+# Derived from segment-anything (Meta Platforms, Inc. and affiliates, Apache-2.0).
+# Licence texts: LICENSES/; details: NOTICE. Modifications: BSD-3-Clause, see LICENSE.
 """SAM's prompt encoder: points, boxes and low-res masks -> sparse and dense embeddings.
 
 Same interface, keys and math as the official ``PromptEncoder``. The random-Fourier

@@ -1,3 +1,5 @@
+# Derived from segment-anything (Meta Platforms, Inc. and affiliates, Apache-2.0); LiteMedSAM (Apache-2.0).
+# Licence texts: LICENSES/; details: NOTICE. Modifications: BSD-3-Clause, see LICENSE.
 """The SAM container: image encoder + prompt encoder + mask decoder.
 
 Attribute names match the official ``Sam`` (``image_encoder``, ``prompt_encoder``,

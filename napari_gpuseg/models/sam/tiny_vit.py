@@ -1,3 +1,5 @@
+# Derived from MobileSAM (Apache-2.0); TinyViT (Microsoft Corporation, MIT); LiteMedSAM (Apache-2.0).
+# Licence texts: LICENSES/; details: NOTICE. Modifications: BSD-3-Clause, see LICENSE.
 """TinyViT image encoders: MobileSAM's ``vit_t`` and LiteMedSAM's variant.
 
 Both share one network (TinyViT-5M: dims 64/128/160/320, depths 2/2/6/2, heads

@@ -1,3 +1,5 @@
+# Derived from segment-anything (Meta Platforms, Inc. and affiliates, Apache-2.0).
+# Licence texts: LICENSES/; details: NOTICE. Modifications: BSD-3-Clause, see LICENSE.
 """SAM's two-way transformer (mask decoder core), official key names.
 
 Attention runs through ``F.scaled_dot_product_attention`` (exact softmax attention, fp32
