@@ -8,7 +8,8 @@ and the right half is predicted. Scores are object F1@0.5 against the ground tru
 right half (objects cut by the middle line are cut in both), the bundled model scored in
 the same run.
 
-    OMP_NUM_THREADS=2 python benchmarks/adapt.py [--iters N] [--out results.md]
+    OMP_NUM_THREADS=2 python benchmarks/adapt.py [--iters N] [--no-time-limit] [--annotation ann.tif]
+        [--out results.md]
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=None, help="override the schedule's iterations")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-time-limit", action="store_true",
+                    help="run every iteration of the schedule even on a loaded machine (no wall-clock cap)")
     ap.add_argument("--annotation", default=None, help="reuse (or write) the SAM annotation of the left half here")
     args = ap.parse_args()
     import tifffile
@@ -78,6 +81,8 @@ def main() -> None:
     cfg = default_schedule()
     if args.iters:
         cfg = replace(cfg, epochs=1, iters_per_epoch=args.iters)
+    if args.no_time_limit:
+        cfg = replace(cfg, max_time_s=None)
     losses = []
     out = Path(tempfile.mkdtemp()) / "dsb2018_unet_adapted.pt"
     c0, t0 = time.process_time(), time.perf_counter()
