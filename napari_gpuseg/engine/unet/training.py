@@ -272,17 +272,19 @@ class CropDataset(torch.utils.data.Dataset):
 
 
 def dice_ce_loss(logits: torch.Tensor, target: torch.Tensor, contact_weight: float = 1.0,
-                 eps: float = 1.0) -> torch.Tensor:
+                 eps: float = 1.0, ignore: bool | None = None) -> torch.Tensor:
     """Cross-entropy + (1 - soft Dice averaged over classes), computed in fp32.
 
     Target pixels equal to ``CONTACT`` count as boundary, with cross-entropy weight
     ``contact_weight`` (the U-Net paper's idea of weighting the gaps between touching cells).
+    Pixels equal to ``IGNORE`` (outside an annotated region) add nothing to either term;
+    ``ignore``: whether any may be present (None = look, one device sync).
     """
     logits = logits.float()
     contact = target == CONTACT
     target = torch.where(contact, torch.full_like(target, 2), target)
     ignored = target == IGNORE
-    if bool(ignored.any()):  # pixels outside the annotated region: no loss at all
+    if bool(ignored.any()) if ignore is None else ignore:  # outside the annotated region: no loss
         valid = (~ignored).float()
         target = torch.where(ignored, torch.zeros_like(target), target)
         weight = valid * (1.0 + (contact_weight - 1.0) * contact.float())
@@ -416,6 +418,7 @@ def train_unet(
     tx, ty, vx, vy = split_train_val(xs, ys, config.val_fraction, config.seed)
     targets = [np.where(y < 0, IGNORE, make_targets(y, contact_width=config.contact_width, mark_contacts=True))
                .astype(np.uint8) for y in ty]  # labels < 0: outside the annotated region
+    has_ignore = any(bool((t == IGNORE).any()) for t in targets)  # decided here: no per-step sync
 
     model = build_unet(mcfg)
     if init is not None:
@@ -473,7 +476,7 @@ def train_unet(
             def step_loss():
                 with policy.autocast() if use_amp else contextlib.nullcontext():
                     logits = fwd(xb)
-                return dice_ce_loss(logits, yb, config.contact_weight)
+                return dice_ce_loss(logits, yb, config.contact_weight, ignore=has_ignore)
 
             if compile_pending:
                 try:
