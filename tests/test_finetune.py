@@ -116,3 +116,12 @@ def test_finetune_saves_beside_the_image_loads_and_cancels(dsb, tmp_path):
     with pytest.raises(ValueError, match="no labelled objects"):
         finetune_unet(img, np.where(np.arange(192)[None] < 100, 0, gt), region="rectangle",
                       rectangle=(0, 0, 160, 50), config=_short(), policy=FP32)
+
+
+def test_output_goes_to_base_when_the_image_folder_is_read_only(tmp_path, monkeypatch):
+    from napari_gpuseg.engine.unet import finetune
+
+    monkeypatch.setattr(finetune.os, "access", lambda path, mode: False)
+    assert default_output_path(tmp_path / "ro" / "f.tif", base=tmp_path / "models") == \
+        tmp_path / "models" / "f_unet_adapted.pt"
+    assert default_output_path(None, base=tmp_path) == tmp_path / "image_unet_adapted.pt"

@@ -166,7 +166,7 @@ class UNetAdaptWidget(QWidget):
         from ..engine.unet.finetune import default_output_path
 
         src = image_file(layer)
-        out = default_output_path(src, base=None if src else default_output().parent)
+        out = default_output_path(src, base=default_output().parent)
         self.losses.clear()
         self.plot.clear()
         self.progress.setValue(0)

@@ -10,6 +10,7 @@ the current checkpoint, with a short schedule and no validation split.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -77,10 +78,13 @@ def training_pair(image, labels, mask: np.ndarray, context: int = CONTEXT):
 
 def default_output_path(image_path=None, base=None) -> Path:
     """``<image stem>_unet_adapted.pt`` beside the image (a numbered name when taken);
-    without an image path, in ``base`` or the current folder."""
+    without an image path, or when its folder cannot be written, in ``base`` (default: the
+    current folder)."""
     if image_path:
         p = Path(image_path)
         folder, stem = p.parent, p.name.split(".")[0]
+        if base is not None and not os.access(folder, os.W_OK):
+            folder = Path(base)
     else:
         folder, stem = Path(base or "."), "image"
     out = folder / f"{stem}_unet_adapted.pt"
