@@ -74,7 +74,7 @@ def test_training_pair_crops_with_context_and_marks_outside():
     assert x[0, 0] == img[35, 35]
 
 
-def test_train_unet_sees_ignored_targets(dsb, monkeypatch):
+def test_train_unet_sees_ignored_targets(dsb, monkeypatch, tmp_path):
     seen = []
     real = training.dice_ce_loss
 
@@ -84,7 +84,8 @@ def test_train_unet_sees_ignored_targets(dsb, monkeypatch):
 
     monkeypatch.setattr(training, "dice_ce_loss", spy)
     img, gt = dsb
-    finetune_unet(img, gt, region="rectangle", rectangle=(0, 0, 160, 96), config=_short(), policy=FP32)
+    finetune_unet(img, gt, region="rectangle", rectangle=(0, 0, 160, 96), config=_short(), policy=FP32,
+                  out_path=tmp_path / "t.pt")
     values = set().union(*seen)
     assert IGNORE in values and values <= {0, 1, 2, 3, IGNORE}
 
