@@ -130,6 +130,7 @@ class TrainResult:
 
 # -- data -----------------------------------------------------------------------------
 CONTACT = 3  # training-only target value: boundary where two objects touch
+IGNORE = 255  # training-only target value: not annotated, left out of the loss (labels < 0)
 
 
 def contact_zone(labels: np.ndarray, width: int = 2) -> np.ndarray:
@@ -271,15 +272,26 @@ class CropDataset(torch.utils.data.Dataset):
 
 
 def dice_ce_loss(logits: torch.Tensor, target: torch.Tensor, contact_weight: float = 1.0,
-                 eps: float = 1.0) -> torch.Tensor:
+                 eps: float = 1.0, ignore: bool | None = None) -> torch.Tensor:
     """Cross-entropy + (1 - soft Dice averaged over classes), computed in fp32.
 
     Target pixels equal to ``CONTACT`` count as boundary, with cross-entropy weight
     ``contact_weight`` (the U-Net paper's idea of weighting the gaps between touching cells).
+    Pixels equal to ``IGNORE`` (outside an annotated region) add nothing to either term;
+    ``ignore``: whether any may be present (None = look, one device sync).
     """
     logits = logits.float()
     contact = target == CONTACT
     target = torch.where(contact, torch.full_like(target, 2), target)
+    ignored = target == IGNORE
+    if bool(ignored.any()) if ignore is None else ignore:  # outside the annotated region: no loss
+        valid = (~ignored).float()
+        target = torch.where(ignored, torch.zeros_like(target), target)
+        weight = valid * (1.0 + (contact_weight - 1.0) * contact.float())
+        ce = (F.cross_entropy(logits, target, reduction="none") * weight).sum() / valid.sum().clamp_min(1.0)
+        probs = logits.softmax(1) * valid.unsqueeze(1)
+        onehot = F.one_hot(target, logits.shape[1]).movedim(-1, 1).float() * valid.unsqueeze(1)
+        return ce + (1 - _soft_dice(probs, onehot, eps))
     if contact_weight != 1.0:
         weight = 1.0 + (contact_weight - 1.0) * contact.float()
         ce = (F.cross_entropy(logits, target, reduction="none") * weight).mean()
@@ -287,11 +299,15 @@ def dice_ce_loss(logits: torch.Tensor, target: torch.Tensor, contact_weight: flo
         ce = F.cross_entropy(logits, target)
     probs = logits.softmax(1)
     onehot = F.one_hot(target, logits.shape[1]).movedim(-1, 1).float()
-    dims = (0,) + tuple(range(2, logits.ndim))
+    return ce + (1 - _soft_dice(probs, onehot, eps))
+
+
+def _soft_dice(probs: torch.Tensor, onehot: torch.Tensor, eps: float) -> torch.Tensor:
+    """Soft Dice averaged over classes (batch and spatial axes pooled)."""
+    dims = (0,) + tuple(range(2, probs.ndim))
     inter = (probs * onehot).sum(dims)
     denom = probs.sum(dims) + onehot.sum(dims)
-    dice = ((2 * inter + eps) / (denom + eps)).mean()
-    return ce + (1 - dice)
+    return ((2 * inter + eps) / (denom + eps)).mean()
 
 
 def _lr_factor(it: int, total: int, warmup: int, time_fraction: float = 0.0) -> float:
@@ -400,7 +416,9 @@ def train_unet(
     if not any(int(y.max()) > 0 for y in ys):
         raise ValueError("the labels contain no objects to learn from")
     tx, ty, vx, vy = split_train_val(xs, ys, config.val_fraction, config.seed)
-    targets = [make_targets(y, contact_width=config.contact_width, mark_contacts=True) for y in ty]
+    targets = [np.where(y < 0, IGNORE, make_targets(y, contact_width=config.contact_width, mark_contacts=True))
+               .astype(np.uint8) for y in ty]  # labels < 0: outside the annotated region
+    has_ignore = any(bool((t == IGNORE).any()) for t in targets)  # decided here: no per-step sync
 
     model = build_unet(mcfg)
     if init is not None:
@@ -458,7 +476,7 @@ def train_unet(
             def step_loss():
                 with policy.autocast() if use_amp else contextlib.nullcontext():
                     logits = fwd(xb)
-                return dice_ce_loss(logits, yb, config.contact_weight)
+                return dice_ce_loss(logits, yb, config.contact_weight, ignore=has_ignore)
 
             if compile_pending:
                 try:

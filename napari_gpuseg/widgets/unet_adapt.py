@@ -1,0 +1,257 @@
+"""Adapt U-Net dock: annotate -> fine-tune -> predict the rest -> correct -> again.
+
+Fine-tunes the bundled (or the last adapted) U-Net on an Image + Labels pair, the loss
+restricted to the annotated region (whole image, a rectangle from a Shapes layer, or
+the bounding region of the labels; see ``engine.unet.finetune``), in the training
+thread with a live loss plot and Cancel. The new checkpoint is saved beside the image,
+selected in the U-Net predict dock and offered to the Batch folder dock; "Predict the
+rest" adds its labels as a layer the user can correct and train on again.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from qtpy.QtWidgets import (
+    QApplication, QComboBox, QFormLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton,
+    QSpinBox, QVBoxLayout, QWidget,
+)
+
+from ._bridge import relay, submit
+from ._plot import HistoryPlot
+from .unet_predict import FROM_FILE, _predict_job, layer_array, layer_names
+from .unet_train import default_output, train_worker
+
+WHOLE, RECTANGLE, LABELS = "Whole image", "Rectangle (Shapes layer)", "Bounding region of the labels"
+REGION_KEYS = {WHOLE: "whole", RECTANGLE: "rectangle", LABELS: "labels"}
+BUNDLED, CURRENT = "Bundled nuclei model", "Last adapted model"
+
+
+def _finetune_job(image, labels, region, rectangle, init, config, out_path, on_event, progress=None,
+                  cancel=None):
+    from ..engine.unet.finetune import finetune_unet
+
+    res = finetune_unet(image, labels, region=region, rectangle=rectangle, init_checkpoint=init,
+                        config=config, out_path=out_path, policy=train_worker().policy,
+                        on_event=on_event, progress=progress, cancel=cancel)
+    return {"checkpoint": res.checkpoint, "stopped": res.stopped, "seconds": res.seconds,
+            "iterations": res.history[-1]["iteration"] if res.history else 0}
+
+
+def image_file(layer) -> str | None:
+    """The file an image layer was opened from, if any."""
+    path = getattr(getattr(layer, "source", None), "path", None)
+    return str(path) if path and Path(str(path)).is_file() else None
+
+
+def rectangle_of(shapes_layer) -> tuple[float, float, float, float]:
+    """(y0, x0, y1, x1) of the last shape in a Shapes layer (its bounding box, data coordinates)."""
+    if shapes_layer is None or not len(shapes_layer.data):
+        raise ValueError("draw a rectangle in a Shapes layer first")
+    pts = np.asarray(shapes_layer.data[-1])[:, -2:]
+    (y0, x0), (y1, x1) = pts.min(0), pts.max(0)
+    return float(y0), float(x0), float(y1), float(x1)
+
+
+class UNetAdaptWidget(QWidget):
+    """Image, Labels, region, schedule; Train / Cancel with live loss; Predict the rest."""
+
+    def __init__(self, napari_viewer=None, parent=None):
+        super().__init__(parent)
+        from ..engine.unet.finetune import default_schedule
+
+        self.viewer = napari_viewer
+        self.setObjectName("UNetAdaptWidget")
+        relay()
+        self.job = None
+        self.result: dict | None = None
+        self.model_path: str | None = None  # the last adapted checkpoint
+        self.losses: list[float] = []
+        d = default_schedule()
+        self.image_combo, self.labels_combo, self.shapes_combo = QComboBox(), QComboBox(), QComboBox()
+        self.region = QComboBox()
+        self.region.addItems([LABELS, RECTANGLE, WHOLE])
+        self.region.setToolTip("pixels outside the annotated region are ignored in the loss")
+        self.start = QComboBox()
+        self.start.addItems([BUNDLED, CURRENT])
+        self.iters = QSpinBox()
+        self.iters.setRange(1, 100000)
+        self.iters.setValue(d.epochs * d.iters_per_epoch)
+        self.minutes = QSpinBox()
+        self.minutes.setRange(1, 600)
+        self.minutes.setValue(int(round(d.max_time_s / 60)))
+        self.minutes.setSuffix(" min max")
+        form = QFormLayout()
+        form.addRow("Image", self.image_combo)
+        form.addRow("Labels", self.labels_combo)
+        form.addRow("Annotated region", self.region)
+        form.addRow("Rectangle from", self.shapes_combo)
+        form.addRow("Start from", self.start)
+        form.addRow("Iterations", self.iters)
+        form.addRow("Time limit", self.minutes)
+        self.train_button, self.cancel_button = QPushButton("Train"), QPushButton("Cancel")
+        self.predict_button = QPushButton("Predict the rest")
+        self.cancel_button.setEnabled(False)
+        self.predict_button.setEnabled(False)
+        self.train_button.clicked.connect(self.train)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.predict_button.clicked.connect(self.predict)
+        buttons = QHBoxLayout()
+        for b in (self.train_button, self.cancel_button, self.predict_button):
+            buttons.addWidget(b)
+        self.plot = HistoryPlot(("train loss",), maxlen=1000)
+        self.progress = QProgressBar()
+        self.status = QLabel("")
+        self.status.setWordWrap(True)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self.plot)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addStretch(1)
+        if self.viewer is not None:
+            for ev in (self.viewer.layers.events.inserted, self.viewer.layers.events.removed):
+                ev.connect(self.refresh_layers)
+        self.refresh_layers()
+
+    def refresh_layers(self, *_args) -> None:
+        for combo, kind in ((self.image_combo, "Image"), (self.labels_combo, "Labels"), (self.shapes_combo, "Shapes")):
+            current = combo.currentText()
+            combo.clear()
+            names = layer_names(self.viewer, kind)
+            combo.addItems(names)
+            if current in names:
+                combo.setCurrentText(current)
+
+    def config(self):
+        from dataclasses import replace
+
+        from ..engine.unet.finetune import default_schedule
+
+        d = default_schedule()
+        n = self.iters.value()
+        return replace(d, epochs=max(1, n // d.iters_per_epoch), iters_per_epoch=min(n, d.iters_per_epoch),
+                       warmup_iters=min(d.warmup_iters, max(1, n // 5)), max_time_s=60.0 * self.minutes.value())
+
+    def train(self):
+        img_name, lab_name = self.image_combo.currentText(), self.labels_combo.currentText()
+        if self.viewer is None or not img_name or not lab_name:
+            self.status.setText("Pick an Image layer and a Labels layer.")
+            return None
+        layer = self.viewer.layers[img_name]
+        image, labels = layer_array(layer), layer_array(self.viewer.layers[lab_name])
+        if getattr(layer, "rgb", False):
+            from ..io import to_gray
+
+            image = to_gray(image)
+        if image.shape != labels.shape or labels.ndim != 2:
+            self.status.setText(f"Need a 2D image and labels of one shape, got {image.shape} and {labels.shape}.")
+            return None
+        region = REGION_KEYS[self.region.currentText()]
+        rectangle = None
+        try:
+            if region == "rectangle":
+                name = self.shapes_combo.currentText()
+                rectangle = rectangle_of(self.viewer.layers[name] if name else None)
+            from ..engine.unet.finetune import region_mask
+
+            mask = region_mask(labels.shape, region, labels=labels, rectangle=rectangle)
+            if not np.any(mask & (labels > 0)):
+                raise ValueError("no labelled objects inside the annotated region")
+        except ValueError as exc:
+            self.status.setText(f"Cannot train: {exc}")
+            return None
+        init = self.model_path if self.start.currentText() == CURRENT and self.model_path else None
+        from ..engine.unet.finetune import default_output_path
+
+        src = image_file(layer)
+        out = default_output_path(src, base=default_output().parent)
+        self.losses.clear()
+        self.plot.clear()
+        self.progress.setValue(0)
+        self._busy(True)
+        self.status.setText("Fine-tuning…")
+        forward = lambda ev: relay().call.emit(self._on_event, (ev,))  # noqa: E731
+        self.job = submit(_finetune_job, image.copy(), labels.copy(), region, rectangle, init, self.config(),
+                          out, forward, worker=train_worker(), inference=False, owner=self,
+                          on_result=self._done, on_error=self._failed, on_progress=self._progress,
+                          on_cancelled=self._cancelled)
+        return self.job
+
+    def predict(self):
+        name = self.image_combo.currentText()
+        if not self.model_path or not name:
+            self.status.setText("Train a model first.")
+            return None
+        layer = self.viewer.layers[name]
+        self._busy(True)
+        self.status.setText("Predicting…")
+        self.job = submit(_predict_job, layer_array(layer), self.model_path, bool(getattr(layer, "rgb", False)),
+                          ["labels"], None, 0.25, 0, owner=self,
+                          on_result=lambda r, layer=layer: self._predicted(r, layer), on_error=self._failed,
+                          on_progress=self._progress, on_cancelled=self._cancelled)
+        return self.job
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+
+    # -- results ------------------------------------------------------------
+    def _busy(self, busy: bool) -> None:
+        self.train_button.setEnabled(not busy)
+        self.predict_button.setEnabled(not busy and self.model_path is not None)
+        self.cancel_button.setEnabled(busy)
+
+    def _on_event(self, ev) -> None:
+        if ev.kind == "iter":
+            self.losses.append(ev.train_loss)
+            self.plot.append(**{"train loss": ev.train_loss})
+            self.status.setText(f"iteration {ev.iteration}/{ev.total_iterations}: loss {ev.train_loss:.3f}")
+
+    def _progress(self, done: int, total: int) -> None:
+        self.progress.setMaximum(max(1, total))
+        self.progress.setValue(done)
+
+    def _done(self, result: dict) -> None:
+        self.result = result
+        self.model_path = result["checkpoint"]
+        self._busy(False)
+        if self.model_path:
+            self.start.setCurrentText(CURRENT)
+            publish_model(self.model_path)
+        self.status.setText(f"Saved {result['checkpoint']} ({result['iterations']} iterations, "
+                            f"{result['seconds']:.0f} s); selected in U-Net predict. Predict the rest next.")
+
+    def _predicted(self, result: dict, layer) -> None:
+        self._busy(False)
+        name = f"{layer.name} adapted labels"
+        if name in self.viewer.layers:
+            self.viewer.layers[name].data = result["labels"]
+        else:
+            self.viewer.add_labels(result["labels"], name=name, scale=layer.scale, translate=layer.translate)
+        self.labels_combo.setCurrentText(name)  # correct it, then Train again
+        self.status.setText(f"{int(result['labels'].max())} objects in '{name}': correct them and Train again "
+                            "(region: whole image).")
+
+    def _failed(self, exc: BaseException) -> None:
+        self._busy(False)
+        self.status.setText(f"Failed: {exc}")
+
+    def _cancelled(self) -> None:
+        self._busy(False)
+        self.status.setText("Cancelled.")
+
+
+def publish_model(path: str) -> None:
+    """Select ``path`` in every open U-Net predict dock and offer it to Batch folder docks
+    whose method is a U-Net method (their model field)."""
+    from .batch_folder import BatchFolderWidget
+    from .unet_predict import UNetPredictWidget
+
+    for w in QApplication.allWidgets():
+        if isinstance(w, UNetPredictWidget):
+            w.model_combo.setCurrentText(FROM_FILE)
+            w.model_path.setText(str(path))
+        elif isinstance(w, BatchFolderWidget) and "unet" in w.method.currentText().lower():
+            w.model.setText(str(path))
