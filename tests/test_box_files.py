@@ -156,3 +156,34 @@ def test_run_folder_with_box_files(tmp_path, shared_data):
         labels = tifffile.imread(out_dir / f"{name}_labels.tif")
         assert row.objects == len(np.unique(gt)) - 1  # one object per box
         assert summary(gt, labels)["f1@0.5"] > 0.9
+
+
+def test_dock_box_files_field(qtbot, tmp_path, monkeypatch):
+    """The Batch folder dock's Box files field becomes the ``boxes`` option of the run;
+    a missing folder is refused before any work, in one line."""
+    from napari_gpuseg.widgets import batch_folder
+
+    w = batch_folder.BatchFolderWidget(None)
+    qtbot.addWidget(w)
+    (tmp_path / "in").mkdir()
+    w.in_dir.setText(str(tmp_path / "in"))
+    w.out_dir.setText(str(tmp_path / "out"))
+    w.method.setCurrentText("sam-boxes")
+    w.boxes.setText(str(tmp_path / "nowhere"))
+    w.start()
+    qtbot.waitUntil(lambda: w.error is not None, timeout=30000)
+    assert "option boxes=" in w.error and "must be an existing folder" in w.error
+    assert not (tmp_path / "out").exists()
+
+    seen = {}
+
+    def fake_run(in_dir, out_dir, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("not run")
+
+    monkeypatch.setattr(batch_folder, "run_folder", fake_run)
+    w.boxes.setText(f" {tmp_path} ")
+    w.error = None
+    w.start()
+    qtbot.waitUntil(lambda: w.error is not None, timeout=30000)
+    assert seen["method"] == "sam-boxes" and seen["method_options"]["boxes"] == str(tmp_path)
