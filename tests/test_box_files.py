@@ -4,7 +4,8 @@ Reading box files (CSV with and without a header, a z column for stacks, label i
 missing, doubled and malformed file), the option checked before any work, and one real run
 through :func:`run_folder` with LiteMedSAM on two BBBC039 fields cut to 256 x 256, boxes
 from their ground-truth masks written as CSV for one image and as ``_labels.tif`` for the
-other, plus an image without a box file and one with a malformed file.
+other, a 3-plane stack with boxes on one plane (a z column), an image without a box file
+and one with a malformed file.
 """
 from __future__ import annotations
 
@@ -137,6 +138,11 @@ def test_run_folder_with_box_files(tmp_path, shared_data):
     b = boxes_from_labels(gts["csv"]).astype(int)
     (box_dir / "csv.csv").write_text("x0,y0,x1,y1\n" + "".join(f"{r[0]},{r[1]},{r[2]},{r[3]}\n" for r in b))
     tifffile.imwrite(box_dir / "tif_labels.tif", gts["tif"])
+    # a stack: boxes on its middle plane only (a z column), the other planes stay empty
+    piece, gt_piece = tifffile.imread(in_dir / "csv.tif")[:64, :64], gts["csv"][:64, :64]
+    tifffile.imwrite(in_dir / "stack.tif", np.stack([np.zeros_like(piece), piece, np.zeros_like(piece)]))
+    b = boxes_from_labels(gt_piece).astype(int)
+    (box_dir / "stack.csv").write_text("".join(f"{r[0]},{r[1]},{r[2]},{r[3]},1\n" for r in b))
     tifffile.imwrite(in_dir / "nobox.tif", np.zeros((64, 64), np.uint16))
     tifffile.imwrite(in_dir / "bad.tif", np.zeros((64, 64), np.uint16))
     (box_dir / "bad.csv").write_text("x0,y0,x1,y1\n1,2,10,12\n1,2,ten,12\n")
@@ -149,6 +155,10 @@ def test_run_folder_with_box_files(tmp_path, shared_data):
     assert "nobox.csv" in rows["nobox.tif"].error and "nobox_labels.tif" in rows["nobox.tif"].error
     assert rows["bad.tif"].status == "error"
     assert "bad.csv, line 3: not a number" in rows["bad.tif"].error
+    assert rows["stack.tif"].status == "ok", rows["stack.tif"].error
+    stack = tifffile.imread(out_dir / "stack_labels.tif")
+    assert stack.shape == (3, 64, 64) and not stack[0].any() and not stack[2].any()
+    assert summary(gt_piece, stack[1])["f1@0.5"] > 0.8
     for name in ("csv", "tif"):
         row = rows[f"{name}.tif"]
         assert row.status == "ok", row.error
