@@ -144,7 +144,8 @@ class SamBoxSegmenter(_SamSegmenter):
 
         if self.options.get("boxes") is None:
             return None
-        return boxes_for_image(self.options["boxes"], rel, image.shape[:-1] if image.ndim >= 3 else image.shape)
+        spatial = image.shape[:-1] if image.ndim >= 3 else image.shape  # as prepare() left it
+        return boxes_for_image(self.options["boxes"], rel, spatial)
 
     def segment(self, images, inputs=None):
         if self.options.get("boxes") is not None and inputs is None:
