@@ -69,6 +69,8 @@ class BatchFolderWidget(QWidget):
         self.model.setPlaceholderText("default model of the method (or a file)")
         self.options = QLineEdit()
         self.options.setPlaceholderText("method options, e.g. detector=unet, min_size=20")
+        self.boxes = QLineEdit()  # sam-boxes: boxes from files (<stem>.csv or <stem>_labels.tif)
+        self.boxes.setPlaceholderText("sam-boxes: folder of <name>.csv / <name>_labels.tif (else a detector)")
         self.image_batch = QSpinBox(minimum=1, maximum=256, value=4)
         self.image_batch.setToolTip("images of the same shape per device call")
         self.batch_size = QSpinBox(minimum=0, maximum=4096, value=0)
@@ -88,6 +90,7 @@ class BatchFolderWidget(QWidget):
         form.addRow("Method", self.method)
         form.addRow("Model", self._with_browse(self.model, self._browse_model))
         form.addRow("Options", self.options)
+        form.addRow("Box files", self._with_browse(self.boxes, self._browse_boxes))
         form.addRow("Images per call", self.image_batch)
         form.addRow("Prompts/tiles per call", self.batch_size)
         form.addRow("I/O workers", self.io_workers)
@@ -156,6 +159,11 @@ class BatchFolderWidget(QWidget):
         if path:
             self.out_dir.setText(path)
 
+    def _browse_boxes(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Folder of box files", self.boxes.text())
+        if path:
+            self.boxes.setText(path)
+
     def _browse_model(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Model file", "", "Checkpoints (*.pt *.pth)")
         if path:
@@ -197,6 +205,8 @@ class BatchFolderWidget(QWidget):
             return
         options.update(model=self.model.text().strip() or None,
                        batch_size=self.batch_size.value() or None)
+        if self.boxes.text().strip():
+            options["boxes"] = self.boxes.text().strip()
         self._run_dirs = (in_dir, out_dir)
         kwargs = dict(
             method=self.method.currentText(),

@@ -58,6 +58,7 @@ class _Item:
     seconds: float = 0.0
     result: object = None
     device: str = ""
+    inputs: object = None  # per-image inputs the method reads beside the image (box files)
 
 
 def _parse_devices(devices) -> list[str]:
@@ -159,6 +160,9 @@ class _Run:
                                             bytes_per_value=self.prep.bytes_per_value)
                     item.notes = "; ".join(loaded.notes)
                     item.data = self.prep.prepare(loaded.data, loaded.rgb)
+                    file_inputs = getattr(self.prep, "file_inputs", None)  # e.g. sam-boxes boxes=DIR
+                    if file_inputs is not None:
+                        item.inputs = file_inputs(item.path, item.rel, item.data)
                 except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
                     item.seconds = time.perf_counter() - t0
                     if isinstance(exc, gio.ImageReadError) and exc.path == "image":
@@ -227,7 +231,10 @@ class _Run:
     def _segment(self, seg: Segmenter, group: list[_Item], device: str) -> None:
         t0 = time.perf_counter()
         try:
-            results = seg.segment([it.data for it in group])
+            images = [it.data for it in group]
+            inputs = [it.inputs for it in group]
+            results = (seg.segment(images) if all(x is None for x in inputs)
+                       else seg.segment(images, inputs=inputs))
             if len(results) != len(group):
                 raise RuntimeError(f"method returned {len(results)} results for {len(group)} images")
         except Cancelled:

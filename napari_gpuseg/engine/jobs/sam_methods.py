@@ -11,12 +11,14 @@ Registered by name in :mod:`napari_gpuseg.engine.jobs.methods`; used like every 
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import fields
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from .methods import BYTES_PER_VALUE, Option, Segmenter, SegResult
+from .methods import BYTES_PER_VALUE, Option, OptionError, Segmenter, SegResult
 
 DEFAULT_MODEL = "lite_medsam"
 
@@ -27,6 +29,14 @@ class _Any(Option):
 
 
 _ANY = _Any("str")
+
+
+class _Folder(Option):
+    def accepts(self, v) -> bool:
+        return isinstance(v, (str, os.PathLike)) and Path(v).is_dir()
+
+    def describe(self) -> str:
+        return "an existing folder"
 
 
 def _planes(image: np.ndarray, rgb: bool) -> tuple[list[np.ndarray], tuple]:
@@ -111,18 +121,42 @@ class SamBoxSegmenter(_SamSegmenter):
     "threshold" / "unet"), ``padding`` (px added around each box, default 2),
     ``min_area`` (px; holes/islands/objects smaller are cleaned, default 15),
     ``embed_batch_size`` (views per encoder call) and detector keywords as
-    ``detector_options``. ``batch_size`` = boxes per decoder call.
+    ``detector_options``. ``batch_size`` = boxes per decoder call. ``boxes``: a folder of
+    box files instead of a detector, one per image (:mod:`.box_files`; folder jobs only).
     """
 
     name = "sam-boxes"
     options_spec = {"detector": Option("str", choices=("auto", "threshold", "unet")),
                     "padding": Option("float", 0), "min_area": Option("int", 0),
                     "embed_batch_size": Option("int", 1, none_ok=True),
-                    "detector_options": Option("dict", none_ok=True)}
+                    "detector_options": Option("dict", none_ok=True), "boxes": _Folder("str")}
+    _given = None  # boxes per plane from box files, for the current segment() call
+
+    def __init__(self, model=None, batch_size=None, **options):
+        super().__init__(model, batch_size, **options)
+        if "boxes" in options and {"detector", "detector_options"} & set(options):
+            raise OptionError("sam-boxes method: give either boxes (box files) or a detector, not both")
+
+    def file_inputs(self, path, rel: str, image: np.ndarray):
+        """Folder jobs (reader threads): the boxes per plane of the image ``rel`` from the
+        ``boxes`` folder (None without that option)."""
+        from .box_files import boxes_for_image
+
+        if self.options.get("boxes") is None:
+            return None
+        spatial = image.shape[:-1] if image.ndim >= 3 else image.shape  # as prepare() left it
+        return boxes_for_image(self.options["boxes"], rel, spatial)
+
+    def segment(self, images, inputs=None):
+        if self.options.get("boxes") is not None and inputs is None:
+            raise ValueError("option boxes: box files are read per image file by folder jobs")
+        self._given = None if inputs is None else [b for per_image in inputs for b in per_image]
+        return super().segment(images)
 
     def _segment_planes(self, planes):
         from ..sam.boxes import detect_boxes, segment_boxes_batch
 
+        given, self._given = self._given, None
         opts = dict(self.options)
         det = opts.pop("detector", "auto")
         det_opts = opts.pop("detector_options", {}) or {}
@@ -130,7 +164,8 @@ class SamBoxSegmenter(_SamSegmenter):
         for p in planes:
             if self.cancel is not None:
                 self.cancel.check()
-            boxes.append(detect_boxes(p, det, policy=self.policy, **det_opts))
+            boxes.append(given[len(boxes)] if given is not None else
+                         detect_boxes(p, det, policy=self.policy, **det_opts))
         return segment_boxes_batch(
             self.engine, planes, boxes, padding=float(opts.get("padding", 2.0)),
             batch_size=self.batch_size, embed_batch_size=opts.get("embed_batch_size"),
