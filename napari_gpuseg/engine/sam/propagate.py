@@ -34,8 +34,8 @@ class PropagateOptions:
     """When to stop and how to prompt. Defaults were chosen on ``shared/data/synthetic3d``."""
 
     min_area: int = 8  # pixels; a smaller mask ends the object
-    min_iou: float = 0.3  # IoU with the neighbour slice's mask
-    min_area_ratio: float = 0.35  # smaller / larger area of the two slices
+    min_iou: float = 0.5  # IoU with the neighbour slice's mask
+    min_area_ratio: float = 0.5  # smaller / larger area of the two slices
     mask_input: bool = False  # feed the neighbour's low-res logits as mask input
     points: bool | None = None  # a centre point; None: only for point-capable models
     margin: int = 1  # pixels added around the neighbour mask's box
