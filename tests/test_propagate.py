@@ -9,7 +9,7 @@ from napari_gpuseg.engine.runtime.cancel import CancelToken
 from napari_gpuseg.engine.sam.annotation import LabelCommitter
 from napari_gpuseg.engine.sam.propagate import PropagateOptions, mask_box, propagate, propagate_all
 
-from .sam_fixtures import iou, require_lite_medsam
+from sam_fixtures import iou, require_lite_medsam
 
 OBJ, Z0, Z1 = 36, 2, 9  # object 36 spans z 1..6; the crop holds z 2..8 (ends at crop slice 4)
 

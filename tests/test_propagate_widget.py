@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import tifffile
 
-from .sam_fixtures import iou, require_lite_medsam
-from .test_sam_annotator import WAIT, add_box, open_dock, wait_embedded
+from sam_fixtures import iou, require_lite_medsam
+from test_sam_annotator import WAIT, add_box, open_dock, wait_embedded
 from napari_gpuseg.engine.sam.propagate import mask_box
 
 OBJ, Z0, Z1 = 36, 2, 9  # object 36 spans z 1..6: crop slices 0..4
