@@ -71,7 +71,7 @@ def propagate(viewer, app):
     viewer.dims.set_current_step(0, z)
     pump(app, lambda: w._plane_key() in w._prepared)
     x0, y0, x1, y1 = mask_box(gt[z] == 33, 1)
-    w.box_layer.add_rectangles(np.array([[z, y0, x0], [z, y1, x1]], float))
+    w.box_layer.add_rectangles(np.array([[z, y0, x0], [z, y0, x1], [z, y1, x1], [z, y1, x0]], float))
     pump(app, w.has_preview, 120)
     w.propagate_panel.propagate()
     pump(app, lambda: "propagated" in w.status.text(), 900)

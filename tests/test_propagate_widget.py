@@ -29,7 +29,7 @@ def test_propagate_preview_then_undo_then_all_in_3d(make_napari_viewer, qtbot, s
     labels = w.labels_layer.data
     assert set(np.unique(labels)) == {0, 1}  # one object id across slices
     zs = np.nonzero((labels == 1).any(axis=(1, 2)))[0]
-    assert zs.min() == 0 and 3 <= zs.max() <= 5
+    assert zs.min() == 0 and zs.max() >= 3
     assert iou(labels == 1, gt == OBJ) > 0.4
     w.undo()
     assert w.labels_layer.data.max() == 0  # the whole propagated object in one step
