@@ -59,6 +59,29 @@ def annotator(viewer, app):
     pump(app)
 
 
+def propagate(viewer, app):
+    """One nucleus of synthetic3d boxed on its middle slice, propagated through the stack."""
+    from napari_gpuseg.engine.sam.propagate import mask_box
+
+    vol = tifffile.imread(DATA / "synthetic3d" / "image.tif")
+    gt = tifffile.imread(DATA / "synthetic3d" / "mask.tif")
+    viewer.add_image(vol, name="synthetic3d")
+    _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    z = 11
+    viewer.dims.set_current_step(0, z)
+    pump(app, lambda: w._plane_key() in w._prepared)
+    x0, y0, x1, y1 = mask_box(gt[z] == 33, 1)
+    w.box_layer.add_rectangles(np.array([[z, y0, x0], [z, y0, x1], [z, y1, x1], [z, y1, x0]], float))
+    pump(app, w.has_preview, 120)
+    w.propagate_panel.propagate()
+    pump(app, lambda: "propagated" in w.status.text(), 900)
+    for ly in (w.box_layer, w.preview_layer):
+        ly.visible = False
+    viewer.dims.ndisplay = 3
+    viewer.camera.angles = (0, 35, 60)
+    pump(app)
+
+
 def gpu_monitor(viewer, app):
     viewer.open_sample("napari-gpuseg", "bbbc039")
     viewer.window.add_plugin_dock_widget("napari-gpuseg", "GPU monitor")
@@ -98,7 +121,7 @@ def sam_automatic(viewer, app):
 
 
 SHOTS = {"annotator": annotator, "gpu_monitor": gpu_monitor, "unet_predict": unet_predict,
-         "sam_automatic": sam_automatic}
+         "sam_automatic": sam_automatic, "propagate": propagate}
 
 
 def main(names):

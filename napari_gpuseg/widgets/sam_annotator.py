@@ -157,6 +157,9 @@ class SamAnnotatorWidget(QWidget):
         layout.addLayout(row3)
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
+        from ._propagate import PropagatePanel  # Propagate / Segment all objects in 3D
+        self.propagate_panel = PropagatePanel(self)
+        layout.addWidget(self.propagate_panel)
         layout.addStretch(1)
         self._update_hint()
 
