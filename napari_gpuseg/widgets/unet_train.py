@@ -25,7 +25,7 @@ _train_worker: InferenceWorker | None = None
 def train_worker() -> InferenceWorker:
     """A dedicated thread for training jobs (one at a time)."""
     global _train_worker
-    if _train_worker is None or not _train_worker._thread.is_alive():
+    if _train_worker is None or not _train_worker.alive:
         _train_worker = InferenceWorker(name="napari-gpuseg-train")
     return _train_worker
 
