@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from qtpy.QtCore import QSize, Qt
 from qtpy.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QScrollArea, QSpinBox, QWidget
 
 from . import _bridge
@@ -40,12 +41,26 @@ def notify_error(message: str) -> None:
         logger.exception("could not show the napari notification %r", message)
 
 
+class _VerticalScroll(QScrollArea):
+    """Scrolls vertically only: as wide as its content plus the scroll bar."""
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt name
+        hint = super().minimumSizeHint()
+        inner = self.widget()
+        if inner is None:
+            return hint
+        width = inner.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width() \
+            + 2 * self.frameWidth()
+        return QSize(max(hint.width(), width), hint.height())
+
+
 def scrollable(content: QWidget) -> QScrollArea:
-    """``content`` in a frameless vertical scroll area, so that a dock taller than the
-    window scrolls instead of clipping its rows."""
-    area = QScrollArea()
+    """``content`` in a frameless vertical scroll area, so that a dock sharing the window's
+    height with others scrolls instead of squeezing (clipping) its rows."""
+    area = _VerticalScroll()
     area.setWidgetResizable(True)
     area.setFrameShape(QScrollArea.Shape.NoFrame)
+    area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     area.setWidget(content)
     return area
 
