@@ -7,6 +7,7 @@ the rest of the image's tiles, which are embedded in the background ("5/12 tiles
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -27,6 +28,9 @@ from ._dock import DockWidget, auto_spin, scrollable
 from ._annotation_layers import ensure_layers, remove_on_plane, spatial_shape
 from ._prompts import boxes_xyxy, current_prompt, plane, plane_index, prompt_focus
 from ._redraw_hold import RedrawHold
+
+logger = logging.getLogger(__name__)
+
 
 class SamAnnotatorWidget(DockWidget):
     TITLE = "SAM annotator"
@@ -262,8 +266,8 @@ class SamAnnotatorWidget(DockWidget):
         for ly in (self.pos_layer, self.neg_layer, self.box_layer):
             try:
                 ly.events.data.disconnect(self._on_prompts_changed)
-            except (TypeError, ValueError, RuntimeError):
-                pass
+            except (TypeError, ValueError, RuntimeError):  # not connected yet
+                logger.debug("prompt layer %r was not connected yet", ly.name)
             ly.events.data.connect(self._on_prompts_changed)
         self.viewer.layers.selection.active = self.box_layer
         self.box_layer.mode = "add_rectangle"
