@@ -122,6 +122,7 @@ def sam_automatic(viewer, app):
 
 SHOTS = {"annotator": annotator, "gpu_monitor": gpu_monitor, "unet_predict": unet_predict,
          "sam_automatic": sam_automatic, "propagate": propagate}
+AT_DEFAULT_SIZE = {"annotator"}  # shown at napari's default window size (no clipped dock rows)
 
 
 def main(names):
@@ -131,7 +132,8 @@ def main(names):
     OUT.mkdir(parents=True, exist_ok=True)
     for name in names or SHOTS:
         viewer = napari.Viewer(title="napari-gpuseg")
-        viewer.window._qt_window.resize(1500, 900)
+        if name not in AT_DEFAULT_SIZE:
+            viewer.window._qt_window.resize(1500, 900)
         app = QApplication.instance()
         SHOTS[name](viewer, app)
         viewer.screenshot(str(OUT / f"{name}.png"), canvas_only=False)

@@ -49,7 +49,7 @@ def test_dock_runs_folder_and_opens_results(make_napari_viewer, qtbot, small_fol
     w.out_dir.setText(str(out))
     w.method.setCurrentText("threshold")
     w.image_batch.setValue(2)
-    assert w.batch_size.text() == "auto"
+    assert w.batch_size.text() == "Auto"
     qtbot.mouseClick(w.start_button, Qt.MouseButton.LeftButton)
     assert w.running and not w.start_button.isEnabled() and w.cancel_button.isEnabled()
     qtbot.waitUntil(lambda: w.report is not None or w.error is not None, timeout=30000)

@@ -12,10 +12,13 @@ the user's prompt for longer than ``max_ms``.
 """
 from __future__ import annotations
 
+import logging
 import weakref
 
 from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import QMainWindow, QWidget
+
+logger = logging.getLogger(__name__)
 
 HOLD_MS = 120
 
@@ -76,7 +79,7 @@ class RedrawHold:
             if window is not None:
                 window.setUpdatesEnabled(True)
         except RuntimeError:  # the viewer was closed meanwhile
-            pass
+            logger.debug("redraw hold released after its window was deleted")
 
     def _on_timeout(self) -> None:
         self.timeouts += 1

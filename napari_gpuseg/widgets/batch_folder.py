@@ -16,7 +16,7 @@ from qtpy.QtCore import Qt, QTimer, QUrl
 from qtpy.QtGui import QDesktopServices
 from qtpy.QtWidgets import (
     QAbstractItemView, QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout,
-    QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QTableWidget,
+    QHeaderView, QLabel, QLineEdit, QPushButton, QSpinBox, QTableWidget,
     QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
@@ -27,6 +27,7 @@ from ..engine.runtime.cancel import CancelToken
 from ..engine.jobs.methods import available_methods, method_description, parse_options
 from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
 from ._bridge import relay
+from ._dock import DockWidget, auto_spin
 
 COLUMNS = ("file", "objects", "time (s)", "status", "error")
 
@@ -38,8 +39,10 @@ def _eta(seconds: float | None) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-class BatchFolderWidget(QWidget):
+class BatchFolderWidget(DockWidget):
     """Input folder, pattern, output folder, method and knobs; Start / Cancel; results."""
+
+    TITLE = "Batch folder"
 
     def __init__(self, napari_viewer=None, parent=None):
         super().__init__(parent)
@@ -73,10 +76,8 @@ class BatchFolderWidget(QWidget):
         self.boxes.setPlaceholderText("sam-boxes: folder of <name>.csv / <name>_labels.tif (else a detector)")
         self.image_batch = QSpinBox(minimum=1, maximum=256, value=4)
         self.image_batch.setToolTip("images of the same shape per device call")
-        self.batch_size = QSpinBox(minimum=0, maximum=4096, value=0)
-        self.batch_size.setSpecialValueText("auto")
-        self.batch_size.setToolTip("prompts or tiles per device call inside the method (auto: "
-                                   "from free memory, halved on out-of-memory)")
+        self.batch_size = auto_spin("prompts or tiles per device call inside the method (Auto: "
+                                    "from free memory, halved on out-of-memory)", maximum=4096)
         self.io_workers = QSpinBox(minimum=1, maximum=32, value=2)
         self.precision = QComboBox()
         self.precision.addItems(["auto", "fp32", "bf16", "fp16"])
@@ -96,19 +97,10 @@ class BatchFolderWidget(QWidget):
         form.addRow("I/O workers", self.io_workers)
         form.addRow("Precision", self.precision)
 
-        self.start_button = QPushButton("Start")
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setEnabled(False)
-        self.start_button.clicked.connect(self.start)
-        self.cancel_button.clicked.connect(self.cancel)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.start_button)
-        buttons.addWidget(self.cancel_button)
+        self.start_button, buttons = self._make_run_buttons("Start", self.start, self.cancel)
 
-        self.progress = QProgressBar()
+        self._make_status_parts()
         self.progress.setFormat("%v / %m")
-        self.status = QLabel("idle")
-        self.status.setWordWrap(True)
         self.memory_label = QLabel("")
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -231,7 +223,7 @@ class BatchFolderWidget(QWidget):
     def _run(self, in_dir: Path, out_dir: Path, kwargs: dict, token: CancelToken) -> None:
         """Runs in the background thread."""
         try:
-            report = run_folder(in_dir, out_dir, progress=lambda p: self._deliver(self._on_progress, p),
+            report = run_folder(in_dir, out_dir, progress=lambda p: self._deliver(self._on_run_progress, p),
                                 cancel=token, **kwargs)
         except Exception as exc:  # noqa: BLE001 - shown to the user
             self._deliver(self._on_failed, f"{type(exc).__name__}: {exc}")
@@ -246,8 +238,7 @@ class BatchFolderWidget(QWidget):
             self.cancel_button.setEnabled(False)
 
     def _set_running(self, running: bool) -> None:
-        self.start_button.setEnabled(not running)
-        self.cancel_button.setEnabled(running)
+        self._set_busy(running)
         if running:
             self.timer.start()
         else:
@@ -266,10 +257,9 @@ class BatchFolderWidget(QWidget):
                 item.setToolTip(text)
             self.table.setItem(r, c, item)
 
-    def _on_progress(self, p: Progress) -> None:
+    def _on_run_progress(self, p: Progress) -> None:
         self.last_progress = p
-        self.progress.setRange(0, max(1, p.total))
-        self.progress.setValue(p.done)
+        self._on_progress(p.done, p.total)
         if self._t_cancel is None:
             self.status.setText(
                 f"{p.done}/{p.total} · {p.ok} ok, {p.skipped} skipped, {p.errors} errors · "
@@ -298,13 +288,7 @@ class BatchFolderWidget(QWidget):
 
     def _fail(self, message: str) -> None:
         self.error = message
-        self.status.setText(f"error: {message}")
-        try:
-            from napari.utils.notifications import show_error
-
-            show_error(f"Batch folder: {message}")
-        except Exception:  # noqa: BLE001 - no napari notification manager: the label suffices
-            pass
+        self._report_error(message)
 
     def _refresh_memory(self) -> None:
         snap = memory.snapshot(get_policy().device)

@@ -7,57 +7,34 @@ the rest of the image's tiles, which are embedded in the background ("5/12 tiles
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 from napari.layers import Image
-from napari.utils.notifications import show_error, show_info
+from napari.utils.notifications import show_info
 from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import (
-    QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QProgressBar,
-    QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
 
 from ..engine.sam.annotation import LabelCommitter
 from ..engine.runtime.device import get_policy, synchronize
-from ..engine.sam.loader import DEFAULT_MODEL, load_engine
+from ..engine.sam.loader import load_engine
 from ..engine.sam.schedule import stack_steps
 from ..engine.runtime.worker import BACKGROUND, IDLE, INTERACTIVE, InferenceWorker, default_worker
-from . import _bridge
+from ._choices import BROWSE, browse_checkpoint, sam_model_names
+from ._dock import DockWidget, auto_spin, scrollable
 from ._annotation_layers import ensure_layers, remove_on_plane, spatial_shape
 from ._prompts import boxes_xyxy, current_prompt, plane, plane_index, prompt_focus
 from ._redraw_hold import RedrawHold
 
-BROWSE = "Browse for a checkpoint…"
+logger = logging.getLogger(__name__)
 
 
-def browse_checkpoint(combo: QComboBox, parent: QWidget) -> bool:
-    """If ``combo`` shows the *Browse* entry, ask for a checkpoint file and select it.
-    False when the user cancelled (the combo is back on the default model)."""
-    if combo.currentText() != BROWSE:
-        return True
-    path, _ = QFileDialog.getOpenFileName(parent, "SAM checkpoint", "", "Checkpoints (*.pth *.pt)")
-    if not path:
-        combo.setCurrentIndex(0)
-        return False
-    combo.insertItem(0, path)
-    combo.setCurrentIndex(0)
-    return True
+class SamAnnotatorWidget(DockWidget):
+    TITLE = "SAM annotator"
 
-
-def _model_names() -> list[str]:
-    try:
-        from ..models import registry
-
-        names = list(registry.list_models())
-    except Exception:  # registry problems must not break the dock
-        names = []
-    if DEFAULT_MODEL in names:
-        names.remove(DEFAULT_MODEL)
-    return [DEFAULT_MODEL] + names
-
-
-class SamAnnotatorWidget(QWidget):
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
         super().__init__(parent)
         self.viewer = napari_viewer
@@ -104,17 +81,14 @@ class SamAnnotatorWidget(QWidget):
     # -- UI ---------------------------------------------------------------------
     def _build_ui(self) -> None:
         self.model_combo = QComboBox()
-        self.model_combo.addItems(_model_names() + [BROWSE])
+        self.model_combo.addItems(sam_model_names() + [BROWSE])
         self.model_combo.activated.connect(self._on_model_chosen)
         self.device_label = QLabel(self.policy.describe())
         self.device_label.setWordWrap(True)
         self.image_label = QLabel("no image layer")
         self.hint_label = QLabel()
         self.hint_label.setWordWrap(True)
-        self.status = QLabel("idle")
-        self.status.setWordWrap(True)
-        self.progress = QProgressBar()
-        self.progress.setRange(0, 1)
+        self._make_status_parts()
         self.multimask = QCheckBox("best of 3 masks for point prompts")
         self.multimask.setChecked(True)
 
@@ -127,10 +101,7 @@ class SamAnnotatorWidget(QWidget):
         self.undo_btn.clicked.connect(self.undo)
         self.all_boxes_btn.clicked.connect(self.segment_all_boxes)
 
-        self.batch_spin = QSpinBox()
-        self.batch_spin.setRange(0, 256)
-        self.batch_spin.setSpecialValueText("Auto")
-        self.batch_spin.setToolTip("Images (tiles) per encoder call; Auto adapts to memory")
+        self.batch_spin = auto_spin("Images (tiles) per encoder call; Auto adapts to memory")
         self.precompute_btn = QPushButton("Precompute stack")
         self.cancel_btn = QPushButton("Cancel")
         self.precompute_btn.clicked.connect(self.precompute_stack)
@@ -148,7 +119,13 @@ class SamAnnotatorWidget(QWidget):
         row2.addWidget(self.all_boxes_btn)
         row3.addWidget(self.precompute_btn)
         row3.addWidget(self.cancel_btn)
-        layout = QVBoxLayout(self)
+        # the rows live in a scroll area: a dock sharing the window's height with others
+        # scrolls instead of squeezing its top rows (Model, Image) to nothing
+        self.content = QWidget()
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scrollable(self.content))
+        layout = QVBoxLayout(self.content)
         layout.addLayout(form)
         layout.addWidget(self.hint_label)
         layout.addWidget(self.multimask)
@@ -213,18 +190,9 @@ class SamAnnotatorWidget(QWidget):
             self._on_progress(done, total)
             self._set_status(self._status_text)
 
-    def _on_progress(self, done: int, total: int) -> None:
-        self.progress.setRange(0, max(1, total))
-        self.progress.setValue(done)
-
-    def _on_error(self, exc: BaseException) -> None:
-        msg = f"SAM annotator: {exc.__class__.__name__}: {exc}"
-        self._set_status(msg)
-        show_error(msg)
-
     # -- engine jobs (bodies run in the worker thread) ------------------------------
     def _submit(self, fn, *args, **kwargs):
-        job = _bridge.submit(fn, *args, worker=self.worker, owner=self, **kwargs)
+        job = self._submit_job(fn, *args, **kwargs)
         self._jobs = [j for j in self._jobs if not j.wait(0)] + [job]
         return job
 
@@ -301,8 +269,8 @@ class SamAnnotatorWidget(QWidget):
         for ly in (self.pos_layer, self.neg_layer, self.box_layer):
             try:
                 ly.events.data.disconnect(self._on_prompts_changed)
-            except (TypeError, ValueError, RuntimeError):
-                pass
+            except (TypeError, ValueError, RuntimeError):  # not connected yet
+                logger.debug("prompt layer %r was not connected yet", ly.name)
             ly.events.data.connect(self._on_prompts_changed)
         self.viewer.layers.selection.active = self.box_layer
         self.box_layer.mode = "add_rectangle"

@@ -11,19 +11,18 @@ import time
 
 import numpy as np
 from napari.layers import Image, Shapes
-from napari.utils.notifications import show_error
 from qtpy.QtWidgets import (
     QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
-    QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout,
 )
 
 from ..engine.sam.everything import AutomaticParams, segment_everything_batch
 from ..engine.sam.boxes import boxes_from_csv, detect_boxes, segment_boxes_batch
 from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
-from . import _bridge
+from ._choices import BROWSE, browse_checkpoint, sam_model_names
+from ._dock import DockWidget, auto_spin
 from ._prompts import boxes_xyxy, plane, plane_index
-from .sam_annotator import BROWSE, _model_names, browse_checkpoint
 
 MODE_BOXES, MODE_EVERYTHING = "Boxes -> SAM (detector + SAM)", "Segment everything (point grid)"
 SOURCES = {
@@ -46,11 +45,13 @@ def is_box_trained(model: str) -> bool:
         from ..models import registry
 
         return registry.get_spec(model).arch == "lite_medsam"
-    except Exception:  # unknown name or a file path
+    except Exception:  # noqa: BLE001 - unknown name or a file path: judge by the name
         return "medsam" in str(model).lower()
 
 
-class SamAutomaticWidget(QWidget):
+class SamAutomaticWidget(DockWidget):
+    TITLE = "SAM automatic"
+
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
         super().__init__(parent)
         self.viewer = napari_viewer
@@ -68,7 +69,7 @@ class SamAutomaticWidget(QWidget):
     # -- UI -----------------------------------------------------------------------
     def _build_ui(self) -> None:
         self.model_combo = QComboBox()
-        self.model_combo.addItems(_model_names() + [BROWSE])
+        self.model_combo.addItems(sam_model_names() + [BROWSE])
         self.model_combo.activated.connect(self._on_model_chosen)
         self.image_combo = QComboBox()
         self.mode_combo = QComboBox()
@@ -124,22 +125,11 @@ class SamAutomaticWidget(QWidget):
         pf.addRow(self.defaults_button)
 
         self.stack_check = QCheckBox("Run on the whole stack")
-        self.embed_batch_spin = QSpinBox()
-        self.embed_batch_spin.setRange(0, 256)
-        self.embed_batch_spin.setSpecialValueText("Auto")
-        self.embed_batch_spin.setToolTip("Images (tiles) per encoder call; Auto adapts to memory")
-        self.prompt_batch_spin = QSpinBox()
-        self.prompt_batch_spin.setRange(0, 4096)
-        self.prompt_batch_spin.setSpecialValueText("Auto")
-        self.prompt_batch_spin.setToolTip("Prompts (boxes or points) per decoder call; Auto adapts to memory")
-        self.run_button = QPushButton("Run")
-        self.cancel_button = QPushButton("Cancel")
-        self.run_button.clicked.connect(self.run)
-        self.cancel_button.clicked.connect(self.cancel)
-        self.progress = QProgressBar()
-        self.progress.setRange(0, 1)
-        self.status = QLabel("idle")
-        self.status.setWordWrap(True)
+        self.embed_batch_spin = auto_spin("Images (tiles) per encoder call; Auto adapts to memory")
+        self.prompt_batch_spin = auto_spin("Prompts (boxes or points) per decoder call; Auto adapts to memory",
+                                           maximum=4096)
+        self.run_button, buttons = self._make_run_buttons("Run", self.run, self.cancel, cancel_enabled=True)
+        self._make_status_parts()
 
         form = QFormLayout()
         form.addRow("Model", self.model_combo)
@@ -148,9 +138,6 @@ class SamAutomaticWidget(QWidget):
         batch = QFormLayout()
         batch.addRow("Encoder batch", self.embed_batch_spin)
         batch.addRow("Prompt batch", self.prompt_batch_spin)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.run_button)
-        buttons.addWidget(self.cancel_button)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.hint_label)
@@ -274,12 +261,12 @@ class SamAutomaticWidget(QWidget):
         planes = [np.array(plane(layer, idx), copy=True) for idx in indices]
         self._started = time.perf_counter()
         self._set_status(f"running {self.mode} on {len(planes)} plane(s)…")
-        self.run_button.setEnabled(False)
-        self._job = _bridge.submit(
+        self._set_busy(True, toggle_cancel=False)
+        self._job = self._submit_job(
             self._job_run, self.model_name, self.mode, planes, boxes, self.params(),
             self.padding_spin.value(), self.min_area_spin.value(),
             self.embed_batch_spin.value() or None, self.prompt_batch_spin.value() or None,
-            worker=self.worker, tag="sam-automatic",
+            tag="sam-automatic",
             on_result=lambda r, ly=layer, ix=indices: self._on_result(ly, ix, r),
             on_error=self._on_error, on_progress=self._on_progress, on_cancelled=self._on_cancelled)
 
@@ -330,19 +317,10 @@ class SamAutomaticWidget(QWidget):
         self._set_status(f"cancelling {n} job(s)…" if n else "nothing to cancel")
 
     # -- callbacks ----------------------------------------------------------------------
-    def _set_status(self, text: str) -> None:
-        self.status.setText(text)
-
-    def _on_progress(self, done: int, total: int) -> None:
-        self.progress.setRange(0, max(1, total))
-        self.progress.setValue(min(done, max(1, total)))
-
     def _on_cancelled(self) -> None:
-        self.run_button.setEnabled(True)
+        self._set_busy(False, toggle_cancel=False)
         self._set_status("cancelled")
 
     def _on_error(self, exc: BaseException) -> None:
-        self.run_button.setEnabled(True)
-        msg = f"SAM automatic: {exc.__class__.__name__}: {exc}"
-        self._set_status(msg)
-        show_error(msg)
+        self._set_busy(False, toggle_cancel=False)
+        self._report_error(exc)

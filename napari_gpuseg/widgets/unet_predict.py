@@ -10,27 +10,16 @@ from pathlib import Path
 
 import numpy as np
 from qtpy.QtWidgets import (
-    QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
-    QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLineEdit,
+    QPushButton, QVBoxLayout,
 )
 
 from ..engine.runtime.worker import default_worker
-from ._bridge import submit
+from ._choices import layer_array, layer_names
+from ._dock import DockWidget, auto_spin
 
 BUNDLED = "Bundled nuclei model"
 FROM_FILE = "From file…"
-
-
-def layer_array(layer) -> np.ndarray:
-    """The full-resolution pixels of a layer as a numpy array (multiscale: level 0)."""
-    data = layer.data[0] if getattr(layer, "multiscale", False) else layer.data
-    return np.asarray(data)
-
-
-def layer_names(viewer, kind: str) -> list[str]:
-    if viewer is None:
-        return []
-    return [lyr.name for lyr in viewer.layers if lyr.__class__.__name__ == kind]
 
 
 def _predict_job(image, model_path, rgb, outputs, batch_size, overlap, tile, progress=None, cancel=None):
@@ -53,8 +42,10 @@ def _predict_job(image, model_path, rgb, outputs, batch_size, overlap, tile, pro
     return out
 
 
-class UNetPredictWidget(QWidget):
+class UNetPredictWidget(DockWidget):
     """Image layer, model (bundled or file), outputs, batch size (Auto), tile, overlap."""
+
+    TITLE = "U-Net predict"
 
     def __init__(self, napari_viewer=None, parent=None):
         super().__init__(parent)
@@ -80,15 +71,9 @@ class UNetPredictWidget(QWidget):
         outputs = QHBoxLayout()
         outputs.addWidget(self.out_labels)
         outputs.addWidget(self.out_probs)
-        self.batch = QSpinBox()
-        self.batch.setRange(0, 256)
-        self.batch.setSpecialValueText("Auto")
-        self.batch.setToolTip("windows per device call; Auto starts from free memory and halves on OOM")
-        self.tile = QSpinBox()
-        self.tile.setRange(0, 2048)
-        self.tile.setSingleStep(64)
-        self.tile.setSpecialValueText("Auto")
-        self.tile.setToolTip("largest window edge; Auto = whole image up to 768 px, else 256-512 px tiles")
+        self.batch = auto_spin("windows per device call; Auto starts from free memory and halves on OOM")
+        self.tile = auto_spin("largest window edge; Auto = whole image up to 768 px, else 256-512 px tiles",
+                              maximum=2048, step=64)
         self.overlap = QDoubleSpinBox()
         self.overlap.setRange(0.0, 0.9)
         self.overlap.setSingleStep(0.05)
@@ -102,17 +87,8 @@ class UNetPredictWidget(QWidget):
         form.addRow("Batch size", self.batch)
         form.addRow("Tile", self.tile)
         form.addRow("Overlap", self.overlap)
-        self.run_button = QPushButton("Run")
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setEnabled(False)
-        self.run_button.clicked.connect(self.run)
-        self.cancel_button.clicked.connect(self.cancel)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.run_button)
-        buttons.addWidget(self.cancel_button)
-        self.progress = QProgressBar()
-        self.status = QLabel("")
-        self.status.setWordWrap(True)
+        self.run_button, buttons = self._make_run_buttons("Run", self.run, self.cancel)
+        self._make_status_parts("")
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addLayout(buttons)
@@ -144,10 +120,6 @@ class UNetPredictWidget(QWidget):
         if path:
             self.model_path.setText(path)
 
-    def _busy(self, busy: bool) -> None:
-        self.run_button.setEnabled(not busy)
-        self.cancel_button.setEnabled(busy)
-
     # -- actions -------------------------------------------------------------
     def run(self):
         name = self.image_combo.currentText()
@@ -167,15 +139,15 @@ class UNetPredictWidget(QWidget):
                 return None
         layer = self.viewer.layers[name]
         image = layer_array(layer)
-        self._busy(True)
+        self._set_busy(True)
         self.progress.setValue(0)
         self.status.setText(f"Predicting {name} {image.shape}…")
-        self.job = submit(
+        self.job = self._submit_job(
             _predict_job, image, model_path, bool(getattr(layer, "rgb", False)), outputs,
             self.batch.value() or None, float(self.overlap.value()), int(self.tile.value()),
             tag="unet_predict", replace=True,
             on_result=lambda r, layer=layer: self._done(r, layer), on_error=self._failed,
-            on_progress=self._progress, on_cancelled=self._cancelled,
+            on_progress=self._on_progress, on_cancelled=self._cancelled,
         )
         return self.job
 
@@ -183,12 +155,8 @@ class UNetPredictWidget(QWidget):
         if self.job is not None:
             self.job.cancel()
 
-    def _progress(self, done: int, total: int) -> None:
-        self.progress.setMaximum(max(1, total))
-        self.progress.setValue(done)
-
     def _done(self, result: dict, layer) -> None:
-        self._busy(False)
+        self._set_busy(False)
         self.last_result = result
         kw = {"scale": layer.scale, "translate": layer.translate}
         if "labels" in result:
@@ -211,9 +179,9 @@ class UNetPredictWidget(QWidget):
         self.status.setText(f"Done: {n} objects." if n is not None else "Done.")
 
     def _failed(self, exc: BaseException) -> None:
-        self._busy(False)
-        self.status.setText(f"Failed: {exc}")
+        self._set_busy(False)
+        self._report_error(exc)
 
     def _cancelled(self) -> None:
-        self._busy(False)
+        self._set_busy(False)
         self.status.setText("Cancelled.")

@@ -10,14 +10,15 @@ import time
 from pathlib import Path
 
 from qtpy.QtWidgets import (
-    QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
-    QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLineEdit,
+    QPushButton, QSpinBox, QVBoxLayout,
 )
 
 from ..engine.runtime.worker import InferenceWorker
-from ._bridge import relay, submit
+from ._bridge import relay
+from ._choices import layer_array, layer_names
+from ._dock import DockWidget
 from ._plot import HistoryPlot
-from .unet_predict import layer_array, layer_names
 
 _train_worker: InferenceWorker | None = None
 
@@ -25,7 +26,7 @@ _train_worker: InferenceWorker | None = None
 def train_worker() -> InferenceWorker:
     """A dedicated thread for training jobs (one at a time)."""
     global _train_worker
-    if _train_worker is None or not _train_worker._thread.is_alive():
+    if _train_worker is None or not _train_worker.alive:
         _train_worker = InferenceWorker(name="napari-gpuseg-train")
     return _train_worker
 
@@ -47,8 +48,15 @@ def _train_job(image, labels, config, out_path, init, on_event, progress=None, c
             "seconds": result.seconds, "best_epoch": result.best_epoch}
 
 
-class UNetTrainWidget(QWidget):
+class UNetTrainWidget(DockWidget):
     """Layers, architecture, schedule, output file; Train / Cancel; live plot."""
+
+    TITLE = "U-Net train"
+
+    @property
+    def worker(self) -> InferenceWorker:
+        """Training jobs go to their own worker thread."""
+        return train_worker()
 
     def __init__(self, napari_viewer=None, parent=None):
         super().__init__(parent)
@@ -102,18 +110,12 @@ class UNetTrainWidget(QWidget):
         form.addRow("Validation", _row(self.val_fraction, self.patience))
         form.addRow("", _row(self.compile, self.checkpointing))
         form.addRow("Save to", out_row)
-        self.train_button = QPushButton("Train")
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setEnabled(False)
-        self.train_button.clicked.connect(self.train)
-        self.cancel_button.clicked.connect(self.cancel)
-        self.progress = QProgressBar()
+        self.train_button, buttons = self._make_run_buttons("Train", self.train, self.cancel)
+        self._make_status_parts("")
         self.plot = HistoryPlot(("train loss", "val score"), maxlen=400)
-        self.status = QLabel("")
-        self.status.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
-        layout.addLayout(_row(self.train_button, self.cancel_button))
+        layout.addLayout(buttons)
         layout.addWidget(self.progress)
         layout.addWidget(self.plot)
         layout.addWidget(self.status)
@@ -175,14 +177,13 @@ class UNetTrainWidget(QWidget):
         self.events.clear()
         self.plot.clear()
         self.progress.setValue(0)
-        self.train_button.setEnabled(False)
-        self.cancel_button.setEnabled(True)
+        self._set_busy(True)
         self.status.setText("Training…")
         forward = lambda ev: relay().call.emit(self._on_event, (ev,))  # noqa: E731
-        self.job = submit(_train_job, image.copy(), labels.copy(), config, self.out_path.text().strip(),
-                          init, forward, worker=train_worker(), inference=False,
-                          on_result=self._done, on_error=self._failed, on_progress=self._progress,
-                          on_cancelled=self._cancelled)
+        self.job = self._submit_job(_train_job, image.copy(), labels.copy(), config, self.out_path.text().strip(),
+                                    init, forward, inference=False, on_result=self._done,
+                                    on_error=self._failed, on_progress=self._on_progress,
+                                    on_cancelled=self._cancelled)
         return self.job
 
     def cancel(self) -> None:
@@ -198,13 +199,8 @@ class UNetTrainWidget(QWidget):
             self.status.setText(f"epoch {ev.epoch + 1}: loss {ev.train_loss:.3f}, val F1 {ev.val_f1:.3f}, "
                                 f"fg IoU {ev.val_fg_iou:.3f} (best score {ev.best_score:.3f})")
 
-    def _progress(self, done: int, total: int) -> None:
-        self.progress.setMaximum(max(1, total))
-        self.progress.setValue(done)
-
     def _finish(self, text: str) -> None:
-        self.train_button.setEnabled(True)
-        self.cancel_button.setEnabled(False)
+        self._set_busy(False)
         self.status.setText(text)
 
     def _done(self, result: dict) -> None:
@@ -213,7 +209,8 @@ class UNetTrainWidget(QWidget):
                      "Use it in the U-Net predict dock: Model → From file.")
 
     def _failed(self, exc: BaseException) -> None:
-        self._finish(f"Training failed: {exc}")
+        self._set_busy(False)
+        self._report_error(exc)
 
     def _cancelled(self) -> None:
         self._finish("Cancelled; the best checkpoint so far (if any) is on disk.")

@@ -19,6 +19,7 @@ import contextlib
 import heapq
 import inspect
 import itertools
+import logging
 import threading
 import time
 from typing import Any, Callable, Hashable
@@ -27,6 +28,8 @@ import torch
 
 from .device import Policy, get_policy
 from .cancel import Cancelled, CancelToken
+
+logger = logging.getLogger(__name__)
 
 PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
 
@@ -222,6 +225,11 @@ class InferenceWorker:
         return n
 
     @property
+    def alive(self) -> bool:
+        """True while the worker thread runs (False after :meth:`shutdown`)."""
+        return self._thread.is_alive()
+
+    @property
     def busy(self) -> bool:
         with self._cond:
             return bool(self._stack or self._heap)
@@ -321,8 +329,8 @@ class InferenceWorker:
         if callback and callback[0] is not None:
             try:
                 callback[0](*callback[1:])
-            except Exception:  # a broken callback must not kill the worker
-                pass
+            except Exception:  # a broken callback must not kill the worker: log it
+                logger.exception("callback %r of job %s (%r) raised", callback[0], job.id, job.tag)
 
     def _kwargs(self, job: Job) -> dict:
         kwargs = dict(job.kwargs)
@@ -342,7 +350,7 @@ def _shutdown_default() -> None:
     """Stop the shared worker before the interpreter tears down (a thread still inside
     torch at exit aborts the process)."""
     worker = _default
-    if worker is not None and worker._thread.is_alive():
+    if worker is not None and worker.alive:
         worker.shutdown(timeout=10.0)
 
 
@@ -350,6 +358,6 @@ def default_worker() -> InferenceWorker:
     """The shared worker all docks use, so each model is loaded once per process."""
     global _default
     with _default_lock:
-        if _default is None or not _default._thread.is_alive():
+        if _default is None or not _default.alive:
             _default = InferenceWorker()
         return _default

@@ -1,0 +1,127 @@
+"""The parts every dock shares: a status line, a progress bar (with an optional Cancel
+button), a batch-size spin box whose 0 reads "Auto", error reporting and the glue to the
+inference worker.
+
+Errors are reported three ways at once: in the dock's status line, as a napari
+notification, and through :mod:`logging` (with the traceback when there is one).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from qtpy.QtCore import QSize, Qt
+from qtpy.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QScrollArea, QSpinBox, QWidget
+
+from . import _bridge
+
+logger = logging.getLogger("napari_gpuseg.widgets")
+
+AUTO = "Auto"
+"""What a batch-size (or tile-size) spin box shows at 0: the engine picks the value."""
+
+
+def auto_spin(tooltip: str, maximum: int = 256, minimum: int = 0, step: int = 1) -> QSpinBox:
+    """A spin box whose lowest value reads "Auto" (0 or ``minimum``: the engine decides)."""
+    spin = QSpinBox()
+    spin.setRange(minimum, maximum)
+    spin.setSingleStep(step)
+    spin.setSpecialValueText(AUTO)
+    spin.setToolTip(tooltip)
+    return spin
+
+
+def notify_error(message: str) -> None:
+    """A napari error notification; logged when napari cannot show one."""
+    try:
+        from napari.utils.notifications import show_error
+
+        show_error(message)
+    except Exception:  # noqa: BLE001 - no notification manager: the log keeps the message
+        logger.exception("could not show the napari notification %r", message)
+
+
+class _VerticalScroll(QScrollArea):
+    """Scrolls vertically only: as wide as its content plus the scroll bar."""
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt name
+        hint = super().minimumSizeHint()
+        inner = self.widget()
+        if inner is None:
+            return hint
+        width = inner.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width() \
+            + 2 * self.frameWidth()
+        return QSize(max(hint.width(), width), hint.height())
+
+
+def scrollable(content: QWidget) -> QScrollArea:
+    """``content`` in a frameless vertical scroll area, so that a dock sharing the window's
+    height with others scrolls instead of squeezing (clipping) its rows."""
+    area = _VerticalScroll()
+    area.setWidgetResizable(True)
+    area.setFrameShape(QScrollArea.Shape.NoFrame)
+    area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    area.setWidget(content)
+    return area
+
+
+class DockWidget(QWidget):
+    """Base of the docks. Call :meth:`_make_status_parts` (and :meth:`_make_run_buttons`)
+    while building the UI and put the widgets they make in the layout."""
+
+    TITLE = "napari-gpuseg"
+    """Prefix of the dock's error messages."""
+
+    worker = None  # the docks that submit jobs set their InferenceWorker here
+
+    def _make_status_parts(self, idle: str = "idle") -> None:
+        """``self.status`` (a word-wrapped line) and ``self.progress`` (a bar)."""
+        self.status = QLabel(idle)
+        self.status.setWordWrap(True)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+
+    def _make_run_buttons(self, text: str, run: Callable, cancel: Callable,
+                          cancel_enabled: bool = False) -> tuple[QPushButton, QHBoxLayout]:
+        """A run button and ``self.cancel_button`` side by side; :meth:`_set_busy` toggles them."""
+        self._run_button = QPushButton(text)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(cancel_enabled)
+        self._run_button.clicked.connect(run)
+        self.cancel_button.clicked.connect(cancel)
+        row = QHBoxLayout()
+        row.addWidget(self._run_button)
+        row.addWidget(self.cancel_button)
+        return self._run_button, row
+
+    def _set_busy(self, busy: bool, toggle_cancel: bool = True) -> None:
+        self._run_button.setEnabled(not busy)
+        if toggle_cancel:
+            self.cancel_button.setEnabled(busy)
+
+    def _set_status(self, text: str) -> None:
+        self.status.setText(text)
+
+    def _on_progress(self, done: int, total: int) -> None:
+        total = max(1, total)
+        self.progress.setRange(0, total)
+        self.progress.setValue(min(done, total))
+
+    def _report_error(self, error: BaseException | str) -> str:
+        """Show ``error`` in the status line and as a notification, and log it."""
+        if isinstance(error, BaseException):
+            msg = f"{self.TITLE}: {error.__class__.__name__}: {error}"
+            logger.error(msg, exc_info=(type(error), error, error.__traceback__))
+        else:
+            msg = f"{self.TITLE}: {error}"
+            logger.error(msg)
+        self._set_status(msg)
+        notify_error(msg)
+        return msg
+
+    def _on_error(self, exc: BaseException) -> None:
+        self._report_error(exc)
+
+    def _submit_job(self, fn: Callable, *args, **kwargs):
+        """Submit to this dock's worker; callbacks run on the GUI thread while the dock exists."""
+        return _bridge.submit(fn, *args, worker=self.worker, owner=self, **kwargs)

@@ -1,0 +1,85 @@
+"""The shared dock base (widgets/_dock.py) and the annotator's layout at napari's default size."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.runtime.worker import InferenceWorker
+
+
+def test_a_broken_gui_callback_is_logged_and_the_worker_keeps_serving(caplog):
+    worker = InferenceWorker(Policy(torch.device("cpu"), "fp32"))
+    try:
+        def broken(_value):
+            raise ValueError("callback bug")
+
+        with caplog.at_level(logging.ERROR, logger="napari_gpuseg.engine.runtime.worker"):
+            job = worker.submit(lambda: 1, on_result=broken)
+            assert job.result(5) == 1
+            assert worker.submit(lambda: 2).result(5) == 2  # the callback ran before this job
+        assert any("callback bug" in (r.exc_text or "") or r.exc_info and "callback bug" in str(r.exc_info[1])
+                   for r in caplog.records)
+        assert worker.alive
+    finally:
+        worker.shutdown()
+    assert not worker.alive
+
+
+def test_dock_errors_go_to_status_line_notification_and_log(qtbot, caplog, monkeypatch):
+    from napari_gpuseg.widgets import _dock
+
+    shown = []
+    monkeypatch.setattr("napari.utils.notifications.show_error", shown.append)
+
+    class Dock(_dock.DockWidget):
+        TITLE = "Test dock"
+
+        def __init__(self):
+            super().__init__()
+            self._make_status_parts()
+
+    dock = Dock()
+    qtbot.addWidget(dock)
+    with caplog.at_level(logging.ERROR, logger="napari_gpuseg.widgets"):
+        try:
+            raise RuntimeError("CUDA out of memory")
+        except RuntimeError as exc:
+            dock._on_error(exc)
+    msg = "Test dock: RuntimeError: CUDA out of memory"
+    assert dock.status.text() == msg and shown == [msg]
+    assert [r.getMessage() for r in caplog.records] == [msg] and caplog.records[0].exc_info
+
+
+def test_batch_size_boxes_read_Auto_in_every_dock(make_napari_viewer):
+    from qtpy.QtWidgets import QSpinBox
+
+    from napari_gpuseg.widgets.batch_folder import BatchFolderWidget
+    from napari_gpuseg.widgets.unet_predict import UNetPredictWidget
+
+    viewer = make_napari_viewer()
+    for dock in (BatchFolderWidget(viewer), UNetPredictWidget(viewer)):
+        texts = {s.specialValueText() for s in dock.findChildren(QSpinBox) if s.specialValueText()}
+        assert texts == {"Auto"}, (type(dock).__name__, texts)
+
+
+def test_annotator_rows_are_not_clipped_at_the_default_window_size(make_napari_viewer, qtbot):
+    """With the GPU monitor docked below it (as in the README screenshot), the annotator
+    shares the window's height; its Model and Image rows must keep their full height."""
+    viewer = make_napari_viewer(show=True)
+    viewer.add_image(np.zeros((64, 64), np.uint8), name="img")
+    _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    viewer.window.add_plugin_dock_widget("napari-gpuseg", "GPU monitor")
+    qtbot.wait(300)
+    form = w.model_combo.parentWidget().layout().itemAt(0).layout()
+    for field in (w.model_combo, w.image_label):
+        label = form.labelForField(field)
+        for widget in (field, label):
+            assert widget.isVisible()
+            assert widget.height() >= widget.sizeHint().height(), (label.text(), widget.size())
+            visible = widget.visibleRegion().boundingRect()
+            assert visible == widget.rect(), (label.text(), visible, widget.rect())
+    assert w.image_label.text() != "no image layer"
