@@ -21,6 +21,7 @@ from ..engine.sam.everything import AutomaticParams, segment_everything_batch
 from ..engine.sam.boxes import boxes_from_csv, detect_boxes, segment_boxes_batch
 from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
+from ..engine.stacks import label_offsets, shift_ids
 from . import _bridge
 from ._prompts import boxes_xyxy, plane, plane_index
 from .sam_annotator import BROWSE, _model_names, browse_checkpoint
@@ -314,12 +315,11 @@ class SamAutomaticWidget(QWidget):
             return
         self.labels_layer = self._labels_for(layer)
         data = self.labels_layer.data
-        offset, n = 0, 0
-        for idx, res in zip(indices, results):
+        n = 0
+        for idx, res, offset in zip(indices, results, label_offsets([r.labels for r in results])):
             lab = res.labels
             target = data[idx] if idx else data
-            target[...] = np.where(lab > 0, lab + offset, 0)
-            offset += int(lab.max())
+            target[...] = shift_ids(lab, offset)
             n += int(len(np.unique(lab)) - 1)
         self.labels_layer.refresh()
         self.last_result = (indices, results)

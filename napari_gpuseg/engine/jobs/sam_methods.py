@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import fields
-from typing import Sequence
 
 import numpy as np
 
+from ..stacks import label_offsets, stack_labels
 from .methods import BYTES_PER_VALUE, Option, Segmenter, SegResult
 
 DEFAULT_MODEL = "lite_medsam"
@@ -35,16 +35,6 @@ def _planes(image: np.ndarray, rgb: bool) -> tuple[list[np.ndarray], tuple]:
     lead = spatial[:-2]
     flat = image.reshape((-1,) + image.shape[len(lead):]) if lead else image[None]
     return list(flat), tuple(lead)
-
-
-def stack_labels(labels: Sequence[np.ndarray], lead: tuple) -> np.ndarray:
-    """Per-plane label images -> one array with ids unique across the stack."""
-    out, offset = [], 0
-    for lab in labels:
-        out.append(np.where(lab > 0, lab + offset, 0).astype(np.int32))
-        offset += int(lab.max())
-    arr = np.stack(out) if out else np.zeros((0,), np.int32)
-    return arr.reshape(tuple(lead) + arr.shape[1:]) if lead else arr[0]
 
 
 class _SamSegmenter(Segmenter, metaclass=abc.ABCMeta):
@@ -92,10 +82,9 @@ class _SamSegmenter(Segmenter, metaclass=abc.ABCMeta):
             part = results[k:k + len(ps)]
             k += len(ps)
             labels = stack_labels([r.labels for r in part], lead)
-            scores, offset = {}, 0  # label id (unique across the stack) -> predicted IoU
-            for r in part:
+            scores = {}  # label id (unique across the stack) -> predicted IoU
+            for r, offset in zip(part, label_offsets([r.labels for r in part])):
                 scores.update({int(i) + offset: float(s) for i, s in zip(r.ids, r.scores) if i > 0})
-                offset += int(r.labels.max())
             out.append(SegResult(labels, scores))
         return out
 

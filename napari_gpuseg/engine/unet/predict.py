@@ -23,6 +23,7 @@ from ..classical import relabel_small
 from ..runtime.device import Policy, get_policy
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from ..normalize import apply_normalization, normalization_spec
+from ..stacks import stack_labels
 from .tiling import sliding_window_inference
 
 FORMAT = "napari-gpuseg-unet"
@@ -290,14 +291,9 @@ def probabilities_to_labels(
     if probs.ndim > spatial_dims + 1:
         lead = probs.shape[: -(spatial_dims + 1)]
         flat = probs.reshape((-1,) + probs.shape[-(spatial_dims + 1):])
-        out = np.zeros((flat.shape[0],) + flat.shape[2:], np.int32)
-        offset = 0
-        for i, p in enumerate(flat):
-            lab = probabilities_to_labels(p, interior_threshold, foreground_threshold, min_size,
-                                          min_seed, spatial_dims)
-            out[i] = np.where(lab > 0, lab + offset, 0)
-            offset += int(lab.max())
-        return out.reshape(tuple(lead) + out.shape[1:])
+        return stack_labels([probabilities_to_labels(p, interior_threshold, foreground_threshold,
+                                                     min_size, min_seed, spatial_dims)
+                             for p in flat], tuple(lead))
     interior = probs[1]
     fg = (probs[1] + probs[2]) > foreground_threshold
     seeds, n = ndi.label(interior > interior_threshold)
