@@ -100,7 +100,7 @@ def test_batched_decoding_equals_one_box_per_call(engine, val):
 
 
 def test_sam_boxes_method_takes_several_images_per_call(engine, val):
-    from napari_gpuseg.engine.jobs.methods import available_methods, create_method
+    from napari_gpuseg.engine.jobs.registry import available_methods, create_method
 
     assert {"sam-boxes", "sam-everything"} <= set(available_methods())
     imgs, gts = val

@@ -24,7 +24,7 @@ from .. import io as gio
 from ..engine.runtime import memory
 from ..engine.runtime.device import get_policy
 from ..engine.runtime.cancel import CancelToken
-from ..engine.jobs.methods import available_methods, method_description, parse_options
+from ..engine.jobs.registry import available_methods, method_description, parse_options
 from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
 from ._bridge import relay
 
