@@ -15,6 +15,7 @@ import sys
 import threading
 
 from ..engine.runtime.allocator import configure_allocator
+from ..engine.runtime.device import PRECISIONS
 
 EPILOG = """\
 examples:
@@ -79,7 +80,7 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--image-batch", type=_positive, default=4, help="images per device call")
     p.add_argument("--batch-size", type=_batch_size, default=None, metavar="auto|N",
                    help="prompts/tiles per device call inside the method (default: auto)")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    p.add_argument("--precision", default="auto", choices=PRECISIONS)
     p.add_argument("--overwrite", action="store_true", help="redo files that already have output")
     p.add_argument("--max-image-gb", type=_positive_gb, default=None,
                    help="refuse images whose segmentation needs more memory than this (GiB; "

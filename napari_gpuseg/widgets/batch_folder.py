@@ -22,7 +22,7 @@ from qtpy.QtWidgets import (
 
 from .. import io as gio
 from ..engine.runtime import memory
-from ..engine.runtime.device import get_policy
+from ..engine.runtime.device import PRECISIONS, get_policy
 from ..engine.runtime.cancel import CancelToken
 from ..engine.jobs.registry import available_methods, method_description, parse_options
 from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
@@ -77,7 +77,7 @@ class BatchFolderWidget(QWidget):
                                    "from free memory, halved on out-of-memory)")
         self.io_workers = QSpinBox(minimum=1, maximum=32, value=2)
         self.precision = QComboBox()
-        self.precision.addItems(["auto", "fp32", "bf16", "fp16"])
+        self.precision.addItems(list(PRECISIONS))
 
         form = QFormLayout()
         form.addRow("Input folder", self._with_browse(self.in_dir, self._browse_in))

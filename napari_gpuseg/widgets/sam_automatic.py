@@ -18,7 +18,8 @@ from qtpy.QtWidgets import (
 )
 
 from ..engine.sam.everything import AutomaticParams, segment_everything_batch
-from ..engine.sam.boxes import boxes_from_csv, detect_boxes, segment_boxes_batch
+from ..engine.detect import boxes_from_csv, detect_boxes
+from ..engine.sam.boxes import segment_boxes_batch
 from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
 from ..engine.stacks import label_offsets, shift_ids

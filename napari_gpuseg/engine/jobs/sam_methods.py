@@ -110,7 +110,8 @@ class SamBoxSegmenter(_SamSegmenter):
                     "detector_options": Option("dict", none_ok=True)}
 
     def _segment_planes(self, planes):
-        from ..sam.boxes import detect_boxes, segment_boxes_batch
+        from ..detect import detect_boxes
+        from ..sam.boxes import segment_boxes_batch
 
         opts = dict(self.options)
         det = opts.pop("detector", "auto")
