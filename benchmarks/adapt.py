@@ -40,7 +40,8 @@ def main() -> None:
     import tifffile
 
     from napari_gpuseg.engine.metrics import object_f1
-    from napari_gpuseg.engine.sam.boxes import boxes_from_labels, segment_boxes
+    from napari_gpuseg.engine.detect import boxes_from_labels
+    from napari_gpuseg.engine.sam.boxes import segment_boxes
     from napari_gpuseg.engine.sam.loader import load_engine
     from napari_gpuseg.engine.unet.finetune import default_schedule, finetune_unet
     from napari_gpuseg.engine.unet.predict import load_model, predict_labels

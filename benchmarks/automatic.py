@@ -47,7 +47,8 @@ from napari_gpuseg.engine.runtime.device import Policy, device_name  # noqa: E40
 from napari_gpuseg.engine.sam.cache import EmbeddingCache  # noqa: E402
 from napari_gpuseg.engine.metrics import mask_set_match  # noqa: E402
 from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine, SamModelInfo  # noqa: E402
-from napari_gpuseg.engine.sam.boxes import boxes_from_labels, prepare_boxes, segment_boxes_batch  # noqa: E402
+from napari_gpuseg.engine.detect import boxes_from_labels  # noqa: E402
+from napari_gpuseg.engine.sam.boxes import prepare_boxes, segment_boxes_batch  # noqa: E402
 from napari_gpuseg.models.sam import load_sam  # noqa: E402
 
 LINES: list[str] = []

@@ -28,7 +28,7 @@ import numpy as np
 
 from napari_gpuseg import io as gio
 from napari_gpuseg.engine.runtime.device import device_name, make_policy
-from napari_gpuseg.engine.jobs.methods import method_factory
+from napari_gpuseg.engine.jobs.registry import method_factory
 from napari_gpuseg.engine.jobs.pipeline import output_paths, run_folder
 
 LINES: list[str] = []

@@ -42,7 +42,8 @@ def child(field: str, routing: str) -> dict:
     import tifffile
 
     from napari_gpuseg.engine.metrics import pooled_stats
-    from napari_gpuseg.engine.sam.boxes import boxes_from_labels, segment_boxes
+    from napari_gpuseg.engine.detect import boxes_from_labels
+    from napari_gpuseg.engine.sam.boxes import segment_boxes
     from napari_gpuseg.engine.sam.loader import load_engine
 
     engine = load_engine()

@@ -65,7 +65,8 @@ def make_mixed_folder(folder: Path, shared_data: Path) -> dict[str, np.ndarray]:
 import os  # noqa: E402
 import time  # noqa: E402
 
-from napari_gpuseg.engine.jobs.methods import ThresholdSegmenter, register_method  # noqa: E402
+from napari_gpuseg.engine.jobs.builtin_methods import ThresholdSegmenter  # noqa: E402
+from napari_gpuseg.engine.jobs.registry import register_method  # noqa: E402
 
 
 class SlowThreshold(ThresholdSegmenter):

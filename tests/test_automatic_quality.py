@@ -22,7 +22,8 @@ import torch
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.metrics import summary
-from napari_gpuseg.engine.sam.boxes import boxes_from_csv, boxes_from_labels, detect_boxes, prepare_boxes, segment_boxes_batch
+from napari_gpuseg.engine.detect import boxes_from_csv, boxes_from_labels, detect_boxes
+from napari_gpuseg.engine.sam.boxes import prepare_boxes, segment_boxes_batch
 
 from sam_fixtures import require_lite_medsam
 
@@ -100,7 +101,7 @@ def test_batched_decoding_equals_one_box_per_call(engine, val):
 
 
 def test_sam_boxes_method_takes_several_images_per_call(engine, val):
-    from napari_gpuseg.engine.jobs.methods import available_methods, create_method
+    from napari_gpuseg.engine.jobs.registry import available_methods, create_method
 
     assert {"sam-boxes", "sam-everything"} <= set(available_methods())
     imgs, gts = val

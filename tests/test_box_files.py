@@ -14,7 +14,7 @@ import pytest
 import tifffile
 
 from napari_gpuseg.engine.jobs.box_files import BoxFileError, boxes_for_image, find_box_file, read_csv_boxes
-from napari_gpuseg.engine.jobs.methods import OptionError, create_method
+from napari_gpuseg.engine.jobs.registry import OptionError, create_method
 
 from sam_fixtures import require_lite_medsam
 
@@ -123,7 +123,7 @@ def test_run_folder_with_box_files(tmp_path, shared_data):
     ground-truth objects back; no box file and a malformed one are error rows."""
     from napari_gpuseg.engine.metrics import summary
     from napari_gpuseg.engine.jobs.pipeline import run_folder
-    from napari_gpuseg.engine.sam.boxes import boxes_from_labels
+    from napari_gpuseg.engine.detect import boxes_from_labels
 
     model = str(require_lite_medsam())
     files = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-2:]

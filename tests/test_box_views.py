@@ -14,7 +14,8 @@ import torch
 
 from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
-from napari_gpuseg.engine.sam.boxes import ZOOM_VIEW, boxes_from_labels, plan_views, prepare_boxes, route_box, segment_boxes
+from napari_gpuseg.engine.detect import boxes_from_labels
+from napari_gpuseg.engine.sam.boxes import ZOOM_VIEW, plan_views, prepare_boxes, route_box, segment_boxes
 from napari_gpuseg.engine.sam.views import cover_boxes
 
 S = 256

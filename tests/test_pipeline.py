@@ -13,7 +13,8 @@ from batch_helpers import BAD, GOOD, REAL, SlowThreshold, bbbc, make_mixed_folde
 from napari_gpuseg import io as gio
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.engine.runtime.cancel import CancelToken
-from napari_gpuseg.engine.jobs.methods import MethodUnavailable, SegResult, Segmenter, ThresholdSegmenter, available_methods, create_method, register_method, unregister_method
+from napari_gpuseg.engine.jobs.builtin_methods import ThresholdSegmenter
+from napari_gpuseg.engine.jobs.registry import MethodUnavailable, SegResult, Segmenter, available_methods, create_method, register_method, unregister_method
 from napari_gpuseg.engine.metrics import object_f1
 from napari_gpuseg.engine.jobs.pipeline import PipelineError, output_paths, resolve_shard, run_folder, shard_files
 
@@ -274,7 +275,7 @@ def test_unet_method_matches_engine_call(tmp_path, shared_data, cpu_policy):
 
 
 def test_method_options_parsed():
-    from napari_gpuseg.engine.jobs.methods import parse_options
+    from napari_gpuseg.engine.jobs.registry import parse_options
 
     assert parse_options("detector=unet, min_size=20, thr=0.5, flag=true") == {
         "detector": "unet", "min_size": 20, "thr": 0.5, "flag": True}

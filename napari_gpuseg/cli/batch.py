@@ -15,6 +15,7 @@ import sys
 import threading
 
 from ..engine.runtime.allocator import configure_allocator
+from ..engine.runtime.device import PRECISIONS
 
 EPILOG = """\
 examples:
@@ -79,7 +80,7 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--image-batch", type=_positive, default=4, help="images per device call")
     p.add_argument("--batch-size", type=_batch_size, default=None, metavar="auto|N",
                    help="prompts/tiles per device call inside the method (default: auto)")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    p.add_argument("--precision", default="auto", choices=PRECISIONS)
     p.add_argument("--overwrite", action="store_true", help="redo files that already have output")
     p.add_argument("--max-image-gb", type=_positive_gb, default=None,
                    help="refuse images whose segmentation needs more memory than this (GiB; "
@@ -119,7 +120,7 @@ class _Bar:
 
 
 def _list_methods() -> int:
-    from ..engine.jobs.methods import available_methods, method_description
+    from ..engine.jobs.registry import available_methods, method_description
 
     for name in available_methods():
         print(f"{name:16s} {method_description(name)}")
@@ -140,7 +141,7 @@ def run_batch(args: argparse.Namespace) -> int:
     configure_allocator()
     """Run the ``batch`` subcommand; returns the process exit code."""
     from ..engine.runtime.cancel import CancelToken
-    from ..engine.jobs.methods import MethodUnavailable, load_plugin, method_factory, parse_options
+    from ..engine.jobs.registry import MethodUnavailable, load_plugin, method_factory, parse_options
     from ..engine.jobs.pipeline import PipelineError, run_folder
     from ..engine.jobs.sharding import resolve_shard
 

@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from ..engine.runtime.allocator import configure_allocator
+from ..engine.runtime.device import PRECISIONS
 
 # (module, add-parser function, run function) for each optional subcommand
 _SUBCOMMANDS = {
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="*", help="images to open (default: a sample image)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
-    parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS)
     parser.add_argument("--no-run", action="store_true", help=argparse.SUPPRESS)
     return parser
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ..engine.runtime.allocator import configure_allocator
+from ..engine.runtime.device import PRECISIONS
 
 _SUFFIXES = ("_masks", "_mask", "_labels", "_label", "_gt")
 
@@ -109,7 +110,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--grad-checkpointing", action="store_true", help="save memory on large 3D crops")
     p.add_argument("--max-time", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    p.add_argument("--precision", default="auto", choices=PRECISIONS)
     return p
 
 

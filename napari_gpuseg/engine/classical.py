@@ -9,7 +9,6 @@ import numpy as np
 from scipy import ndimage as ndi
 from skimage.feature import peak_local_max
 from skimage.filters import gaussian, threshold_otsu
-from skimage.measure import regionprops
 from skimage.morphology import remove_small_objects
 from skimage.segmentation import watershed
 
@@ -81,10 +80,3 @@ def relabel_small(labels: np.ndarray, min_size: int) -> np.ndarray:
     lut = np.zeros(len(counts), np.int32)
     lut[keep] = np.arange(1, int(keep.sum()) + 1)
     return lut[labels]
-
-
-def detect_boxes(image, **kwargs) -> np.ndarray:
-    """Bounding boxes ``(N, 4)`` as ``x0, y0, x1, y1`` (exclusive end) of classical objects (2D)."""
-    labels = classical_segment(image, **kwargs)
-    boxes = [(r.bbox[1], r.bbox[0], r.bbox[3], r.bbox[2]) for r in regionprops(labels)]
-    return np.asarray(boxes, dtype=np.float32).reshape(-1, 4)

@@ -11,9 +11,35 @@ the stacked probabilities (3D object F1@0.5 at the default post-processing).
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 LINK_NOTE = "3D instances: per-slice 2D labels linked across slices by overlap"
+
+
+def label_offsets(labels: Sequence[np.ndarray]) -> list[int]:
+    """Id offset of each per-plane label image so that ids are unique across the planes
+    (plane k's ids are shifted by the sum of the maxima of planes 0..k-1)."""
+    out, offset = [], 0
+    for lab in labels:
+        out.append(offset)
+        offset += int(np.asarray(lab).max()) if np.asarray(lab).size else 0
+    return out
+
+
+def shift_ids(labels: np.ndarray, offset: int) -> np.ndarray:
+    """``labels`` with every object id shifted by ``offset`` (background 0 stays 0), int32."""
+    return np.where(labels > 0, labels + offset, 0).astype(np.int32)
+
+
+def stack_labels(labels: Sequence[np.ndarray], lead: tuple = ()) -> np.ndarray:
+    """Per-plane label images -> one int32 array of shape ``lead + plane shape`` with ids
+    unique across the stack (no linking: see :func:`link_slices` for 3D objects).
+    An empty ``lead`` means a single plane."""
+    out = [shift_ids(lab, off) for lab, off in zip(labels, label_offsets(labels))]
+    arr = np.stack(out) if out else np.zeros((0,), np.int32)
+    return arr.reshape(tuple(lead) + arr.shape[1:]) if lead else arr[0]
 
 
 def link_slices(labels: np.ndarray, min_overlap: float = 0.5) -> np.ndarray:

@@ -22,9 +22,9 @@ from qtpy.QtWidgets import (
 
 from .. import io as gio
 from ..engine.runtime import memory
-from ..engine.runtime.device import get_policy
+from ..engine.runtime.device import PRECISIONS, get_policy
 from ..engine.runtime.cancel import CancelToken
-from ..engine.jobs.methods import available_methods, method_description, parse_options
+from ..engine.jobs.registry import available_methods, method_description, parse_options
 from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
 from ._bridge import relay
 from ._dock import DockWidget, auto_spin
@@ -80,7 +80,7 @@ class BatchFolderWidget(DockWidget):
                                     "from free memory, halved on out-of-memory)", maximum=4096)
         self.io_workers = QSpinBox(minimum=1, maximum=32, value=2)
         self.precision = QComboBox()
-        self.precision.addItems(["auto", "fp32", "bf16", "fp16"])
+        self.precision.addItems(list(PRECISIONS))
 
         form = QFormLayout()
         form.addRow("Input folder", self._with_browse(self.in_dir, self._browse_in))

@@ -17,9 +17,11 @@ from qtpy.QtWidgets import (
 )
 
 from ..engine.sam.everything import AutomaticParams, segment_everything_batch
-from ..engine.sam.boxes import boxes_from_csv, detect_boxes, segment_boxes_batch
+from ..engine.detect import boxes_from_csv, detect_boxes
+from ..engine.sam.boxes import segment_boxes_batch
 from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
+from ..engine.stacks import label_offsets, shift_ids
 from ._choices import BROWSE, browse_checkpoint, sam_model_names
 from ._dock import DockWidget, auto_spin
 from ._prompts import boxes_xyxy, plane, plane_index
@@ -301,12 +303,11 @@ class SamAutomaticWidget(DockWidget):
             return
         self.labels_layer = self._labels_for(layer)
         data = self.labels_layer.data
-        offset, n = 0, 0
-        for idx, res in zip(indices, results):
+        n = 0
+        for idx, res, offset in zip(indices, results, label_offsets([r.labels for r in results])):
             lab = res.labels
             target = data[idx] if idx else data
-            target[...] = np.where(lab > 0, lab + offset, 0)
-            offset += int(lab.max())
+            target[...] = shift_ids(lab, offset)
             n += int(len(np.unique(lab)) - 1)
         self.labels_layer.refresh()
         self.last_result = (indices, results)

@@ -150,7 +150,7 @@ def read_label_boxes(path: str | os.PathLike, spatial_shape: tuple) -> list[np.n
     """Boxes per plane around the objects of a label image of the image's spatial shape."""
     import tifffile
 
-    from ..sam.boxes import boxes_from_labels
+    from ..detect import boxes_from_labels
 
     path = Path(path)
     shape = tuple(int(s) for s in spatial_shape)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ... import io as gio
 from ..runtime.cancel import Cancelled, CancelToken
-from .methods import SegResult, Segmenter, method_factory
+from .registry import SegResult, Segmenter, method_factory
 from .outputs import DISK_ERRNOS, LABELS_SUFFIX, TABLE_SUFFIX, describe_method, foreign_output, list_inputs, output_paths, read_earlier, rel_name, same_folder, skipped_row
 from .report import ImageStatus, Progress, RunReport, report_names, write_report  # noqa: F401 - re-exported
 from .sharding import resolve_shard, shard_files  # noqa: F401 - re-exported

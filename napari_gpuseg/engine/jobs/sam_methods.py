@@ -1,6 +1,6 @@
 """Folder-job methods for SAM: ``sam-boxes`` (detector + SAM) and ``sam-everything``.
 
-Registered by name in :mod:`napari_gpuseg.engine.jobs.methods`; used like every method::
+Registered by name in :mod:`napari_gpuseg.engine.jobs.registry`; used like every method::
 
     seg = create_method("sam-boxes", model="lite_medsam", batch_size=None, detector="auto")
     seg.load(policy)                 # in the device worker thread
@@ -18,7 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .methods import BYTES_PER_VALUE, Option, OptionError, Segmenter, SegResult
+from ..stacks import label_offsets, stack_labels
+from .registry import BYTES_PER_VALUE, Option, OptionError, Segmenter, SegResult
 
 DEFAULT_MODEL = "lite_medsam"
 
@@ -45,16 +46,6 @@ def _planes(image: np.ndarray, rgb: bool) -> tuple[list[np.ndarray], tuple]:
     lead = spatial[:-2]
     flat = image.reshape((-1,) + image.shape[len(lead):]) if lead else image[None]
     return list(flat), tuple(lead)
-
-
-def stack_labels(labels: Sequence[np.ndarray], lead: tuple) -> np.ndarray:
-    """Per-plane label images -> one array with ids unique across the stack."""
-    out, offset = [], 0
-    for lab in labels:
-        out.append(np.where(lab > 0, lab + offset, 0).astype(np.int32))
-        offset += int(lab.max())
-    arr = np.stack(out) if out else np.zeros((0,), np.int32)
-    return arr.reshape(tuple(lead) + arr.shape[1:]) if lead else arr[0]
 
 
 class _SamSegmenter(Segmenter, metaclass=abc.ABCMeta):
@@ -102,10 +93,9 @@ class _SamSegmenter(Segmenter, metaclass=abc.ABCMeta):
             part = results[k:k + len(ps)]
             k += len(ps)
             labels = stack_labels([r.labels for r in part], lead)
-            scores, offset = {}, 0  # label id (unique across the stack) -> predicted IoU
-            for r in part:
+            scores = {}  # label id (unique across the stack) -> predicted IoU
+            for r, offset in zip(part, label_offsets([r.labels for r in part])):
                 scores.update({int(i) + offset: float(s) for i, s in zip(r.ids, r.scores) if i > 0})
-                offset += int(r.labels.max())
             out.append(SegResult(labels, scores))
         return out
 
@@ -154,7 +144,8 @@ class SamBoxSegmenter(_SamSegmenter):
         return super().segment(images)
 
     def _segment_planes(self, planes):
-        from ..sam.boxes import detect_boxes, segment_boxes_batch
+        from ..detect import detect_boxes
+        from ..sam.boxes import segment_boxes_batch
 
         given, self._given = self._given, None
         opts = dict(self.options)

@@ -321,6 +321,12 @@ def get_policy() -> Policy:
         return _policy
 
 
+def resolve_policy(policy: Policy | None = None) -> Policy:
+    """``policy`` when given, else the process-wide policy of :func:`get_policy` (the one
+    place where an engine call without an explicit policy picks the session's choice)."""
+    return policy if policy is not None else get_policy()
+
+
 def set_policy(device: str | None = None, precision: str | None = None) -> Policy:
     """Override the process-wide policy; returns the new policy."""
     global _policy

@@ -1,6 +1,6 @@
 """Boxes -> SAM masks in large batches (Mode 2: detector + SAM refinement).
 
-    boxes = detect_boxes(image, "threshold")         # or "unet", a label image, a CSV, a shapes layer
+    boxes = detect_boxes(image, "threshold")         # engine.detect: "unet", a label image, a CSV
     result = segment_boxes(engine, image, boxes)     # AutomaticResult, label i+1 <- box i
 
 Every box is routed to the view (tile) that holds it best (small boxes get a zoomed view),
@@ -12,11 +12,9 @@ as LiteMedSAM.
 """
 from __future__ import annotations
 
-import csv
 import math
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -36,99 +34,6 @@ RENDER_BYTES = 256 * 2**20
 ZOOM_FACTOR, ZOOM_MIN = 3.0, 32  # a small box gets a view 3x its size (>= 32 px), upscaled to the input
 ZOOM_VIEW = 64  # routing="shared": small boxes share zoomed views of this size (px)
 ROUTE_MARGIN = 4.0  # px a box keeps from the edge of a native view (as SamEngine.route)
-_UNET_MODELS: dict = {}  # the bundled U-Net detector, loaded once per device
-
-
-# -- where boxes come from ---------------------------------------------------------------
-def boxes_from_labels(labels: np.ndarray) -> np.ndarray:
-    """(N, 4) float boxes ``x0, y0, x1, y1`` (end exclusive) of the objects of a 2D label
-    image, in increasing label order."""
-    from scipy import ndimage as ndi
-
-    labels = np.asarray(labels)
-    out = [(s[1].start, s[0].start, s[1].stop, s[0].stop)
-           for s in ndi.find_objects(labels.astype(np.int64, copy=False)) if s is not None]
-    return np.asarray(out, dtype=np.float64).reshape(-1, 4)
-
-
-def _gray(image: np.ndarray, rgb: bool | None) -> np.ndarray:
-    image = np.asarray(image)
-    if rgb is None:
-        rgb = image.ndim == 3 and image.shape[-1] in (1, 3, 4)
-    return image[..., :3].astype(np.float32).mean(-1) if rgb else image
-
-
-def unet_available() -> bool:
-    """True when the U-Net engine and its bundled nuclei model are installed."""
-    try:
-        from ..unet import predict as unet
-    except Exception:  # noqa: BLE001 - the U-Net engine is optional here
-        return False
-    return unet.bundled_model_path().is_file()
-
-
-def detect_boxes(image: np.ndarray, detector="threshold", rgb: bool | None = None,
-                 policy=None, **kwargs) -> np.ndarray:
-    """Boxes ``(N, 4)`` (``x0, y0, x1, y1``, end exclusive) proposed by a detector.
-
-    ``detector``: ``"threshold"`` (blur + Otsu + watershed), ``"unet"`` (the bundled
-    nuclei U-Net; falls back to the threshold detector when it is not installed),
-    ``"auto"`` (U-Net when available), or a label image whose objects give the boxes.
-    ``kwargs`` go to the detector.
-    """
-    if isinstance(detector, np.ndarray):
-        return boxes_from_labels(detector)
-    gray = _gray(image, rgb)
-    if gray.ndim != 2:
-        raise ValueError(f"detect_boxes takes one 2D image, got shape {np.shape(image)}")
-    if detector == "auto":
-        detector = "unet" if unet_available() else "threshold"
-    if detector == "unet" and unet_available():
-        from ..unet import predict as unet
-
-        if policy is not None:
-            kwargs.setdefault("policy", policy)
-        if "model" not in kwargs:  # the bundled model, loaded once per device
-            dev = str(kwargs["policy"].device if "policy" in kwargs else "cpu")
-            if dev not in _UNET_MODELS:
-                _UNET_MODELS[dev] = unet.load_model(None, device=dev)
-            kwargs["model"] = _UNET_MODELS[dev]
-        return np.asarray(unet.detect_boxes(gray, **kwargs), dtype=np.float64).reshape(-1, 4)
-    if detector not in ("threshold", "unet"):
-        raise ValueError(f"unknown detector {detector!r}: use 'threshold', 'unet', 'auto' or labels")
-    from ..classical import detect_boxes as threshold_boxes
-
-    return np.asarray(threshold_boxes(gray, **kwargs), dtype=np.float64).reshape(-1, 4)
-
-
-_PLANE_COLUMNS = ("z", "slice", "frame", "t", "index", "plane")
-
-
-def boxes_from_csv(path, plane: int | None = None) -> np.ndarray:
-    """Boxes from a CSV with ``x0, y0, x1, y1`` columns (any order, case-insensitive).
-
-    With ``plane`` given and a ``z`` / ``slice`` / ``frame`` / ``index`` column present,
-    only that plane's rows are returned.
-    """
-    with open(Path(path), newline="") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames is None:
-            return np.zeros((0, 4))
-        cols = {c.strip().lower(): c for c in reader.fieldnames}
-        missing = [c for c in ("x0", "y0", "x1", "y1") if c not in cols]
-        if missing:
-            raise ValueError(f"{path}: CSV needs columns x0, y0, x1, y1 (missing {', '.join(missing)}; "
-                             f"found {', '.join(reader.fieldnames)})")
-        pcol = next((cols[c] for c in _PLANE_COLUMNS if c in cols), None)
-        rows = []
-        for line, row in enumerate(reader, start=2):
-            if plane is not None and pcol is not None and int(float(row[pcol])) != int(plane):
-                continue
-            try:
-                rows.append([float(row[cols[c]]) for c in ("x0", "y0", "x1", "y1")])
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{path}, line {line}: not a number ({exc})") from exc
-    return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
 
 
 def prepare_boxes(boxes, shape: tuple[int, int], padding: float = 0.0) -> np.ndarray:

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from ..runtime.device import Policy, get_policy
+from ..runtime.device import Policy, resolve_policy
 from .cache import EmbeddingCache
 from .predictor import SamEngine, SamModelInfo
 
@@ -42,6 +42,6 @@ def load_engine(model: str | os.PathLike = DEFAULT_MODEL, policy: Policy | None 
                 cache: EmbeddingCache | None = None, progress: Callable | None = None,
                 arch: str | None = None) -> SamEngine:
     """Resolve (and if needed download) the checkpoint, build the net, wrap it in an engine."""
-    policy = policy or get_policy()
+    policy = resolve_policy(policy)
     sam = load_sam_model(model, policy.device, arch=arch, progress=progress)
     return SamEngine(sam, model_info(str(model), sam), policy=policy, cache=cache)

@@ -19,7 +19,7 @@ import torch
 
 from .fast_decoder import decode_sparse, supports_factored
 from ..runtime.batching import initial_batch_size, run_batched, to_device
-from ..runtime.device import Policy, get_policy, guard_finite
+from ..runtime.device import Policy, resolve_policy, guard_finite
 from .cache import EmbeddingCache
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from .inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
@@ -117,7 +117,7 @@ class SamEngine:
     def __init__(self, sam: torch.nn.Module, info: SamModelInfo, policy: Policy | None = None,
                  cache: EmbeddingCache | None = None, tile_overlap: int | None = None,
                  contrast: tuple[float, float] = (0.0, 100.0)):
-        self.policy = policy or get_policy()
+        self.policy = resolve_policy(policy)
         self.sam = sam.to(self.policy.device).eval()
         self.info = info
         self.cache = cache if cache is not None else EmbeddingCache()

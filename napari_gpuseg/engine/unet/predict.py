@@ -20,9 +20,10 @@ from skimage.segmentation import watershed
 
 from ...models.unet import CLASS_NAMES, UNet, UNetConfig, build_unet
 from ..classical import relabel_small
-from ..runtime.device import Policy, get_policy
+from ..runtime.device import Policy, get_policy, resolve_policy
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from ..normalize import apply_normalization, normalization_spec
+from ..stacks import stack_labels
 from .tiling import sliding_window_inference
 
 FORMAT = "napari-gpuseg-unet"
@@ -216,7 +217,7 @@ def predict_probabilities(
         model = model.model
     config = model.config
     d = config.spatial_dims
-    policy = policy or get_policy()
+    policy = resolve_policy(policy)
     batch, lead = _as_batch(image, config, rgb)
     axis = tuple(range(-d, 0))
     norm = apply_normalization(batch, normalization, axis=axis)
@@ -290,14 +291,9 @@ def probabilities_to_labels(
     if probs.ndim > spatial_dims + 1:
         lead = probs.shape[: -(spatial_dims + 1)]
         flat = probs.reshape((-1,) + probs.shape[-(spatial_dims + 1):])
-        out = np.zeros((flat.shape[0],) + flat.shape[2:], np.int32)
-        offset = 0
-        for i, p in enumerate(flat):
-            lab = probabilities_to_labels(p, interior_threshold, foreground_threshold, min_size,
-                                          min_seed, spatial_dims)
-            out[i] = np.where(lab > 0, lab + offset, 0)
-            offset += int(lab.max())
-        return out.reshape(tuple(lead) + out.shape[1:])
+        return stack_labels([probabilities_to_labels(p, interior_threshold, foreground_threshold,
+                                                     min_size, min_seed, spatial_dims)
+                             for p in flat], tuple(lead))
     interior = probs[1]
     fg = (probs[1] + probs[2]) > foreground_threshold
     seeds, n = ndi.label(interior > interior_threshold)
@@ -323,16 +319,3 @@ def predict_labels(model, image, *, return_probabilities: bool = False, postproc
     probs = predict_probabilities(model, image, **kwargs)
     labels = probabilities_to_labels(probs, spatial_dims=d, **(postprocess or {}))
     return (labels, probs) if return_probabilities else labels
-
-
-def detect_boxes(image, model=None, **kwargs) -> np.ndarray:
-    """Bounding boxes ``(N, 4)`` as ``x0, y0, x1, y1`` (exclusive end) of the objects the
-    U-Net finds in a 2D image (``model`` None = the bundled nuclei model); a detector for
-    box-prompted SAM, like :func:`engine.classical.detect_boxes`."""
-    from skimage.measure import regionprops
-
-    if model is None or isinstance(model, (str, Path)):
-        model = load_model(model, device=kwargs.get("policy", get_policy()).device)
-    labels = predict_labels(model, image, **kwargs)
-    boxes = [(r.bbox[1], r.bbox[0], r.bbox[3], r.bbox[2]) for r in regionprops(labels)]
-    return np.asarray(boxes, dtype=np.float32).reshape(-1, 4)

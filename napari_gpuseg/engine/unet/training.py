@@ -25,7 +25,7 @@ from scipy import ndimage as ndi
 from skimage.segmentation import find_boundaries
 
 from ...models.unet import UNet, UNetConfig, build_unet, count_parameters
-from ..runtime.device import Policy, get_policy, pin_fp32
+from ..runtime.device import Policy, resolve_policy, pin_fp32
 from ..runtime.cancel import CancelToken, ProgressFn, check, report
 from ..metrics import foreground_iou, object_f1
 from ..normalize import apply_normalization, normalization_spec
@@ -398,7 +398,7 @@ def train_unet(
     target = SaveTarget(out_path) if out_path is not None else None
     if target is not None:
         check_output_path(target.path)
-    policy = policy or get_policy()
+    policy = resolve_policy(policy)
     device = policy.device
     if isinstance(images, np.ndarray) and isinstance(labels, np.ndarray):
         images, labels = [images], [labels]

@@ -1,0 +1,140 @@
+"""Every way boxes are made for box-prompted SAM, in one place and one convention.
+
+All functions return ``(N, 4)`` float64 arrays of ``x0, y0, x1, y1`` boxes in pixels,
+end exclusive (a one-pixel object at (y, x) is ``x, y, x + 1, y + 1``)::
+
+    boxes = detect_boxes(image, "threshold")   # or "unet", "auto", or a label image
+    boxes = boxes_from_labels(labels)           # the objects of a 2D label image
+    boxes = boxes_from_csv("boxes.csv")         # x0, y0, x1, y1 columns
+
+RGB(A) images are turned to gray by :func:`napari_gpuseg.io.to_gray` (luminance), the
+same conversion the U-Net folder method uses.
+"""
+from __future__ import annotations
+
+import csv
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..io import is_rgb, to_gray
+
+_UNET_MODELS: dict = {}  # the bundled U-Net detector, loaded once per device
+_UNET_LOCK = threading.Lock()
+_PLANE_COLUMNS = ("z", "slice", "frame", "t", "index", "plane")
+
+
+def _as_boxes(rows) -> np.ndarray:
+    return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+
+
+def boxes_from_labels(labels: np.ndarray) -> np.ndarray:
+    """Boxes of the objects of a 2D label image, in increasing label order."""
+    from scipy import ndimage as ndi
+
+    labels = np.asarray(labels)
+    return _as_boxes([(s[1].start, s[0].start, s[1].stop, s[0].stop)
+                      for s in ndi.find_objects(labels.astype(np.int64, copy=False)) if s is not None])
+
+
+def threshold_boxes(image: np.ndarray, **kwargs) -> np.ndarray:
+    """Boxes of the objects of :func:`napari_gpuseg.engine.classical.classical_segment`
+    (blur + Otsu + watershed) on a 2D image; ``kwargs`` go to it."""
+    from .classical import classical_segment
+
+    return boxes_from_labels(classical_segment(image, **kwargs))
+
+
+def unet_available() -> bool:
+    """True when the U-Net engine and its bundled nuclei model are installed."""
+    try:
+        from .unet import predict as unet
+    except Exception:  # noqa: BLE001 - the U-Net engine is optional here
+        return False
+    return unet.bundled_model_path().is_file()
+
+
+def _bundled_unet(device):
+    """The bundled U-Net, loaded once per device (thread-safe)."""
+    from .unet import predict as unet
+
+    dev = str(device)
+    with _UNET_LOCK:
+        if dev not in _UNET_MODELS:
+            _UNET_MODELS[dev] = unet.load_model(None, device=dev)
+        return _UNET_MODELS[dev]
+
+
+def unet_boxes(image: np.ndarray, model=None, **kwargs) -> np.ndarray:
+    """Boxes of the objects the U-Net finds in a 2D image (``model`` None = the bundled
+    nuclei model, loaded once per device; a path = that checkpoint); ``kwargs`` go to
+    :func:`napari_gpuseg.engine.unet.predict.predict_labels`."""
+    from .runtime.device import resolve_policy
+    from .unet import predict as unet
+
+    device = resolve_policy(kwargs.get("policy")).device
+    if model is None:
+        model = _bundled_unet(device)
+    elif isinstance(model, (str, Path)):
+        model = unet.load_model(model, device=device)
+    return boxes_from_labels(unet.predict_labels(model, image, **kwargs))
+
+
+def _gray(image: np.ndarray, rgb: bool | None) -> np.ndarray:
+    image = np.asarray(image)
+    if image.ndim == 3 and image.shape[-1] == 1:
+        return image[..., 0]
+    return to_gray(image) if (is_rgb(image) if rgb is None else rgb) else image
+
+
+def detect_boxes(image: np.ndarray, detector="threshold", rgb: bool | None = None,
+                 policy=None, **kwargs) -> np.ndarray:
+    """Boxes proposed by a detector for one 2D image (gray or RGB).
+
+    ``detector``: ``"threshold"`` (:func:`threshold_boxes`), ``"unet"``
+    (:func:`unet_boxes`; falls back to the threshold detector when the U-Net is not
+    installed), ``"auto"`` (U-Net when available), or a label image whose objects give
+    the boxes. ``kwargs`` go to the detector.
+    """
+    if isinstance(detector, np.ndarray):
+        return boxes_from_labels(detector)
+    gray = _gray(image, rgb)
+    if gray.ndim != 2:
+        raise ValueError(f"detect_boxes takes one 2D image, got shape {np.shape(image)}")
+    if detector == "auto":
+        detector = "unet" if unet_available() else "threshold"
+    if detector == "unet" and unet_available():
+        if policy is not None:
+            kwargs.setdefault("policy", policy)
+        return unet_boxes(gray, **kwargs)
+    if detector not in ("threshold", "unet"):
+        raise ValueError(f"unknown detector {detector!r}: use 'threshold', 'unet', 'auto' or labels")
+    return threshold_boxes(gray, **kwargs)
+
+
+def boxes_from_csv(path, plane: int | None = None) -> np.ndarray:
+    """Boxes from a CSV with ``x0, y0, x1, y1`` columns (any order, case-insensitive).
+
+    With ``plane`` given and a ``z`` / ``slice`` / ``frame`` / ``index`` column present,
+    only that plane's rows are returned.
+    """
+    with open(Path(path), newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None:
+            return np.zeros((0, 4))
+        cols = {c.strip().lower(): c for c in reader.fieldnames}
+        missing = [c for c in ("x0", "y0", "x1", "y1") if c not in cols]
+        if missing:
+            raise ValueError(f"{path}: CSV needs columns x0, y0, x1, y1 (missing {', '.join(missing)}; "
+                             f"found {', '.join(reader.fieldnames)})")
+        pcol = next((cols[c] for c in _PLANE_COLUMNS if c in cols), None)
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            if plane is not None and pcol is not None and int(float(row[pcol])) != int(plane):
+                continue
+            try:
+                rows.append([float(row[cols[c]]) for c in ("x0", "y0", "x1", "y1")])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}, line {line}: not a number ({exc})") from exc
+    return _as_boxes(rows)
