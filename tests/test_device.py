@@ -108,11 +108,11 @@ def test_missing_gpu_index_is_a_clear_error(monkeypatch):
 
 
 def test_cli_refuses_a_precision_the_device_cannot_run(monkeypatch, capsys):
-    from napari_gpuseg.cli import main as cli
+    from napari_gpuseg.cli import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cli.main(["info", "--device", "cpu", "--precision", "fp16"]) == 2
+    assert main(["info", "--device", "cpu", "--precision", "fp16"]) == 2
     assert "fp16 is not supported on CPU" in capsys.readouterr().err
     monkeypatch.setenv("NAPARI_GPUSEG_DEVICE", "tpu")
-    assert cli.main(["info"]) == 2
+    assert main(["info"]) == 2
     assert "NAPARI_GPUSEG_DEVICE='tpu'" in capsys.readouterr().err
