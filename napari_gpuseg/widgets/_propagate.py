@@ -32,6 +32,12 @@ class PropagatePanel(QGroupBox):
         self.min_area.setRange(1, 10_000)
         self.min_area.setValue(PropagateOptions.min_area)
         self.min_area.setToolTip("Stop where the mask is smaller than this (pixels)")
+        self.min_contrast = QDoubleSpinBox()
+        self.min_contrast.setRange(0.0, 1.0)
+        self.min_contrast.setSingleStep(0.05)
+        self.min_contrast.setValue(PropagateOptions.min_contrast)
+        self.min_contrast.setToolTip("Stop where the object fades out: its contrast against a thin ring around it "
+                                     "falls below this share of the start slice's (0: off)")
         self.propagate_btn = QPushButton("Propagate [Shift-P]")
         self.all_btn = QPushButton("Segment all objects in 3D")
         self.propagate_btn.clicked.connect(self.propagate)
@@ -39,6 +45,7 @@ class PropagatePanel(QGroupBox):
         form = QFormLayout(self)
         form.addRow("Min IoU with neighbour", self.min_iou)
         form.addRow("Min area (px)", self.min_area)
+        form.addRow("Min contrast (share of start)", self.min_contrast)
         row = QHBoxLayout()
         row.addWidget(self.propagate_btn)
         row.addWidget(self.all_btn)
@@ -50,7 +57,8 @@ class PropagatePanel(QGroupBox):
         viewer.bind_key("Shift-P", lambda _v: self.propagate(), overwrite=True)
 
     def options(self) -> PropagateOptions:
-        return PropagateOptions(min_iou=float(self.min_iou.value()), min_area=int(self.min_area.value()))
+        return PropagateOptions(min_iou=float(self.min_iou.value()), min_area=int(self.min_area.value()),
+                                min_contrast=float(self.min_contrast.value()))
 
     @property
     def running(self) -> bool:

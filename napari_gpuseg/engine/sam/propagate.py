@@ -4,8 +4,12 @@ From an object's mask (or box) on one slice, each next slice in both directions 
 prompted from its neighbour slice's result: the neighbour mask's box, plus its low-res
 logits as mask input when asked (the models here take a mask input), plus a positive
 point at the mask's most interior pixel for point-capable models. A direction stops
-where the object ends: the new mask is empty, smaller than ``min_area``, or too unlike
-its neighbour (IoU below ``min_iou`` or area ratio below ``min_area_ratio``).
+where the object ends: the new mask is empty, smaller than ``min_area``, too unlike its
+neighbour (IoU below ``min_iou`` or area ratio below ``min_area_ratio``), or the object has
+faded out of the image: its contrast against a thin ring around it (mean inside minus mean
+of the ring) falls below ``min_contrast`` times the contrast on the start slice. SAM keeps
+finding a plausible blob inside the neighbour's box past an object's end; the image itself
+says the object is gone.
 
 Work is batched: the slices the fronts will need next are embedded a few at a time in
 one encoder call (the slices nearest the start first), and every front that lands on the
@@ -36,6 +40,7 @@ class PropagateOptions:
     min_area: int = 8  # pixels; a smaller mask ends the object
     min_iou: float = 0.5  # IoU with the neighbour slice's mask
     min_area_ratio: float = 0.5  # smaller / larger area of the two slices
+    min_contrast: float = 0.5  # contrast vs its surround, as a share of the start slice's; 0: off
     mask_input: bool = False  # feed the neighbour's low-res logits as mask input
     points: bool | None = None  # a centre point; None: only for point-capable models
     margin: int = 1  # pixels added around the neighbour mask's box
@@ -45,7 +50,7 @@ class PropagateOptions:
     def __post_init__(self):
         if self.min_area < 1:
             raise ValueError(f"min_area must be at least 1 pixel, got {self.min_area}")
-        for name in ("min_iou", "min_area_ratio"):
+        for name in ("min_iou", "min_area_ratio", "min_contrast"):
             v = getattr(self, name)
             if not 0 <= v <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {v}")
@@ -93,6 +98,38 @@ def inner_point(mask: np.ndarray) -> np.ndarray:
     return np.array([[x, y]], dtype=np.float64)
 
 
+RING_PX = 3  # width of the surround the contrast is measured against
+
+
+def contrast(plane: np.ndarray, mask: np.ndarray) -> float:
+    """Mean intensity inside ``mask`` minus the mean of a ``RING_PX`` ring around it (gray
+    luminance for RGB planes); 0.0 for an empty mask or one that fills the plane."""
+    from scipy import ndimage
+
+    from ...io import to_gray
+
+    ys, xs = np.nonzero(mask)
+    if len(ys) == 0:
+        return 0.0
+    h, w = mask.shape
+    y0, y1 = max(0, ys.min() - RING_PX), min(h, ys.max() + 1 + RING_PX)
+    x0, x1 = max(0, xs.min() - RING_PX), min(w, xs.max() + 1 + RING_PX)
+    m = mask[y0:y1, x0:x1]
+    ring = ndimage.binary_dilation(m, iterations=RING_PX) & ~m
+    if not ring.any():
+        return 0.0
+    crop = np.asarray(to_gray(np.asarray(plane)[y0:y1, x0:x1]), dtype=np.float64)
+    return float(crop[m].mean() - crop[ring].mean())
+
+
+def reference_contrast(plane: np.ndarray, mask: np.ndarray) -> float | None:
+    """The start slice's contrast, or None when the object hardly stands out there (under
+    5 % of the plane's standard deviation): the contrast rule is then left out."""
+    c = contrast(plane, mask)
+    spread = float(np.std(np.asarray(plane, dtype=np.float64)))
+    return c if abs(c) > 0.05 * spread and spread > 0 else None
+
+
 def _iou(a: np.ndarray, b: np.ndarray) -> float:
     union = np.logical_or(a, b).sum()
     return float(np.logical_and(a, b).sum() / union) if union else 0.0
@@ -106,6 +143,7 @@ class _Front:
     mask: np.ndarray
     result: MaskResult | None
     done: int = 0
+    ref_contrast: float | None = None  # the start slice's; None: the contrast rule is off
 
 
 class _Slices:
@@ -185,8 +223,9 @@ def propagate_all(engine: SamEngine, volume: np.ndarray, start_slice: int,
             results[i].masks[start_slice] = mask
             if on_slice:
                 on_slice(i, start_slice, mask)
+            ref = reference_contrast(vol[start_slice], mask) if opts.min_contrast > 0 else None
             for step in (-1, 1):
-                fronts.append(_Front(i, step, start_slice, mask, res))
+                fronts.append(_Front(i, step, start_slice, mask, res, ref_contrast=ref))
         while fronts:
             check(cancel)
             # retire fronts at the stack's end or the slice limit
@@ -207,12 +246,12 @@ def propagate_all(engine: SamEngine, volume: np.ndarray, start_slice: int,
                 decoded = engine.predict(image, prompts, cancel=cancel)
                 for f, r in zip(group, decoded):
                     visited += 1
-                    reason = _reject(r.full(image.shape), f.mask, opts)
+                    mask = r.full(image.shape)
+                    reason = _reject(mask, f.mask, opts) or _faded(vol[z], mask, f.ref_contrast, opts)
                     if reason:
                         results[f.obj].stopped[f.step] = reason
                         fronts.remove(f)
                         continue
-                    mask = r.full(image.shape)
                     f.z, f.mask, f.result, f.done = z, mask, r, f.done + 1
                     results[f.obj].masks[z] = mask
                     if on_slice:
@@ -247,6 +286,15 @@ def _reject(mask: np.ndarray, prev: np.ndarray, opts: PropagateOptions) -> str |
         return f"area ratio below {opts.min_area_ratio}"
     if _iou(mask, prev) < opts.min_iou:
         return f"IoU with neighbour below {opts.min_iou}"
+    return None
+
+
+def _faded(plane: np.ndarray, mask: np.ndarray, ref: float | None, opts: PropagateOptions) -> str | None:
+    if ref is None or opts.min_contrast <= 0:
+        return None
+    share = contrast(plane, mask) / ref
+    if share < opts.min_contrast:
+        return f"faded out (contrast {share:.2f} of the start slice's, below {opts.min_contrast})"
     return None
 
 
