@@ -70,3 +70,35 @@ def test_folder_method_uses_the_shared_workflow(monkeypatch):
     seg = create_method("sam-boxes", detector="threshold", padding=1, min_area=3)
     assert seg._segment_planes(_planes()) == []
     assert seen["boxes"] == "threshold" and seen["padding"] == 1 and seen["min_area"] == 3
+
+
+def test_automatic_dock_job_uses_the_shared_workflow(monkeypatch):
+    """The dock's worker job hands planes, boxes (or a detector) and its knobs to the same
+    function, with its progress callback and cancel token."""
+    import types
+
+    import torch
+
+    from napari_gpuseg.engine.runtime.device import Policy
+    from napari_gpuseg.engine.runtime.worker import InferenceWorker
+    from napari_gpuseg.widgets import sam_automatic
+
+    seen = {}
+
+    def fake(engine, planes, boxes_, **kw):
+        seen.update(engine=engine, boxes=boxes_, **kw)
+        return ["result"]
+
+    monkeypatch.setattr(sam_automatic, "load_engine", lambda model, policy: "engine:" + model)
+    monkeypatch.setattr(sam_automatic, "segment_box_planes", fake)
+    worker = InferenceWorker(Policy(torch.device("cpu"), "fp32"))
+    dock = types.SimpleNamespace(worker=worker)
+    token, progress = CancelToken(), (lambda done, total: None)
+    try:
+        out = sam_automatic.SamAutomaticWidget._job_run(dock, "m", "boxes", _planes(), "unet", None, 2.5, 9,
+                                                        4, 64, progress=progress, cancel=token)
+    finally:
+        worker.shutdown()
+    assert out == ["result"] and seen["engine"] == "engine:m" and seen["boxes"] == "unet"
+    assert (seen["padding"], seen["min_area"], seen["embed_batch_size"], seen["batch_size"]) == (2.5, 9, 4, 64)
+    assert seen["progress"] is progress and seen["cancel"] is token and seen["policy"] is worker.policy
