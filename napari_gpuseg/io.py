@@ -16,6 +16,7 @@ import contextlib
 import csv
 import fnmatch
 import io as _io
+import logging
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import numpy as np
 TIFF_SUFFIXES = (".tif", ".tiff")
 TEMP_PREFIX = ".gpuseg-tmp-"
 MAX_NDIM = 4  # YX, ZYX, TZYX (+ a trailing RGB(A) channel axis)
+logger = logging.getLogger(__name__)
 
 
 class ImageReadError(ValueError):
@@ -351,8 +353,8 @@ def output_info(path: str | os.PathLike) -> dict | None:
             meta = tf.shaped_metadata
             if meta and isinstance(meta[0], dict) and OUTPUT_TAG in meta[0]:
                 return {k: v for k, v in meta[0].items() if k != "shape"}
-    except Exception:  # noqa: BLE001 - not ours
-        pass
+    except Exception as exc:  # noqa: BLE001 - not ours
+        logger.debug("%s: no napari-gpuseg output metadata (%s: %s)", path, type(exc).__name__, exc)
     return None
 
 

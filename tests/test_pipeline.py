@@ -188,6 +188,24 @@ def test_method_that_cannot_load_fails_the_run(tmp_path, mixed):
     assert not list(tmp_path.rglob("*_labels.tif"))
 
 
+def test_method_that_cannot_unload_is_logged_and_results_kept(tmp_path, caplog):
+    """A failing unload() after the last batch is a logged warning, not a lost run."""
+    class Sticky(Segmenter):
+        name = "sticky"
+
+        def segment(self, images):
+            return [SegResult((im > 0).astype(np.uint8), {1: 0.5}) for im in images]
+
+        def unload(self):
+            raise RuntimeError("device busy")
+
+    tifffile.imwrite(tmp_path / "a.tif", np.ones((16, 16), np.uint16))
+    with caplog.at_level("WARNING", logger="napari_gpuseg.engine.jobs"):
+        report = run_folder(tmp_path, tmp_path / "out", lambda: Sticky(), devices="cpu")
+    assert report.ok == 1
+    assert any("sticky" in r.getMessage() and "device busy" in r.getMessage() for r in caplog.records)
+
+
 def test_shards_cover_every_file_exactly_once(mixed, tmp_path):
     folder, _ = mixed
     files = gio.scan_folder(folder, PATTERN)

@@ -20,6 +20,7 @@ GUI-free and print-free; progress goes to the ``progress`` callback.
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -36,6 +37,8 @@ from .registry import SegResult, Segmenter, method_factory
 from .outputs import DISK_ERRNOS, LABELS_SUFFIX, TABLE_SUFFIX, describe_method, foreign_output, list_inputs, output_paths, read_earlier, rel_name, same_folder, skipped_row
 from .report import ImageStatus, Progress, RunReport, report_names, write_report  # noqa: F401 - re-exported
 from .sharding import resolve_shard, shard_files  # noqa: F401 - re-exported
+
+logger = logging.getLogger(__name__)
 
 _POLL = 0.05
 _STOP = object()
@@ -224,8 +227,8 @@ class _Run:
         finally:
             try:
                 seg.unload()
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as exc:  # noqa: BLE001 - the results are written; only memory stays held
+                logger.warning("unloading the %s method failed: %s: %s", seg.name, type(exc).__name__, exc)
             self._last_out("workers", self.out_q, self.n_writers)
 
     def _segment(self, seg: Segmenter, group: list[_Item], device: str) -> None:
