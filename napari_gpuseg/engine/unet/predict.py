@@ -251,7 +251,7 @@ def predict_probabilities(
             check(cancel)
             part = x[start : start + chunk]
             logits = sliding_window_inference(
-                part, roi, model, sw_batch_size=sw_batch_size, overlap=overlap,
+                part, roi, sw_batch_size, model, overlap=overlap, mode="gaussian",
                 sw_device=device, device=output_device, policy=policy, channels_last=channels_last,
                 progress=lambda k, t, m=part.shape[0]: sub_progress(k, t, m),
                 cancel=cancel, batch_key=("unet", id(model), tuple(roi)),
