@@ -17,7 +17,7 @@ import torch
 
 from napari_gpuseg.engine.runtime.device import Policy, device_name
 from napari_gpuseg.engine.unet.tiling import sliding_window_inference, window_slices
-from napari_gpuseg.engine.unet.training import dice_ce_loss
+from napari_gpuseg.engine.unet.loss import dice_ce_loss
 from napari_gpuseg.engine.unet.predict import default_roi
 from napari_gpuseg.models.unet import UNet, UNetConfig
 

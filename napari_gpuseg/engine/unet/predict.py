@@ -106,16 +106,22 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     return ckpt
 
 
-def model_from_checkpoint(ckpt: dict, device="cpu") -> UNet:
-    """The U-Net of a checkpoint dict, loaded strictly (:func:`models.checkpoint.load_state_dict_strict`:
-    every key and shape must match), frozen and in eval mode on ``device``."""
-    model = build_unet(UNetConfig.from_dict(ckpt["config"]))
+def load_unet_state(model: UNet, state) -> UNet:
+    """Load a U-Net state dict into ``model`` strictly (every key and shape must match,
+    :func:`models.checkpoint.load_state_dict_strict`); raises :class:`UNetCheckpointError`
+    naming what does not match."""
     try:
-        load_state_dict_strict(model, ckpt["state_dict"])
+        return load_state_dict_strict(model, state)
     except CheckpointError as exc:
         detail = mismatch_summary(exc.missing, exc.unexpected, exc.mismatched) or str(exc)
         raise UNetCheckpointError(f"checkpoint does not match the architecture: {detail}",
                                   exc.missing, exc.unexpected, exc.mismatched) from exc
+
+
+def model_from_checkpoint(ckpt: dict, device="cpu") -> UNet:
+    """The U-Net of a checkpoint dict, loaded strictly (:func:`load_unet_state`), frozen
+    and in eval mode on ``device``."""
+    model = load_unet_state(build_unet(UNetConfig.from_dict(ckpt["config"])), ckpt["state_dict"])
     # inference weights: no grad, so autocast does not keep low-precision weight copies
     return model.requires_grad_(False).to(device).eval()
 
