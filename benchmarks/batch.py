@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from napari_gpuseg import io as gio
+from napari_gpuseg import label_files, tables
 from napari_gpuseg.engine.runtime.device import device_name, make_policy
 from napari_gpuseg.engine.jobs.registry import method_factory
 from napari_gpuseg.engine.jobs.pipeline import output_paths, run_folder
@@ -118,8 +119,8 @@ def naive(factory, policy, files, in_dir: Path, out_dir: Path):
             img = seg.prepare(gio.read_image(f))
             res = seg.finish(seg.segment([img])[0])
             lp, tp = output_paths(in_dir, out_dir, f)
-            gio.write_object_table(tp, res.labels, res.scores)
-            gio.write_labels(lp, res.labels)
+            tables.write_object_table(tp, res.labels, res.scores)
+            label_files.write_labels(lp, res.labels)
 
     return run
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from napari_gpuseg import io as gio
+from napari_gpuseg import tables
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbbc039" / "images"
 
@@ -36,7 +36,7 @@ def trial(in_dir: Path, out: Path, method: str, rng: random.Random) -> tuple[boo
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     labels = sorted(p.name for p in out.glob("*_labels.tif"))
-    rows = gio.read_csv(out / "report.csv") if (out / "report.csv").exists() else []
+    rows = tables.read_csv(out / "report.csv") if (out / "report.csv").exists() else []
     ok_rows = sorted(r["labels"] for r in rows if r["status"] == "ok")
     good = proc.returncode == 130 and "terminate called" not in err and ok_rows == labels
     return good, f"rc={proc.returncode} labels={len(labels)} ok_rows={len(ok_rows)}"

@@ -17,7 +17,7 @@ import torch
 
 from napari_gpuseg.engine.runtime.device import Policy, device_name
 from napari_gpuseg.engine.unet.tiling import sliding_window_inference, window_slices
-from napari_gpuseg.engine.unet.training import dice_ce_loss
+from napari_gpuseg.engine.unet.loss import dice_ce_loss
 from napari_gpuseg.engine.unet.predict import default_roi
 from napari_gpuseg.models.unet import UNet, UNetConfig
 
@@ -83,10 +83,10 @@ def tiled_vs_monai(device: torch.device, cases, repeats: int, sw_batch: int) -> 
         with torch.inference_mode():
             runs = {
                 "monai": lambda: monai_swi(x, roi, sw_batch, net, overlap=0.25, mode="gaussian"),
-                "ours": lambda: sliding_window_inference(x, roi, net, sw_batch_size=sw_batch, overlap=0.25,
+                "ours": lambda: sliding_window_inference(x, roi, sw_batch, net, overlap=0.25, mode="gaussian",
                                                          policy=policy),
-                "default": lambda: sliding_window_inference(x, auto, net_cl, sw_batch_size=sw_batch,
-                                                            overlap=0.25, policy=policy, channels_last=cl),
+                "default": lambda: sliding_window_inference(x, auto, sw_batch, net_cl, overlap=0.25,
+                                                            mode="gaussian", policy=policy, channels_last=cl),
             }
             diff = (runs["ours"]() - runs["monai"]()).abs().max().item()
             times = interleaved(runs, device, repeats)
@@ -119,7 +119,7 @@ def inference_modes(device: torch.device, repeats: int) -> None:
         name = f"{prec}{' channels_last' if cl else ''}{' compile' if comp else ''}" \
                f"{' batch Auto' if bs is None else f' batch {bs}'}"
         runs[name] = (lambda fn=fn, bs=bs, policy=policy, cl=cl: sliding_window_inference(
-            x, roi, fn, sw_batch_size=bs, overlap=0.25, policy=policy, channels_last=cl))
+            x, roi, bs, fn, overlap=0.25, mode="gaussian", policy=policy, channels_last=cl))
     with torch.inference_mode():
         for run in runs.values():
             run()  # warm-up (and compile)

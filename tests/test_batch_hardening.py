@@ -18,6 +18,7 @@ import tifffile
 
 import batch_helpers  # noqa: F401 - registers slow-threshold
 from napari_gpuseg import io as gio
+from napari_gpuseg import label_files, tables
 from napari_gpuseg.cli.main import main
 from napari_gpuseg.engine.jobs.registry import OptionError, create_method
 from napari_gpuseg.engine.jobs.pipeline import PipelineError, output_paths, run_folder
@@ -65,7 +66,7 @@ def sigint_trial(in_dir: Path, out: Path, method: str = "unet", timeout: float =
         if proc.poll() is None:
             proc.kill()
     labels = sorted(p.name for p in out.glob("*_labels.tif"))
-    rows = gio.read_csv(out / "report.csv") if (out / "report.csv").exists() else []
+    rows = tables.read_csv(out / "report.csv") if (out / "report.csv").exists() else []
     return {"rc": proc.returncode, "stderr": stderr, "stdout": stdout, "labels": labels,
             "ok_rows": sorted(r["labels"] for r in rows if r["status"] == "ok")}
 
@@ -77,7 +78,7 @@ def test_ctrl_c_on_a_real_unet_run_exits_130_with_a_row_per_output(images, tmp_p
         assert "terminate called" not in r["stderr"]
         assert r["labels"] and r["ok_rows"] == r["labels"]  # report rows == outputs on disk
         assert "cancelled" in r["stdout"]
-        assert not list((tmp_path / f"out{trial}").rglob(gio.TEMP_PREFIX + "*"))
+        assert not list((tmp_path / f"out{trial}").rglob(label_files.TEMP_PREFIX + "*"))
 
 
 # -- 2. device lists naming no device ------------------------------------------------------
@@ -101,11 +102,11 @@ def test_temp_clean_up_spares_live_writers(images, tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     try:
-        live_tmp = out / f"{gio.TEMP_PREFIX}{target.name}.{live.pid}-abcd1234.tmp"
-        dead_tmp = out / f"{gio.TEMP_PREFIX}{target.name}.{dead.pid}-abcd1234.tmp"
+        live_tmp = out / f"{label_files.TEMP_PREFIX}{target.name}.{live.pid}-abcd1234.tmp"
+        dead_tmp = out / f"{label_files.TEMP_PREFIX}{target.name}.{dead.pid}-abcd1234.tmp"
         for p in (live_tmp, dead_tmp):
             p.write_bytes(b"partial")
-        assert gio.temp_owner(live_tmp) == live.pid
+        assert label_files.temp_owner(live_tmp) == live.pid
         report = run_folder(in_dir, out, "threshold", devices="cpu")
         assert report.ok == 1
         assert live_tmp.exists(), "the temp file of another live run was deleted"
@@ -128,8 +129,8 @@ def test_two_concurrent_runs_into_one_folder_both_finish(images, tmp_path):
     for rc, err in results:
         assert rc == 0 and "FileNotFoundError" not in err, err
     assert len(list(out.glob("*_labels.tif"))) == len(images)
-    assert all(gio.is_valid_output(p) for p in out.glob("*_labels.tif"))
-    assert not list(out.rglob(gio.TEMP_PREFIX + "*"))
+    assert all(label_files.is_valid_output(p) for p in out.glob("*_labels.tif"))
+    assert not list(out.rglob(label_files.TEMP_PREFIX + "*"))
 
 
 # -- 4. OUT == IN, foreign files, our own outputs as inputs ---------------------------------
@@ -201,7 +202,7 @@ def test_unwritable_out_fails_before_any_work(images, tmp_path, monkeypatch, cap
 
         def refuse(target):
             raise OSError(errno.EROFS, "Read-only file system")
-        monkeypatch.setattr(gio, "_temp_path", refuse)
+        monkeypatch.setattr(label_files, "_temp_path", refuse)
     _Counting.calls = 0
     with pytest.raises(PipelineError, match=expect):
         run_folder(in_dir, out, _Counting, devices="cpu")
@@ -212,7 +213,7 @@ def test_unwritable_out_fails_before_any_work(images, tmp_path, monkeypatch, cap
 
 
 # -- 7. disk full -------------------------------------------------------------------------
-_REAL_WRITE = gio.atomic_write_bytes
+_REAL_WRITE = label_files.atomic_write_bytes
 
 
 def _fill_disk_after(monkeypatch, n_labels: int) -> None:
@@ -225,7 +226,7 @@ def _fill_disk_after(monkeypatch, n_labels: int) -> None:
         out = real(path, data)
         state["labels"] += str(path).endswith("_labels.tif")
         return out
-    monkeypatch.setattr(gio, "atomic_write_bytes", write)
+    monkeypatch.setattr(label_files, "atomic_write_bytes", write)
 
 
 def test_disk_full_keeps_complete_outputs_and_says_why(images, tmp_path, monkeypatch, capsys):
@@ -237,8 +238,8 @@ def test_disk_full_keeps_complete_outputs_and_says_why(images, tmp_path, monkeyp
     assert report.ok == 2 and len(report.rows) == len(images)
     assert all(r.status == "error" and "No space left" in r.error for r in report.rows if r.status != "ok")
     done = list(out.glob("*_labels.tif"))
-    assert len(done) == 2 and all(gio.is_valid_output(p) for p in done)
-    assert not list(out.rglob(gio.TEMP_PREFIX + "*"))
+    assert len(done) == 2 and all(label_files.is_valid_output(p) for p in done)
+    assert not list(out.rglob(label_files.TEMP_PREFIX + "*"))
     # the CLI: a summary, the cause, exit 1, no traceback
     shutil.rmtree(out)
     _fill_disk_after(monkeypatch, 2)
@@ -255,7 +256,7 @@ def test_rerun_keeps_rows_rebuilds_tables_and_warns_on_another_method(images, tm
     in_dir, out = images[0].parent, tmp_path / "out"
     first = {r.file: r for r in run_folder(in_dir, out, "threshold", devices="cpu").rows}
     labels_file = output_paths(in_dir, out, images[0])[0]
-    assert gio.output_info(labels_file) == {"napari_gpuseg": 1, "method": "threshold", "model": ""}
+    assert label_files.output_info(labels_file) == {"napari_gpuseg": 1, "method": "threshold", "model": ""}
     table = output_paths(in_dir, out, images[1])[1]
     table_text = table.read_text()
     table.unlink()
@@ -269,7 +270,7 @@ def test_rerun_keeps_rows_rebuilds_tables_and_warns_on_another_method(images, tm
     assert len(rebuilt) == len(table_text.splitlines())  # same objects (no score column)
     # a run over part of the folder keeps the other rows of the report
     run_folder(in_dir, out, "threshold", pattern=images[0].name, devices="cpu")
-    rows = gio.read_csv(out / "report.csv")
+    rows = tables.read_csv(out / "report.csv")
     assert sorted(r["file"] for r in rows) == sorted(first)
     assert json.loads((out / "report.json").read_text())["earlier_rows"] == len(images) - 1
     # another method over these outputs: skipped, with a warning naming the method

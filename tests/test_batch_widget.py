@@ -9,7 +9,7 @@ import tifffile
 from qtpy.QtCore import Qt
 
 from batch_helpers import bbbc
-from napari_gpuseg import io as gio
+from napari_gpuseg import label_files
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.widgets import batch_folder
 from napari_gpuseg.widgets.batch_folder import BatchFolderWidget
@@ -107,9 +107,9 @@ def test_dock_cancel_is_fast_and_clean(make_napari_viewer, qtbot, small_folder, 
     assert w.report.cancelled and "cancelled" in w.status.text(), (w.report.summary(), [(r.file, r.status, r.seconds) for r in w.report.rows])
     assert w.start_button.isEnabled() and not w.cancel_button.isEnabled()
     out = tmp_path / "out"
-    assert not list(out.rglob(gio.TEMP_PREFIX + "*"))
+    assert not list(out.rglob(label_files.TEMP_PREFIX + "*"))
     labels = list(out.glob("*_labels.tif"))
-    assert len(labels) < 3 and all(gio.is_valid_output(p) for p in labels)
+    assert len(labels) < 3 and all(label_files.is_valid_output(p) for p in labels)
 
 
 def test_dock_reports_bad_input_folder(make_napari_viewer, qtbot, tmp_path):

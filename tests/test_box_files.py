@@ -197,3 +197,26 @@ def test_dock_box_files_field(qtbot, tmp_path, monkeypatch):
     w.start()
     qtbot.waitUntil(lambda: w.error is not None, timeout=30000)
     assert seen["method"] == "sam-boxes" and seen["method_options"]["boxes"] == str(tmp_path)
+
+
+def test_one_csv_reader_for_the_dock_and_folder_jobs(tmp_path):
+    """The dock's reader (detect.boxes_from_csv) and box files read one format the same
+    way: no header needed, comments skipped, a 5th value or a frame column is the plane,
+    and the same file/line message for a bad line."""
+    from napari_gpuseg.engine.detect import boxes_from_csv
+
+    plain = _csv(tmp_path, "s.csv", "# x0,y0,x1,y1,z\n2,1,12,9,0\n6,5,30,25,2\n0,0,4,4,2\n")
+    planes = read_csv_boxes(plain, (3, 40, 50))
+    for z in range(3):
+        got = boxes_from_csv(plain, plane=z)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, planes[z].reshape(-1, 4))
+    np.testing.assert_array_equal(boxes_from_csv(plain), np.concatenate(planes))
+    frame = _csv(tmp_path, "f.csv", "frame,x0,y0,x1,y1\n1,2,1,12,9\n")
+    assert len(boxes_from_csv(frame, plane=0)) == 0 and len(boxes_from_csv(frame, plane=1)) == 1
+    bad = _csv(tmp_path, "bad.csv", "2,1,12,9\n3,4,x,9\n")
+    with pytest.raises(ValueError, match=r"bad\.csv, line 2: not a number") as dock:
+        boxes_from_csv(bad)
+    with pytest.raises(BoxFileError) as job:
+        read_csv_boxes(bad, (40, 50))
+    assert str(dock.value) == str(job.value)

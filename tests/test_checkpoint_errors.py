@@ -56,3 +56,25 @@ def test_pickled_objects_are_refused_without_suggesting_to_allow_them(tmp_path):
         msg = str(info.value)
         _assert_plain(msg)
         assert "add_safe_globals" not in msg and "could run code" in msg
+
+
+def test_unet_checkpoint_that_does_not_fit_names_keys_and_shapes(tmp_path):
+    """The U-Net loads through the one strict loader: a missing key and a mis-shaped key are
+    both named (with shapes) in one line, as a ValueError and a CheckpointError."""
+    from napari_gpuseg.engine.unet.predict import model_from_checkpoint, save_checkpoint
+    from napari_gpuseg.models.unet import UNetConfig, build_unet
+
+    model = build_unet(UNetConfig(depth=1, base=4))
+    ckpt = torch.load(save_checkpoint(tmp_path / "m.pt", model), weights_only=True)
+    state = ckpt["state_dict"]
+    dropped = next(iter(state))
+    del state[dropped]
+    bent = next(k for k, v in state.items() if v.ndim == 4)
+    state[bent] = torch.zeros(tuple(state[bent].shape[:-1]) + (state[bent].shape[-1] + 1,))
+    with pytest.raises(ValueError, match="checkpoint does not match the architecture") as info:
+        model_from_checkpoint(ckpt)
+    msg = str(info.value)
+    assert isinstance(info.value, CheckpointError)
+    assert "1 missing key(s): " + dropped in msg and f"1 mis-shaped key(s): {bent} (checkpoint" in msg
+    assert info.value.missing == [dropped] and [m[0] for m in info.value.mismatched] == [bent]
+    _assert_plain(msg)

@@ -15,7 +15,7 @@ import pytest
 import tifffile
 
 from batch_helpers import BAD, GOOD, make_mixed_folder
-from napari_gpuseg import io as gio
+from napari_gpuseg import label_files, tables
 from napari_gpuseg.cli.main import main
 
 HELPERS = Path(__file__).with_name("batch_helpers.py")
@@ -69,7 +69,7 @@ def test_cli_shards_cover_every_file_once(eight, tmp_path, capsys):
         assert main(["batch", str(eight), str(tmp_path), "--shard", f"{i}/3", "--quiet"]) == 0
     rows = []
     for i in range(3):
-        rows += [r["file"] for r in gio.read_csv(tmp_path / f"report_shard{i}of3.csv")]
+        rows += [r["file"] for r in tables.read_csv(tmp_path / f"report_shard{i}of3.csv")]
     assert sorted(rows) == sorted(p.name for p in eight.glob("*.tif")) and len(set(rows)) == 8
 
 
@@ -85,9 +85,9 @@ def test_ctrl_c_exits_130_and_leaves_no_temp(eight, tmp_path, capsys, monkeypatc
         timer.cancel()
     assert rc == 130 and time.perf_counter() - t0 < 4.0
     assert "cancelled" in capsys.readouterr().out
-    assert not list(tmp_path.rglob(gio.TEMP_PREFIX + "*"))
+    assert not list(tmp_path.rglob(label_files.TEMP_PREFIX + "*"))
     done = list(tmp_path.glob("*_labels.tif"))
-    assert 0 < len(done) < 8 and all(gio.is_valid_output(p) for p in done)
+    assert 0 < len(done) < 8 and all(label_files.is_valid_output(p) for p in done)
 
 
 def _cli(*args, env_extra=None):
@@ -117,7 +117,7 @@ def test_sigkill_then_rerun_completes_without_rewriting(eight, tmp_path, capsys)
     assert 3 <= len(before) < 8
     # every file under its real name is complete, whatever the kill interrupted
     for p in out.glob("*_labels.tif"):
-        assert gio.is_valid_output(p), p
+        assert label_files.is_valid_output(p), p
     assert not (out / "report.csv").exists()
 
     assert main(["batch", str(eight), str(out), "--quiet", "--method", "threshold"]) == 0
@@ -128,7 +128,7 @@ def test_sigkill_then_rerun_completes_without_rewriting(eight, tmp_path, capsys)
         labels = tifffile.imread(p)
         assert labels.shape == (520, 696) and labels.max() > 0
         assert (out / p.name.replace("_labels.tif", "_objects.csv")).is_file()
-    assert not list(out.rglob(gio.TEMP_PREFIX + "*"))
-    rows = gio.read_csv(out / "report.csv")
+    assert not list(out.rglob(label_files.TEMP_PREFIX + "*"))
+    rows = tables.read_csv(out / "report.csv")
     assert sorted(r["status"] for r in rows) == sorted(["ok"] * (8 - len(before)) + ["skipped"] * len(before))
     assert np.all([r["error"] == "" for r in rows])

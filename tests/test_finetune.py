@@ -11,7 +11,8 @@ from napari_gpuseg.engine.unet.finetune import (
     default_output_path, default_schedule, finetune_unet, region_mask, training_pair,
 )
 from napari_gpuseg.engine.unet.predict import bundled_model_path, load_checkpoint, load_model, predict_labels
-from napari_gpuseg.engine.unet.training import IGNORE, dice_ce_loss
+from napari_gpuseg.engine.unet.loss import dice_ce_loss
+from napari_gpuseg.engine.unet.train_data import IGNORE
 
 FP32 = Policy(torch.device("cpu"), "fp32")
 

@@ -284,10 +284,10 @@ def test_nan_unet_window_reruns_in_fp32_identical_to_fp32():
     net = build_unet(UNetConfig(spatial_dims=2, depth=2, base=8)).eval()
     x = torch.from_numpy(_image(1, (1, 1, 96, 80)))
     with torch.inference_mode():
-        ref = sliding_window_inference(x, (64, 64), net, sw_batch_size=2, policy=FP32)
+        ref = sliding_window_inference(x, (64, 64), 2, net, mode="gaussian", policy=FP32)
         _nan_under_autocast(net)
         with pytest.warns(RuntimeWarning, match="non-finite U-Net output"):
-            got = sliding_window_inference(x, (64, 64), net, sw_batch_size=2, policy=BF16)
+            got = sliding_window_inference(x, (64, 64), 2, net, mode="gaussian", policy=BF16)
     torch.testing.assert_close(got, ref, atol=0, rtol=0)
 
 

@@ -9,6 +9,7 @@ import tifffile
 
 from batch_helpers import BAD, REAL, bbbc, make_mixed_folder
 from napari_gpuseg import io as gio
+from napari_gpuseg import label_files, tables
 
 
 @pytest.fixture(scope="module")
@@ -95,37 +96,37 @@ def test_write_labels_compressed_atomic_and_valid(tmp_path):
     labels = np.zeros((200, 300), np.int32)
     labels[10:50, 10:60] = 1
     labels[100:150, 200:260] = 300
-    path = gio.write_labels(tmp_path / "sub" / "x_labels.tif", labels)
-    back = gio.read_labels(path)
+    path = label_files.write_labels(tmp_path / "sub" / "x_labels.tif", labels)
+    back = label_files.read_labels(path)
     np.testing.assert_array_equal(back, labels)
     assert back.dtype == np.uint16  # smallest dtype that holds 300
     with tifffile.TiffFile(path) as tf:
         assert tf.pages[0].compression != 1  # compressed
     assert os.path.getsize(path) < labels.size  # far smaller than raw
-    assert gio.is_valid_output(path)
-    assert not list(tmp_path.rglob(gio.TEMP_PREFIX + "*"))  # no temp left behind
+    assert label_files.is_valid_output(path)
+    assert not list(tmp_path.rglob(label_files.TEMP_PREFIX + "*"))  # no temp left behind
     # a truncated TIFF is not a valid output, nor an empty or missing one
     raw = path.read_bytes()
     trunc = tmp_path / "trunc.tif"
     trunc.write_bytes(raw[: len(raw) // 2])
-    assert not gio.is_valid_output(trunc)
+    assert not label_files.is_valid_output(trunc)
     (tmp_path / "empty.tif").write_bytes(b"")
-    assert not gio.is_valid_output(tmp_path / "empty.tif")
-    assert not gio.is_valid_output(tmp_path / "missing.tif")
+    assert not label_files.is_valid_output(tmp_path / "empty.tif")
+    assert not label_files.is_valid_output(tmp_path / "missing.tif")
 
 
 def test_failed_write_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
     target = tmp_path / "t.txt"
-    gio.atomic_write_text(target, "old")
+    label_files.atomic_write_text(target, "old")
 
     def boom(fd):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "fsync", boom)
     with pytest.raises(OSError, match="disk full"):
-        gio.atomic_write_text(target, "new")
+        label_files.atomic_write_text(target, "new")
     assert target.read_text() == "old"
-    assert not list(tmp_path.glob(gio.TEMP_PREFIX + "*"))
+    assert not list(tmp_path.glob(label_files.TEMP_PREFIX + "*"))
 
 
 def test_object_table_matches_regionprops(tmp_path, shared_data):
@@ -133,8 +134,8 @@ def test_object_table_matches_regionprops(tmp_path, shared_data):
 
     _, gt = bbbc(shared_data, REAL[0])
     scores = {int(i): i / 1000 for i in np.unique(gt) if i}
-    path = gio.write_object_table(tmp_path / "t.csv", gt, scores)
-    rows = gio.read_csv(path)
+    path = tables.write_object_table(tmp_path / "t.csv", gt, scores)
+    rows = tables.read_csv(path)
     props = regionprops(gt)
     assert len(rows) == len(props) == len(scores)
     for row, p in zip(rows, props):
@@ -145,23 +146,23 @@ def test_object_table_matches_regionprops(tmp_path, shared_data):
     # 3D table has z columns
     vol = np.zeros((4, 10, 10), np.uint8)
     vol[1:3, 2:5, 2:5] = 7
-    t = gio.object_table(vol)
+    t = tables.object_table(vol)
     assert t["label"].tolist() == [7] and t["area"].tolist() == [18] and t["bbox_z1"].tolist() == [3]
 
 
 def test_remove_temp_files(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / (gio.TEMP_PREFIX + "x.tif.abc.tmp")).write_bytes(b"partial")
+    (tmp_path / "a" / (label_files.TEMP_PREFIX + "x.tif.abc.tmp")).write_bytes(b"partial")
     (tmp_path / "keep.tif").write_bytes(b"x")
-    assert gio.remove_temp_files(tmp_path) == 1
+    assert label_files.remove_temp_files(tmp_path) == 1
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["keep.tif"]
 
 
 def test_temp_cleanup_can_spare_other_jobs_files(tmp_path):
-    mine = gio.TEMP_PREFIX + "a_labels.tif.1a2b3c4d.tmp"
-    other = gio.TEMP_PREFIX + "b_labels.tif.5e6f7a8b.tmp"
+    mine = label_files.TEMP_PREFIX + "a_labels.tif.1a2b3c4d.tmp"
+    other = label_files.TEMP_PREFIX + "b_labels.tif.5e6f7a8b.tmp"
     for name in (mine, other):
         (tmp_path / name).write_bytes(b"partial")
-    assert gio.temp_target(tmp_path / mine) == tmp_path / "a_labels.tif"
-    assert gio.remove_temp_files(tmp_path, targets=[tmp_path / "a_labels.tif"]) == 1
+    assert label_files.temp_target(tmp_path / mine) == tmp_path / "a_labels.tif"
+    assert label_files.remove_temp_files(tmp_path, targets=[tmp_path / "a_labels.tif"]) == 1
     assert [p.name for p in tmp_path.iterdir()] == [other]

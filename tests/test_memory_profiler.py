@@ -65,12 +65,17 @@ def test_nvml_query_reads_a_gpu(monkeypatch):
     assert probe.error is None and nv.calls == ["init"]
 
 
-def test_nvml_query_keeps_the_values_it_could_read(monkeypatch):
+def test_nvml_query_keeps_the_values_it_could_read(monkeypatch, caplog):
+    """A field NVML cannot read is None, and why is logged (debug), not swallowed."""
     nv = fake_nvml(temperature_error=RuntimeError("NVML_ERROR_NOT_SUPPORTED"))
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_properties", no_device_properties)
-    assert memory._Nvml().query(0) == (37.0, None, 120.0)
+    with caplog.at_level("DEBUG", logger=memory.__name__):
+        assert memory._Nvml().query(0) == (37.0, None, 120.0)
+    logged = [r.getMessage() for r in caplog.records if r.name == memory.__name__]
+    assert any("temperature" in m and "NVML_ERROR_NOT_SUPPORTED" in m for m in logged)
+    assert any("no CUDA device properties" in m for m in logged)
 
 
 def test_cuda_snapshot_with_nvml_missing(monkeypatch):

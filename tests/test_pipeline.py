@@ -11,6 +11,7 @@ import tifffile
 
 from batch_helpers import BAD, GOOD, REAL, SlowThreshold, bbbc, make_mixed_folder
 from napari_gpuseg import io as gio
+from napari_gpuseg import label_files, tables
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.engine.runtime.cancel import CancelToken
 from napari_gpuseg.engine.jobs.builtin_methods import ThresholdSegmenter
@@ -58,7 +59,7 @@ def test_good_images_correct_bad_images_clear_errors(mixed, first_run):
         image = gio.to_gray(gio.read_image(folder / name))
         np.testing.assert_array_equal(labels, classical_segment(image))
         assert object_f1(gts[name], labels, 0.5) > 0.8, name
-        table = gio.read_csv(tp)
+        table = tables.read_csv(tp)
         assert len(table) == row.objects
         assert {"label", "area", "bbox_y0", "centroid_x"} <= set(table[0])
     assert "NaN" in rows["float_nan.tif"].notes
@@ -67,12 +68,12 @@ def test_good_images_correct_bad_images_clear_errors(mixed, first_run):
 
 def test_report_files(first_run):
     out, report, _ = first_run
-    csv_rows = gio.read_csv(out / "report.csv")
+    csv_rows = tables.read_csv(out / "report.csv")
     assert [r["file"] for r in csv_rows] == sorted(r.file for r in report.rows)
     assert {r["status"] for r in csv_rows} == {"ok", "error"}
     doc = json.loads((out / "report.json").read_text())
     assert doc["ok"] == len(GOOD) and doc["errors"] == len(BAD) and len(doc["rows"]) == doc["total"]
-    assert not list(out.rglob(gio.TEMP_PREFIX + "*"))
+    assert not list(out.rglob(label_files.TEMP_PREFIX + "*"))
 
 
 def test_progress_events(first_run):
@@ -87,16 +88,16 @@ def test_progress_events(first_run):
 def test_rerun_skips_valid_outputs_and_overwrite_redoes(mixed, first_run):
     folder, _ = mixed
     out, _, _ = first_run
-    label_files = sorted(out.glob("*_labels.tif"))
-    mtimes = {p: p.stat().st_mtime_ns for p in label_files}
+    written = sorted(out.glob("*_labels.tif"))
+    mtimes = {p: p.stat().st_mtime_ns for p in written}
     report = run_folder(folder, out, "threshold", pattern=PATTERN, devices="cpu")
     assert report.skipped == len(GOOD) and report.ok == 0 and report.errors == len(BAD)
-    assert {p: p.stat().st_mtime_ns for p in label_files} == mtimes
+    assert {p: p.stat().st_mtime_ns for p in written} == mtimes
     # a truncated output is not "done": it is redone
     victim = output_paths(folder, out, folder / REAL[0])[0]
     victim.write_bytes(victim.read_bytes()[:100])
     report = run_folder(folder, out, "threshold", pattern=PATTERN, devices="cpu")
-    assert report.ok == 1 and gio.is_valid_output(victim)
+    assert report.ok == 1 and label_files.is_valid_output(victim)
     report = run_folder(folder, out, "threshold", pattern="IXM*", overwrite=True, devices="cpu")
     assert report.ok == len(REAL) and report.skipped == 0
 
@@ -141,7 +142,7 @@ def test_same_shape_batching_load_once_per_device_and_bad_image_isolated(tmp_pat
     rows = {r.file: r for r in report.rows}
     assert rows["im05.tif"].status == "error" and "bad pixel" in rows["im05.tif"].error
     assert report.ok == 11 and {r.device for r in report.rows if r.status == "ok"} == {"cpu"}
-    table = gio.read_csv(tmp_path / "out" / "im00_objects.csv")
+    table = tables.read_csv(tmp_path / "out" / "im00_objects.csv")
     assert table[0]["score"] == "0.5"
 
 
@@ -172,9 +173,9 @@ def test_cancel_stops_fast_and_leaves_no_partial_files(mixed, tmp_path):
                         image_batch=1, progress=on_progress, cancel=cancel, io_workers=1)
     stopped = time.perf_counter() - t_cancel[0]
     assert report.cancelled and stopped < 2.0, stopped
-    assert not list(tmp_path.rglob(gio.TEMP_PREFIX + "*"))
+    assert not list(tmp_path.rglob(label_files.TEMP_PREFIX + "*"))
     for p in tmp_path.glob("*_labels.tif"):
-        assert gio.is_valid_output(p)
+        assert label_files.is_valid_output(p)
     assert len(list(tmp_path.glob("*_labels.tif"))) == report.ok == 1
 
 
@@ -188,6 +189,24 @@ def test_method_that_cannot_load_fails_the_run(tmp_path, mixed):
     assert not list(tmp_path.rglob("*_labels.tif"))
 
 
+def test_method_that_cannot_unload_is_logged_and_results_kept(tmp_path, caplog):
+    """A failing unload() after the last batch is a logged warning, not a lost run."""
+    class Sticky(Segmenter):
+        name = "sticky"
+
+        def segment(self, images):
+            return [SegResult((im > 0).astype(np.uint8), {1: 0.5}) for im in images]
+
+        def unload(self):
+            raise RuntimeError("device busy")
+
+    tifffile.imwrite(tmp_path / "a.tif", np.ones((16, 16), np.uint16))
+    with caplog.at_level("WARNING", logger="napari_gpuseg.engine.jobs"):
+        report = run_folder(tmp_path, tmp_path / "out", lambda: Sticky(), devices="cpu")
+    assert report.ok == 1
+    assert any("sticky" in r.getMessage() and "device busy" in r.getMessage() for r in caplog.records)
+
+
 def test_shards_cover_every_file_exactly_once(mixed, tmp_path):
     folder, _ = mixed
     files = gio.scan_folder(folder, PATTERN)
@@ -198,7 +217,7 @@ def test_shards_cover_every_file_exactly_once(mixed, tmp_path):
     seen = []
     # an in-flight write of shard 2 (in the shared output folder) must survive shards 0 and 1
     stem = parts[2][0].name.split(".")[0]
-    other = tmp_path / f"{gio.TEMP_PREFIX}{stem}_labels.tif.0badcafe.tmp"
+    other = tmp_path / f"{label_files.TEMP_PREFIX}{stem}_labels.tif.0badcafe.tmp"
     other.write_bytes(b"partial")
     for i in range(3):
         env = {"SLURM_ARRAY_TASK_ID": str(i + 1), "SLURM_ARRAY_TASK_MIN": "1",
@@ -268,7 +287,7 @@ def test_unet_method_matches_engine_call(tmp_path, shared_data, cpu_policy):
         expect = unet.predict_labels(loaded, crop, policy=cpu_policy, postprocess={"min_size": 1})
         got = tifffile.imread(tmp_path / "out" / name.replace(".tif", "_labels.tif"))
         np.testing.assert_array_equal(got, expect)
-        table = gio.read_csv(tmp_path / "out" / name.replace(".tif", "_objects.csv"))
+        table = tables.read_csv(tmp_path / "out" / name.replace(".tif", "_objects.csv"))
         assert expect.max() > 0 and len(table) == expect.max() and all(0 <= float(r["score"]) <= 1 for r in table)
     with pytest.raises(PipelineError, match="not found"):
         run_folder(tmp_path, tmp_path / "out2", "unet", method_options={"model": str(tmp_path / "x.pt")})

@@ -11,9 +11,9 @@ import tifffile
 import torch
 
 from napari_gpuseg.cli.main import main
-from napari_gpuseg.engine.unet import training
+from napari_gpuseg.engine.unet import train_data, training
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.unet.training import CropDataset, TrainConfig, TrainConfigError, check_output_path, train_unet
+from napari_gpuseg.engine.unet.training import TrainConfig, TrainConfigError, check_output_path, train_unet
 from napari_gpuseg.models.unet import UNetConfig
 
 FP32 = Policy(torch.device("cpu"), "fp32")
@@ -93,18 +93,18 @@ def test_config_check_names_the_field():
 
 
 def test_val_fraction_keeps_one_image_to_train_on():
-    assert training.val_indices(2, 0.9) == [training.val_indices(2, 0.9)[0]]
-    assert len(training.val_indices(5, 0.99)) == 4
+    assert train_data.val_indices(2, 0.9) == [train_data.val_indices(2, 0.9)[0]]
+    assert len(train_data.val_indices(5, 0.99)) == 4
 
 
 def test_crop_is_clamped_to_the_largest_image():
     imgs = [np.zeros((1, 160, 200), np.float32), np.zeros((1, 100, 120), np.float32)]
     tgts = [np.zeros((160, 200), np.uint8), np.zeros((100, 120), np.uint8)]
-    ds = CropDataset(imgs, tgts, 5000, 4)
+    ds = train_data.CropDataset(imgs, tgts, 5000, 4)
     assert ds.crop == (160, 200)
     x, y = ds[0]
     assert tuple(x.shape) == (1, 160, 200) and tuple(y.shape) == (160, 200)
-    assert CropDataset(imgs, tgts, 64, 4).crop == (64, 64)
+    assert train_data.CropDataset(imgs, tgts, 64, 4).crop == (64, 64)
 
 
 def _tiny(**kw):

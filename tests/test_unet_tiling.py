@@ -45,7 +45,7 @@ def test_matches_monai_2d(shape, roi, overlap):
     x = torch.rand(shape, generator=torch.Generator().manual_seed(1)) * 3
     ref = _monai(x, roi, net, overlap)
     with torch.no_grad():
-        ours = sliding_window_inference(x, roi, net, sw_batch_size=3, overlap=overlap, policy=FP32)
+        ours = sliding_window_inference(x, roi, 3, net, overlap=overlap, mode="gaussian", policy=FP32)
     assert ours.shape == ref.shape
     assert ours.dtype == torch.float32
     assert (ours - ref).abs().max().item() <= 1e-5
@@ -60,7 +60,7 @@ def test_matches_monai_3d(shape, roi, overlap):
     x = torch.rand(shape, generator=torch.Generator().manual_seed(2))
     ref = _monai(x, roi, net, overlap, bs=2)
     with torch.no_grad():
-        ours = sliding_window_inference(x, roi, net, sw_batch_size=2, overlap=overlap, policy=FP32)
+        ours = sliding_window_inference(x, roi, 2, net, overlap=overlap, mode="gaussian", policy=FP32)
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() <= 1e-5
 
@@ -73,8 +73,28 @@ def test_constant_mode_and_importance_map_match_monai():
     x = torch.rand(1, 1, 90, 120)
     ref = _monai(x, (64, 64), net, 0.25, mode="constant")
     with torch.no_grad():
-        ours = sliding_window_inference(x, 64, net, sw_batch_size=4, overlap=0.25, mode="constant")
+        ours = sliding_window_inference(x, 64, 4, net, overlap=0.25, mode="constant")
     assert (ours - ref).abs().max().item() <= 1e-5
+
+
+def test_monai_argument_order_and_defaults():
+    """The same positional call as MONAI's (inputs, roi_size, sw_batch_size, predictor) with
+    MONAI's defaults (overlap 0.25, constant blending) gives MONAI's result."""
+    import inspect
+
+    net = _net(2)
+    x = torch.rand(1, 1, 90, 120, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = monai_inferers.sliding_window_inference(x, (64, 64), 2, net)
+        ours = sliding_window_inference(x, (64, 64), 2, net)
+    assert (ours - ref).abs().max().item() <= 1e-5
+    theirs = inspect.signature(monai_inferers.sliding_window_inference).parameters
+    mine = inspect.signature(sliding_window_inference).parameters
+    shared = list(mine)[: list(mine).index("device") + 1]
+    assert shared == list(theirs)[: len(shared)]
+    for name in shared:
+        if theirs[name].default is not inspect.Parameter.empty:
+            assert str(mine[name].default) == str(theirs[name].default), name
 
 
 def test_windows_cover_image_and_end_at_border():
@@ -91,8 +111,8 @@ def test_adaptive_batches_and_oom_backoff_equal_fixed():
     net = _net(2)
     x = torch.rand(1, 1, 130, 150)  # 9 windows
     with torch.no_grad():
-        fixed = sliding_window_inference(x, 64, net, sw_batch_size=1, overlap=0.25)
-        auto = sliding_window_inference(x, 64, net, sw_batch_size=None, overlap=0.25)
+        fixed = sliding_window_inference(x, 64, 1, net, overlap=0.25, mode="gaussian")
+        auto = sliding_window_inference(x, 64, None, net, overlap=0.25, mode="gaussian")
     assert (fixed - auto).abs().max().item() <= 1e-5
 
     calls = []
@@ -104,7 +124,7 @@ def test_adaptive_batches_and_oom_backoff_equal_fixed():
         return net(batch)
 
     with torch.no_grad():
-        backed_off = sliding_window_inference(x, 64, flaky, sw_batch_size=8, overlap=0.25)
+        backed_off = sliding_window_inference(x, 64, 8, flaky, overlap=0.25, mode="gaussian")
     assert calls[:3] == [8, 4, 2] and max(calls[3:]) <= 2
     assert (fixed - backed_off).abs().max().item() <= 1e-5
 
@@ -114,7 +134,7 @@ def test_progress_and_cancel():
     x = torch.rand(1, 1, 130, 130)
     seen = []
     with torch.no_grad():
-        sliding_window_inference(x, 64, net, sw_batch_size=2, progress=lambda d, t: seen.append((d, t)))
+        sliding_window_inference(x, 64, 2, net, progress=lambda d, t: seen.append((d, t)))
     assert seen[-1][0] == seen[-1][1] == len(window_slices((130, 130), (64, 64), 0.25))
     token = CancelToken()
 
@@ -123,15 +143,15 @@ def test_progress_and_cancel():
             token.cancel()
 
     with pytest.raises(Cancelled), torch.no_grad():
-        sliding_window_inference(x, 64, net, sw_batch_size=2, progress=cancel_after_first, cancel=token)
+        sliding_window_inference(x, 64, 2, net, progress=cancel_after_first, cancel=token)
 
 
 def test_bf16_autocast_close_to_fp32():
     net = _net(2)
     x = torch.rand(1, 1, 100, 100)
     with torch.no_grad():
-        ref = sliding_window_inference(x, 64, net, sw_batch_size=2, policy=FP32)
-        low = sliding_window_inference(x, 64, net, sw_batch_size=2, policy=Policy(torch.device("cpu"), "bf16"))
+        ref = sliding_window_inference(x, 64, 2, net, mode="gaussian", policy=FP32)
+        low = sliding_window_inference(x, 64, 2, net, mode="gaussian", policy=Policy(torch.device("cpu"), "bf16"))
     assert low.dtype == torch.float32
     assert (ref - low).abs().max().item() < 0.1 * ref.abs().max().item()
 

@@ -7,7 +7,9 @@ import torch
 
 from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.runtime.cancel import Cancelled, CancelToken
-from napari_gpuseg.engine.unet.training import TrainConfig, dice_ce_loss, make_targets, train_unet
+from napari_gpuseg.engine.unet.loss import dice_ce_loss
+from napari_gpuseg.engine.unet.train_data import make_targets
+from napari_gpuseg.engine.unet.training import TrainConfig, train_unet
 from napari_gpuseg.engine.unet.predict import load_model, predict_labels, predict_probabilities
 from napari_gpuseg.models.unet import UNet, UNetConfig
 

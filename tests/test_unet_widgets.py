@@ -96,3 +96,23 @@ def test_train_dock_cancel_and_validation(make_napari_viewer, qtbot, field, tmp_
     widget.cancel()
     qtbot.waitUntil(lambda: widget.train_button.isEnabled(), timeout=30000)
     assert "Cancelled" in widget.status.text()
+
+
+def test_loss_plot_is_shared_by_the_train_and_adapt_docks(qtbot):
+    """One plot helper: iteration losses always, validation scores only where the dock
+    validates (the adapt dock has no validation series)."""
+    from napari_gpuseg.engine.unet.training import TrainEvent
+    from napari_gpuseg.widgets import unet_adapt, unet_train
+    from napari_gpuseg.widgets._loss_plot import LossPlot
+
+    events = [TrainEvent("iter", 0, i, 4, 1.0 / (i + 1)) for i in range(3)]
+    events.append(TrainEvent("epoch", 0, 3, 4, 0.3, val_score=0.7))
+    with_val, loss_only = LossPlot(validation=True), LossPlot(validation=False, maxlen=1000)
+    qtbot.addWidget(with_val)
+    qtbot.addWidget(loss_only)
+    for ev in events:
+        with_val.add_event(ev)
+        loss_only.add_event(ev)
+    assert list(with_val.series["train loss"]) == list(loss_only.series["train loss"]) == [1.0, 0.5, 1 / 3]
+    assert list(with_val.series["val score"]) == [0.7] and "val score" not in loss_only.series
+    assert unet_train.LossPlot is unet_adapt.LossPlot is LossPlot

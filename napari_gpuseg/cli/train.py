@@ -57,7 +57,8 @@ def find_pairs(images_dir, labels_dir, pattern: str = "*.tif*,*.png,*.npy", limi
 def _read_pairs(pairs):
     """Images (gray) and labels; a file that cannot be read or a pair whose shapes differ
     raises :class:`TrainInputError` naming the file(s)."""
-    from ..io import ImageReadError, read_image, read_labels, to_gray
+    from ..io import ImageReadError, read_image, to_gray
+    from ..label_files import read_labels
 
     images, labels = [], []
     for a, b in pairs:

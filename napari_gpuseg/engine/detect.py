@@ -12,9 +12,11 @@ same conversion the U-Net folder method uses.
 """
 from __future__ import annotations
 
-import csv
+import math
+import re
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,7 +24,9 @@ from ..io import is_rgb, to_gray
 
 _UNET_MODELS: dict = {}  # the bundled U-Net detector, loaded once per device
 _UNET_LOCK = threading.Lock()
-_PLANE_COLUMNS = ("z", "slice", "frame", "t", "index", "plane")
+BOX_COLUMNS = ("x0", "y0", "x1", "y1")
+PLANE_COLUMNS = ("z", "frame", "t", "slice", "plane")  # the 0-based plane of a box in a stack
+_CSV_SPLIT = re.compile(r"[,\t]")
 
 
 def _as_boxes(rows) -> np.ndarray:
@@ -113,28 +117,88 @@ def detect_boxes(image: np.ndarray, detector="threshold", rgb: bool | None = Non
     return threshold_boxes(gray, **kwargs)
 
 
-def boxes_from_csv(path, plane: int | None = None) -> np.ndarray:
-    """Boxes from a CSV with ``x0, y0, x1, y1`` columns (any order, case-insensitive).
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
-    With ``plane`` given and a ``z`` / ``slice`` / ``frame`` / ``index`` column present,
-    only that plane's rows are returned.
+
+class CsvBoxes(NamedTuple):
+    """The rows of a CSV box file: ``boxes`` ``(N, 4)`` float64 ``x0, y0, x1, y1``,
+    ``planes`` ``(N,)`` float64 (None without a plane column), ``lines`` the 1-based line
+    number and ``texts`` the text of each row (for messages)."""
+
+    boxes: np.ndarray
+    planes: np.ndarray | None
+    lines: list
+    texts: list
+
+
+def read_box_csv(path) -> CsvBoxes:
+    """Every box of a CSV box file, checked to be finite numbers.
+
+    One box per line, ``x0,y0,x1,y1`` in pixels (x = column, y = row, end exclusive), plus
+    an optional plane column (``z``, ``frame``, ``t``, ``slice`` or ``plane``: the 0-based
+    plane of a stack). A header line is optional (with one the columns may come in any
+    order and case, other columns are ignored); without one a line has 4 values, or 5 with
+    the plane last. Comma or tab separated; blank lines and ``#`` comments are skipped.
+    A malformed line raises ``ValueError("PATH, line N: why: 'text'")``.
     """
-    with open(Path(path), newline="") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames is None:
-            return np.zeros((0, 4))
-        cols = {c.strip().lower(): c for c in reader.fieldnames}
-        missing = [c for c in ("x0", "y0", "x1", "y1") if c not in cols]
-        if missing:
-            raise ValueError(f"{path}: CSV needs columns x0, y0, x1, y1 (missing {', '.join(missing)}; "
-                             f"found {', '.join(reader.fieldnames)})")
-        pcol = next((cols[c] for c in _PLANE_COLUMNS if c in cols), None)
-        rows = []
-        for line, row in enumerate(reader, start=2):
-            if plane is not None and pcol is not None and int(float(row[pcol])) != int(plane):
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot be read as a text file ({exc})") from exc
+    cols: dict[str, int] | None = None  # column index by name, from the header or the width
+    width = None
+    rows, planes, lines, texts = [], [], [], []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = [f.strip().strip('"').strip("'").strip() for f in _CSV_SPLIT.split(line)]
+
+        def bad(why: str) -> ValueError:
+            return ValueError(f"{path}, line {line_no}: {why}: {line.strip()!r}")
+
+        values = [_number(f) for f in fields]
+        if cols is None:
+            if any(v is None for v in values):  # the header line
+                names = [f.lower() for f in fields]
+                missing = [c for c in BOX_COLUMNS if c not in names]
+                if missing:
+                    raise bad(f"not four numbers x0,y0,x1,y1 and not a header naming x0, y0, x1, y1 "
+                              f"(missing {', '.join(missing)})")
+                cols = {c: names.index(c) for c in BOX_COLUMNS}
+                plane = next((c for c in PLANE_COLUMNS if c in names), None)
+                if plane is not None:
+                    cols["z"] = names.index(plane)
+                width = len(fields)
                 continue
-            try:
-                rows.append([float(row[cols[c]]) for c in ("x0", "y0", "x1", "y1")])
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{path}, line {line}: not a number ({exc})") from exc
-    return _as_boxes(rows)
+            if len(fields) not in (4, 5):
+                raise bad(f"{len(fields)} values; expected x0,y0,x1,y1 or x0,y0,x1,y1,z")
+            cols = {c: i for i, c in enumerate(BOX_COLUMNS)}
+            if len(fields) == 5:
+                cols["z"] = 4
+            width = len(fields)
+        if len(fields) != width:
+            raise bad(f"{len(fields)} values where the first line has {width}")
+        if any(values[i] is None or not math.isfinite(values[i]) for i in cols.values()):
+            raise bad("not a number")
+        rows.append([values[cols[c]] for c in BOX_COLUMNS])
+        planes.append(values[cols["z"]] if "z" in cols else 0.0)
+        lines.append(line_no)
+        texts.append(line.strip())
+    has_plane = cols is not None and "z" in cols
+    return CsvBoxes(_as_boxes(rows), np.asarray(planes, np.float64) if has_plane else None, lines, texts)
+
+
+def boxes_from_csv(path, plane: int | None = None) -> np.ndarray:
+    """Boxes from a CSV box file (format: :func:`read_box_csv`).
+
+    With ``plane`` given and a plane column present, only that plane's rows are returned.
+    """
+    found = read_box_csv(path)
+    if plane is None or found.planes is None:
+        return found.boxes
+    return found.boxes[found.planes.astype(np.int64) == int(plane)]

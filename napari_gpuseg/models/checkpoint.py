@@ -105,6 +105,20 @@ def compare_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor]):
     return missing, unexpected, mismatched
 
 
+def mismatch_summary(missing, unexpected, mismatched) -> str:
+    """``"2 missing key(s): a, b; 1 mis-shaped key(s): c (checkpoint [3] vs model [4])"``:
+    the first few names of each kind, with counts."""
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing key(s): {_first(missing)}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key(s): {_first(unexpected)}")
+    if mismatched:
+        shapes = [f"{k} (checkpoint {list(a)} vs model {list(b)})" for k, a, b in mismatched]
+        parts.append(f"{len(mismatched)} mis-shaped key(s): {_first(shapes)}")
+    return "; ".join(parts)
+
+
 def load_state_dict_strict(
     model: nn.Module,
     path_or_state: StateOrPath,
@@ -125,15 +139,8 @@ def load_state_dict_strict(
         state = OrderedDict((k, v) for k, v in state.items() if k not in drop)
     missing, unexpected, mismatched = compare_state_dict(model, state)
     if missing or unexpected or mismatched:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing key(s): {_first(missing)}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s): {_first(unexpected)}")
-        if mismatched:
-            shapes = [f"{k} (checkpoint {list(a)} vs model {list(b)})" for k, a, b in mismatched]
-            parts.append(f"{len(mismatched)} mis-shaped key(s): {_first(shapes)}")
-        msg = f"checkpoint {_describe(path_or_state)} does not fit {type(model).__name__}: " + "; ".join(parts)
+        msg = (f"checkpoint {_describe(path_or_state)} does not fit {type(model).__name__}: "
+               + mismatch_summary(missing, unexpected, mismatched))
         if hint:
             msg += f". {hint}"
         raise CheckpointError(msg, missing, unexpected, mismatched)

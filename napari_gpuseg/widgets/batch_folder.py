@@ -21,6 +21,7 @@ from qtpy.QtWidgets import (
 )
 
 from .. import io as gio
+from .. import label_files
 from ..engine.runtime import memory
 from ..engine.runtime.device import PRECISIONS, get_policy
 from ..engine.runtime.cancel import CancelToken
@@ -313,7 +314,7 @@ class BatchFolderWidget(DockWidget):
         labels_path = output_paths(in_dir, out_dir, in_dir / rel)[0]
         try:
             loaded = gio.load_image(in_dir / rel)
-            labels = gio.read_labels(labels_path)
+            labels = label_files.read_labels(labels_path)
         except Exception as exc:  # noqa: BLE001
             self._fail(f"cannot open {rel}: {exc}")
             return

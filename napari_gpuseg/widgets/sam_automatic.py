@@ -17,8 +17,8 @@ from qtpy.QtWidgets import (
 )
 
 from ..engine.sam.everything import AutomaticParams, segment_everything_batch
-from ..engine.detect import boxes_from_csv, detect_boxes
-from ..engine.sam.boxes import segment_boxes_batch
+from ..engine.detect import boxes_from_csv
+from ..engine.sam.box_stack import segment_box_planes
 from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
 from ..engine.stacks import label_offsets, shift_ids
@@ -278,11 +278,9 @@ class SamAutomaticWidget(DockWidget):
         policy = self.worker.policy
         engine = self.worker.model(("sam", model, policy), lambda: load_engine(model, policy), replace=True)
         if mode == "boxes":
-            if isinstance(boxes, str):
-                boxes = [detect_boxes(p, boxes, policy=policy) for p in planes]
-            return segment_boxes_batch(engine, planes, boxes, padding=padding, batch_size=prompt_bs,
-                                       embed_batch_size=embed_bs, min_area=min_area,
-                                       progress=progress, cancel=cancel)
+            return segment_box_planes(engine, planes, boxes, policy=policy, padding=padding,
+                                      batch_size=prompt_bs, embed_batch_size=embed_bs,
+                                      min_area=min_area, progress=progress, cancel=cancel)
         return segment_everything_batch(engine, planes, params, batch_size=prompt_bs,
                                         embed_batch_size=embed_bs, progress=progress, cancel=cancel)
 

@@ -18,7 +18,7 @@ from qtpy.QtWidgets import (
 )
 
 from ._bridge import relay, submit
-from ._plot import HistoryPlot
+from ._loss_plot import LossPlot
 from .unet_predict import FROM_FILE, _predict_job, layer_array, layer_names
 from .unet_train import default_output, train_worker
 
@@ -99,7 +99,7 @@ class UNetAdaptWidget(QWidget):
         buttons = QHBoxLayout()
         for b in (self.train_button, self.cancel_button, self.predict_button):
             buttons.addWidget(b)
-        self.plot = HistoryPlot(("train loss",), maxlen=1000)
+        self.plot = LossPlot(validation=False, maxlen=1000)
         self.progress = QProgressBar()
         self.status = QLabel("")
         self.status.setWordWrap(True)
@@ -206,7 +206,7 @@ class UNetAdaptWidget(QWidget):
     def _on_event(self, ev) -> None:
         if ev.kind == "iter":
             self.losses.append(ev.train_loss)
-            self.plot.append(**{"train loss": ev.train_loss})
+            self.plot.add_event(ev)
             self.status.setText(f"iteration {ev.iteration}/{ev.total_iterations}: loss {ev.train_loss:.3f}")
 
     def _progress(self, done: int, total: int) -> None:

@@ -18,7 +18,7 @@ from ..engine.runtime.worker import InferenceWorker
 from ._bridge import relay
 from ._choices import layer_array, layer_names
 from ._dock import DockWidget
-from ._plot import HistoryPlot
+from ._loss_plot import LossPlot
 
 _train_worker: InferenceWorker | None = None
 
@@ -112,7 +112,7 @@ class UNetTrainWidget(DockWidget):
         form.addRow("Save to", out_row)
         self.train_button, buttons = self._make_run_buttons("Train", self.train, self.cancel)
         self._make_status_parts("")
-        self.plot = HistoryPlot(("train loss", "val score"), maxlen=400)
+        self.plot = LossPlot(validation=True, maxlen=400)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addLayout(buttons)
@@ -192,10 +192,8 @@ class UNetTrainWidget(DockWidget):
 
     def _on_event(self, ev) -> None:
         self.events.append(ev)
-        if ev.kind == "iter":
-            self.plot.append(**{"train loss": ev.train_loss})
-        elif ev.val_score is not None:
-            self.plot.append(**{"val score": ev.val_score})
+        self.plot.add_event(ev)
+        if ev.kind != "iter" and ev.val_score is not None:
             self.status.setText(f"epoch {ev.epoch + 1}: loss {ev.train_loss:.3f}, val F1 {ev.val_f1:.3f}, "
                                 f"fg IoU {ev.val_fg_iou:.3f} (best score {ev.best_score:.3f})")
 

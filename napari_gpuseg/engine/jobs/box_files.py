@@ -20,19 +20,15 @@ GUI-free and print-free.
 """
 from __future__ import annotations
 
-import math
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 
+from ..detect import read_box_csv
 from .outputs import LABELS_SUFFIX, output_paths
 
 CSV_SUFFIX = ".csv"
-BOX_COLUMNS = ("x0", "y0", "x1", "y1")
-PLANE_COLUMNS = ("z", "frame", "t", "slice", "plane")
-_SPLIT = re.compile(r"[,\t]")
 
 
 class BoxFileError(ValueError):
@@ -73,66 +69,29 @@ def _planes_and_size(spatial_shape: tuple) -> tuple[int, int, int]:
     return (shape[0] if len(shape) == 3 else 1), shape[-2], shape[-1]
 
 
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 def read_csv_boxes(path: str | os.PathLike, spatial_shape: tuple) -> list[np.ndarray]:
-    """Boxes per plane from a CSV box file (format in the module docstring); every line is
-    checked: numbers, ``x0 < x1``, ``y0 < y1``, inside the image, a plane that exists."""
+    """Boxes per plane from a CSV box file (format in the module docstring, read by
+    :func:`napari_gpuseg.engine.detect.read_box_csv`); every line is checked: numbers,
+    ``x0 < x1``, ``y0 < y1``, inside the image, a plane that exists."""
     path = Path(path)
     n_planes, h, w = _planes_and_size(spatial_shape)
     stack = len(spatial_shape) == 3
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BoxFileError(f"{path}: cannot be read as a text file ({exc})") from exc
-    cols: dict[str, int] | None = None  # column index by name, from the header or the width
-    width = None
+        found = read_box_csv(path)
+    except ValueError as exc:
+        raise BoxFileError(str(exc)) from exc
     planes: list[list[list[float]]] = [[] for _ in range(n_planes)]
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        fields = [f.strip().strip('"').strip("'").strip() for f in _SPLIT.split(line)]
+    for k, (x0, y0, x1, y1) in enumerate(found.boxes.tolist()):
 
         def bad(why: str) -> BoxFileError:
-            return BoxFileError(f"{path}, line {line_no}: {why}: {line.strip()!r}")
+            return BoxFileError(f"{path}, line {found.lines[k]}: {why}: {found.texts[k]!r}")
 
-        values = [_number(f) for f in fields]
-        if cols is None:
-            if any(v is None for v in values):  # the header line
-                names = [f.lower() for f in fields]
-                missing = [c for c in BOX_COLUMNS if c not in names]
-                if missing:
-                    raise bad(f"not four numbers x0,y0,x1,y1 and not a header naming x0, y0, x1, y1 "
-                              f"(missing {', '.join(missing)})")
-                cols = {c: names.index(c) for c in BOX_COLUMNS}
-                plane = next((c for c in PLANE_COLUMNS if c in names), None)
-                if plane is not None:
-                    cols["z"] = names.index(plane)
-                width = len(fields)
-                continue
-            if len(fields) not in (4, 5):
-                raise bad(f"{len(fields)} values; expected x0,y0,x1,y1 or x0,y0,x1,y1,z")
-            cols = {c: i for i, c in enumerate(BOX_COLUMNS)}
-            if len(fields) == 5:
-                cols["z"] = 4
-            width = len(fields)
-        if len(fields) != width:
-            raise bad(f"{len(fields)} values where the first line has {width}")
-        used = [values[i] for i in cols.values()]
-        if any(v is None or not math.isfinite(v) for v in used):
-            raise bad("not a number")
-        x0, y0, x1, y1 = (values[cols[c]] for c in BOX_COLUMNS)
         if not (x0 < x1 and y0 < y1):
             raise bad("empty or reversed box (needs x0 < x1 and y0 < y1)")
         if x1 <= 0 or y1 <= 0 or x0 >= w or y0 >= h:
             raise bad(f"box outside the image ({w} x {h} px)")
-        if "z" in cols:
-            z = values[cols["z"]]
+        if found.planes is not None:
+            z = float(found.planes[k])
             if z != int(z) or not 0 <= z < n_planes:
                 where = (f"the stack has planes 0..{n_planes - 1}" if stack
                          else "the image is 2D: the plane must be 0")

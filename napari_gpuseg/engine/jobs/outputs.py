@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import io as gio
+from ... import label_files, tables
 from .report import ImageStatus, report_names
 
 LABELS_SUFFIX = "_labels.tif"
@@ -94,7 +95,7 @@ def foreign_output(labels_path: Path, table_path: Path, labels_rel: str,
     ``X_labels.tif`` beside ``X.tif``), or None. Ours: label files carry our metadata;
     files ``listed`` in the labels column of an earlier report of ours count as ours too."""
     if os.path.lexists(labels_path):
-        if gio.output_info(labels_path) is None and labels_rel not in listed:
+        if label_files.output_info(labels_path) is None and labels_rel not in listed:
             return labels_path
         return None
     if os.path.lexists(table_path) and not _our_table(table_path):
@@ -125,7 +126,7 @@ def skipped_row(rel: str, labels_rel: str, labels: np.ndarray, info: dict | None
     n_obj = int(np.count_nonzero(ids > 0))
     if not table_path.is_file():
         try:
-            gio.write_object_table(table_path, labels)
+            tables.write_object_table(table_path, labels)
             notes.append("object table rebuilt from the labels (no scores)")
         except OSError as exc:
             notes.append(f"object table missing and not rebuilt: {exc.strerror or exc}")

@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ... import io as gio
+from ... import label_files, tables
 
 
 @dataclass
@@ -105,7 +105,7 @@ def write_report(report: RunReport, out_dir: Path, shard) -> None:
     doc = {k: v for k, v in asdict(report).items() if k not in ("rows", "kept", "report_error")}
     doc.update(ok=report.ok, skipped=report.skipped, errors=report.errors, earlier_rows=len(report.kept),
                images_per_s=round(report.images_per_s, 4), rows=[asdict(r) for r in rows])
-    gio.atomic_write_text(out_dir / csv_name, gio.table_to_csv(table))
-    gio.atomic_write_text(out_dir / json_name, json.dumps(doc, indent=1))
+    label_files.atomic_write_text(out_dir / csv_name, tables.table_to_csv(table))
+    label_files.atomic_write_text(out_dir / json_name, json.dumps(doc, indent=1))
 
 

@@ -144,23 +144,16 @@ class SamBoxSegmenter(_SamSegmenter):
         return super().segment(images)
 
     def _segment_planes(self, planes):
-        from ..detect import detect_boxes
-        from ..sam.boxes import segment_boxes_batch
+        from ..sam.box_stack import segment_box_planes
 
         given, self._given = self._given, None
-        opts = dict(self.options)
-        det = opts.pop("detector", "auto")
-        det_opts = opts.pop("detector_options", {}) or {}
-        boxes = []
-        for p in planes:
-            if self.cancel is not None:
-                self.cancel.check()
-            boxes.append(given[len(boxes)] if given is not None else
-                         detect_boxes(p, det, policy=self.policy, **det_opts))
-        return segment_boxes_batch(
-            self.engine, planes, boxes, padding=float(opts.get("padding", 2.0)),
-            batch_size=self.batch_size, embed_batch_size=opts.get("embed_batch_size"),
-            min_area=int(opts.get("min_area", 15)), cancel=self.cancel)
+        opts = self.options
+        return segment_box_planes(
+            self.engine, planes, given if given is not None else opts.get("detector", "auto"),
+            detector_options=opts.get("detector_options"), policy=self.policy,
+            padding=opts.get("padding", 2.0), batch_size=self.batch_size,
+            embed_batch_size=opts.get("embed_batch_size"), min_area=opts.get("min_area", 15),
+            cancel=self.cancel)
 
 
 class SamEverythingSegmenter(_SamSegmenter):

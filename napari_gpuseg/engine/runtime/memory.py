@@ -5,6 +5,7 @@ Every probe degrades gracefully: no CUDA, no NVML library, no permission: the fi
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
+logger = logging.getLogger(__name__)
 
 @dataclass
 class MemorySnapshot:
@@ -74,16 +76,16 @@ class _Nvml:
             util = temp = power = None
             try:
                 util = float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
-            except Exception:
-                pass
+            except Exception as exc:  # a field the GPU or driver does not report
+                logger.debug("NVML utilisation of GPU %d unavailable: %s", index, exc)
             try:
                 temp = float(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
-            except Exception:
-                pass
+            except Exception as exc:
+                logger.debug("NVML temperature of GPU %d unavailable: %s", index, exc)
             try:
                 power = nv.nvmlDeviceGetPowerUsage(handle) / 1000.0
-            except Exception:
-                pass
+            except Exception as exc:
+                logger.debug("NVML power of GPU %d unavailable: %s", index, exc)
             return util, temp, power
 
 
@@ -96,22 +98,23 @@ def nvml_handle(nv, index: int):
     """
     try:
         props = torch.cuda.get_device_properties(index)
-    except Exception:
+    except Exception as exc:
+        logger.debug("no device properties for CUDA device %d: %s", index, exc)
         props = None
     uuid = getattr(props, "uuid", None)
     if uuid is not None:
         text = str(uuid)
         try:
             return nv.nvmlDeviceGetHandleByUUID(text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}")
-        except Exception:
-            pass
+        except Exception as exc:  # next: the PCI bus id
+            logger.debug("NVML has no GPU with UUID %s: %s", text, exc)
     bus = getattr(props, "pci_bus_id", None)
     if bus is not None:
         domain, dev = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
         try:
             return nv.nvmlDeviceGetHandleByPciBusId(f"{domain:08x}:{bus:02x}:{dev:02x}.0")
-        except Exception:
-            pass
+        except Exception as exc:  # next: CUDA_VISIBLE_DEVICES
+            logger.debug("NVML has no GPU at PCI bus %02x: %s", bus, exc)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         entries = [e.strip() for e in visible.split(",") if e.strip()]
@@ -159,8 +162,8 @@ def snapshot(device: torch.device | str | None = None) -> MemorySnapshot:
         try:
             snap.allocated = torch.mps.current_allocated_memory()
             snap.reserved = torch.mps.driver_allocated_memory()
-        except Exception:
-            pass
+        except Exception as exc:  # older torch builds lack these probes
+            logger.debug("MPS memory probes unavailable: %s", exc)
     return snap
 
 

@@ -18,6 +18,7 @@ import torch
 from scipy import ndimage as ndi
 from skimage.segmentation import watershed
 
+from ...models.checkpoint import CheckpointError, load_state_dict_strict, mismatch_summary, safe_torch_load
 from ...models.unet import CLASS_NAMES, UNet, UNetConfig, build_unet
 from ..classical import relabel_small
 from ..runtime.device import Policy, get_policy, resolve_policy
@@ -85,32 +86,42 @@ def save_checkpoint(path, model: UNet, normalization: dict | None = None, **meta
     return path
 
 
+class UNetCheckpointError(CheckpointError, ValueError):
+    """A U-Net checkpoint that cannot be read, is not one, or does not fit its architecture
+    (a :class:`~napari_gpuseg.models.checkpoint.CheckpointError` and a ``ValueError``)."""
+
+
 def load_checkpoint(path, map_location="cpu") -> dict:
-    """Read a checkpoint with ``weights_only=True`` and check its format."""
+    """Read a checkpoint with ``weights_only=True`` (:func:`models.checkpoint.safe_torch_load`)
+    and check its format."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"U-Net checkpoint not found: {path}")
-    from ...models.checkpoint import load_error_message
-
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # never torch's advice to turn weights_only off
-        raise ValueError(f"U-Net {load_error_message(path, exc)}") from exc
+        ckpt = safe_torch_load(path, map_location=map_location)
+    except CheckpointError as exc:  # never torch's advice to turn weights_only off
+        raise UNetCheckpointError(f"U-Net {exc}") from exc.__cause__
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a napari-gpuseg U-Net checkpoint (no '{FORMAT}' format tag)")
+        raise UNetCheckpointError(f"{path} is not a napari-gpuseg U-Net checkpoint (no '{FORMAT}' format tag)")
     return ckpt
 
 
+def load_unet_state(model: UNet, state) -> UNet:
+    """Load a U-Net state dict into ``model`` strictly (every key and shape must match,
+    :func:`models.checkpoint.load_state_dict_strict`); raises :class:`UNetCheckpointError`
+    naming what does not match."""
+    try:
+        return load_state_dict_strict(model, state)
+    except CheckpointError as exc:
+        detail = mismatch_summary(exc.missing, exc.unexpected, exc.mismatched) or str(exc)
+        raise UNetCheckpointError(f"checkpoint does not match the architecture: {detail}",
+                                  exc.missing, exc.unexpected, exc.mismatched) from exc
+
+
 def model_from_checkpoint(ckpt: dict, device="cpu") -> UNet:
-    model = build_unet(UNetConfig.from_dict(ckpt["config"]))
-    state = ckpt["state_dict"]
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"checkpoint does not match the architecture: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    model.load_state_dict(state, strict=True)
+    """The U-Net of a checkpoint dict, loaded strictly (:func:`load_unet_state`), frozen
+    and in eval mode on ``device``."""
+    model = load_unet_state(build_unet(UNetConfig.from_dict(ckpt["config"])), ckpt["state_dict"])
     # inference weights: no grad, so autocast does not keep low-precision weight copies
     return model.requires_grad_(False).to(device).eval()
 
@@ -246,7 +257,7 @@ def predict_probabilities(
             check(cancel)
             part = x[start : start + chunk]
             logits = sliding_window_inference(
-                part, roi, model, sw_batch_size=sw_batch_size, overlap=overlap,
+                part, roi, sw_batch_size, model, overlap=overlap, mode="gaussian",
                 sw_device=device, device=output_device, policy=policy, channels_last=channels_last,
                 progress=lambda k, t, m=part.shape[0]: sub_progress(k, t, m),
                 cancel=cancel, batch_key=("unet", id(model), tuple(roi)),

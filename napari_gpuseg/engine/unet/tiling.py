@@ -1,7 +1,8 @@
-"""N-D sliding-window inference with Gaussian importance blending.
+"""N-D sliding-window inference with constant or Gaussian importance blending.
 
-Same window placement, padding and importance map as MONAI's
-``sliding_window_inference`` (so results agree to float rounding), plus what an
+MONAI's ``sliding_window_inference`` arguments in MONAI's order and with its defaults, and
+the same window placement, padding and importance map (so results agree to float
+rounding), plus what an
 interactive app needs: adaptive window batches (:func:`engine.batching.run_batched`,
 halving on OOM), precision from the :class:`~engine.device.Policy` entered in the calling
 thread, channels_last for 2D, stitching in host memory when the output would not fit on
@@ -112,15 +113,16 @@ def output_fits(nbytes: int, device: torch.device, fraction: float = 0.5) -> boo
 def sliding_window_inference(
     inputs: torch.Tensor,
     roi_size,
+    sw_batch_size: int | None,
     predictor: Callable[[torch.Tensor], torch.Tensor],
-    sw_batch_size: int | None = None,
     overlap=0.25,
-    mode: str = "gaussian",
+    mode: str = "constant",
     sigma_scale=0.125,
     padding_mode: str = "constant",
     cval: float = 0.0,
     sw_device: torch.device | str | None = None,
     device: torch.device | str | None = None,
+    *,
     policy: Policy | None = None,
     channels_last: bool = False,
     progress: ProgressFn = None,
@@ -130,18 +132,24 @@ def sliding_window_inference(
 ) -> torch.Tensor:
     """Predict ``inputs`` (N, C, *spatial) window by window and blend the windows.
 
+    The arguments up to ``device`` are MONAI's, in MONAI's order and with its defaults
+    (``monai.inferers.sliding_window_inference(inputs, roi_size, sw_batch_size, predictor,
+    overlap=0.25, mode="constant", ...)``); the rest are keyword-only.
+
     roi_size: window size (int or per dimension; None/<=0 = whole dimension).
     sw_batch_size: windows per network call; None = adaptive (start from free memory,
         halve on OOM, remember per ``batch_key``).
     overlap: fraction of a window shared with its neighbour, per dimension or one value.
-    mode / sigma_scale: "gaussian" importance (sigma = sigma_scale * roi) or "constant".
+    mode / sigma_scale: "constant" (plain average) or "gaussian" importance
+        (sigma = sigma_scale * roi).
     padding_mode / cval: how images smaller than the window are padded (F.pad modes).
     sw_device: where windows are computed (default: the input's device).
     device: where the output is stitched (default: ``sw_device``, or host memory when the
         output would take more than half the free device memory).
     policy: precision; its ``autocast()`` is entered here, in the calling thread.
     channels_last: give 2D windows to the predictor in channels_last memory format.
-    progress(done, total) counts windows; ``cancel`` is checked between batches.
+    progress(done, total) counts windows (a callback, where MONAI's ``progress`` is a
+    bool for a progress bar); ``cancel`` is checked between batches.
 
     Returns float32 logits/probabilities (N, C_out, *spatial) on ``device``.
     """

@@ -1,0 +1,152 @@
+"""Training data for the U-Net: three-class targets from instance labels, image/label
+pairs normalised and checked, the train/validation split, and random augmented crops."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy import ndimage as ndi
+from skimage.segmentation import find_boundaries
+
+from ...models.unet import UNetConfig
+from ..normalize import apply_normalization
+
+CONTACT = 3  # training-only target value: boundary where two objects touch
+IGNORE = 255  # training-only target value: not annotated, left out of the loss (labels < 0)
+
+
+def contact_zone(labels: np.ndarray, width: int = 2) -> np.ndarray:
+    """Object pixels within ``width`` pixels (chessboard) of a different object."""
+    size = 2 * width + 1
+    lab = labels.astype(np.int64)
+    big = int(lab.max()) + 1  # sentinel for background (an int64 max overflows in scipy)
+    hi = ndi.maximum_filter(lab, size=size)
+    lo = ndi.minimum_filter(np.where(lab > 0, lab, big), size=size)
+    return (lab > 0) & (lo != big) & (hi != lo)
+
+
+def make_targets(labels: np.ndarray, spatial_dims: int | None = None, contact_width: int = 2,
+                 mark_contacts: bool = False) -> np.ndarray:
+    """Class map (uint8): 0 background, 1 interior, 2 boundary.
+
+    Boundary = the inner one-pixel rim of every object plus, where objects touch, every
+    object pixel within ``contact_width`` pixels of the other object, so interiors of
+    touching objects stay apart. ``mark_contacts`` labels the contact part 3 (the loss
+    weights it up and treats it as boundary).
+    """
+    labels = np.asarray(labels)
+    spatial_dims = spatial_dims or labels.ndim
+    if labels.ndim > spatial_dims:
+        return np.stack([make_targets(x, spatial_dims, contact_width, mark_contacts) for x in labels])
+    fg = labels > 0
+    rim = find_boundaries(labels, connectivity=1, mode="inner") & fg
+    out = fg.astype(np.uint8)
+    out[rim] = 2
+    if contact_width > 0:
+        out[contact_zone(labels, contact_width)] = CONTACT if mark_contacts else 2
+    return out
+
+
+def prepare_pairs(images, labels, config: UNetConfig, normalization: dict) -> tuple[list, list]:
+    """Normalised (C, *spatial) float32 images and class maps; stacks become slices."""
+    d = config.spatial_dims
+    xs, ys = [], []
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} label images")
+    for k, (img, lab) in enumerate(zip(images, labels)):
+        img, lab = np.asarray(img), np.asarray(lab)
+        if img.ndim < d or lab.ndim < d:
+            raise ValueError(f"pair {k + 1}: a {d}D model needs {d}D images and labels, "
+                             f"got {img.shape} and {lab.shape}")
+        if config.in_channels == 1:
+            img = img[..., None, :, :] if d == 2 else img[..., None, :, :, :]
+        if img.shape[-d:] != lab.shape[-d:]:
+            raise ValueError(f"pair {k + 1}: image {img.shape} and labels {lab.shape} differ in shape")
+        img = img.reshape((-1, config.in_channels) + img.shape[-d:])
+        lab = lab.reshape((-1,) + lab.shape[-d:])
+        if img.shape[0] != lab.shape[0]:
+            raise ValueError("image and labels stacks differ in length")
+        norm = apply_normalization(img, normalization, axis=tuple(range(-d, 0)))
+        for x, y in zip(norm, lab):
+            xs.append(np.ascontiguousarray(x, dtype=np.float32))
+            ys.append(y.astype(np.int32))
+    return xs, ys
+
+
+def val_indices(n: int, val_fraction: float, seed: int = 0) -> list[int]:
+    """Which of ``n`` (>= 2) images go to validation (seeded permutation)."""
+    if n < 2 or val_fraction <= 0:
+        return []
+    n_val = min(n - 1, max(1, int(round(n * val_fraction))))  # keep one image to train on
+    return sorted(np.random.default_rng(seed).permutation(n)[:n_val].tolist())
+
+
+def split_train_val(xs: list, ys: list, val_fraction: float, seed: int = 0):
+    """Whole images to validation when there are several; otherwise the last strip of the
+    single image along its longest axis. Returns (train_x, train_y, val_x, val_y)."""
+    if val_fraction <= 0:
+        return xs, ys, [], []
+    n = len(xs)
+    if n >= 2:
+        val = set(val_indices(n, val_fraction, seed))
+        pick = lambda seq, inside: [v for i, v in enumerate(seq) if (i in val) == inside]  # noqa: E731
+        return pick(xs, False), pick(ys, False), pick(xs, True), pick(ys, True)
+    x, y = xs[0], ys[0]
+    axis = int(np.argmax(y.shape))
+    cut = int(round(y.shape[axis] * (1 - val_fraction)))
+    if y.shape[axis] - cut < 32:
+        return xs, ys, [], []
+    tx, vx = np.split(x, [cut], axis=axis + 1)
+    ty, vy = np.split(y, [cut], axis=axis)
+    return [tx], [ty], [vx], [vy]
+
+
+def crop_tuple(crop, d: int) -> tuple[int, ...]:
+    return tuple(int(c) for c in crop) if isinstance(crop, (tuple, list)) else (int(crop),) * d
+
+
+def clamp_crop(crop, shapes) -> tuple[int, ...]:
+    """The crop edge per dimension, at most the largest extent of ``shapes`` (the training
+    images' spatial shapes) in that dimension: a crop bigger than every image would only
+    add padding (``--crop 5000`` once padded batches to 5000 x 5000 and ran out of memory)."""
+    shapes = [tuple(int(v) for v in sh) for sh in shapes]
+    d = len(shapes[0])
+    crop = crop_tuple(crop, d)
+    if len(crop) != d:
+        raise ValueError(f"crop {crop} has {len(crop)} dimensions, the images have {d}")
+    return tuple(min(c, max(sh[i] for sh in shapes)) for i, c in enumerate(crop))
+
+
+class CropDataset(torch.utils.data.Dataset):
+    """Random crops with flips, rot90 (in the last two axes) and intensity jitter. The crop
+    is clamped to the largest image (:func:`clamp_crop`); smaller images are padded."""
+
+    def __init__(self, images: list, targets: list, crop, length: int) -> None:
+        self.images, self.targets = images, targets
+        self.crop = clamp_crop(crop, [t.shape for t in targets])
+        self.length = length
+        sizes = np.array([t.size for t in targets], dtype=np.float64)
+        self.p = sizes / sizes.sum()
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
+        k = int(rng.choice(len(self.images), p=self.p))
+        x, y = self.images[k], self.targets[k]
+        pads = [(0, max(0, c - s)) for c, s in zip(self.crop, y.shape)]
+        if any(p[1] for p in pads):
+            x = np.pad(x, [(0, 0)] + pads, mode="reflect" if min(y.shape) > 1 else "constant")
+            y = np.pad(y, pads, mode="constant")
+        starts = [int(rng.integers(0, s - c + 1)) for s, c in zip(y.shape, self.crop)]
+        sl = tuple(slice(a, a + c) for a, c in zip(starts, self.crop))
+        x, y = x[(slice(None),) + sl], y[sl]
+        for ax in range(y.ndim):
+            if rng.random() < 0.5:
+                x, y = np.flip(x, ax + 1), np.flip(y, ax)
+        if self.crop[-1] == self.crop[-2]:
+            k90 = int(rng.integers(0, 4))
+            x, y = np.rot90(x, k90, axes=(-2, -1)), np.rot90(y, k90, axes=(-2, -1))
+        x = x * rng.uniform(0.8, 1.2) + rng.uniform(-0.1, 0.1)
+        return (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
+                torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)))
