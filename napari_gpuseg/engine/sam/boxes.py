@@ -31,6 +31,7 @@ from .views import View, ViewSize, plan_cover, route_box
 DEFAULT_BOX_BATCH = 64
 RENDER_BYTES = 256 * 2**20
 SCALES = (4.0, 1.0)  # routing="shared": view scales (input px per image px) boxes may use
+ROI_CONTEXT = 0.5  # mask logits computed over the box grown by half its size per side (mask_region)
 ROUTE_MARGIN = 4.0  # input px a box keeps from the edge of a native or shrunk view (as SamEngine.route)
 
 
@@ -102,6 +103,20 @@ def plan_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: 
 
 
 # -- boxes -> masks ----------------------------------------------------------------------
+def mask_region(boxes_in: np.ndarray, input_size: int, grid: int,
+                context: float = ROI_CONTEXT) -> np.ndarray:
+    """Per box (N, 4) in model input px: the rectangle of embedding cells (``r0, c0, r1,
+    c1``, end exclusive, on a ``grid`` x ``grid`` embedding) its mask is computed in: the
+    box grown by ``context`` times its size (at least 8 input px) on every side. A mask
+    that reaches further is cut there (box mode wants the object in the box)."""
+    b = np.asarray(boxes_in, dtype=np.float64).reshape(-1, 4)
+    grow = np.maximum(context * (b[:, 2:] - b[:, :2]), 8.0)
+    cell = input_size / grid
+    lo = np.floor((b[:, :2] - grow) / cell).astype(np.int64)
+    hi = np.ceil((b[:, 2:] + 1 + grow) / cell).astype(np.int64)
+    return np.clip(np.stack([lo[:, 1], lo[:, 0], hi[:, 1], hi[:, 0]], 1), 0, grid)
+
+
 def _crop_to_mask(masks: torch.Tensor, view) -> list[tuple[np.ndarray, int, int]]:
     boxes = ops.masks_to_boxes(masks).cpu().numpy()
     m = masks.cpu().numpy()
@@ -189,11 +204,12 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
         for (i, view), positions in groups.items():
             emb = engine.embedding(prepared[i], view).to(dev)
             bx = np.stack([view.to_input(items[idx[p]][3]) for p in positions])
+            roi = torch.as_tensor(mask_region(bx, engine.input_size, emb.shape[-1]), device=dev)
             with torch.inference_mode(), engine.policy.autocast():
                 sparse, _dense = sam.prompt_encoder(points=None, masks=None,
                                                     boxes=torch.as_tensor(bx, dtype=torch.float32, device=dev))
                 iou, _sel, low = decode_sparse(sam, emb, sparse, "all" if fit else "single",
-                                               memo=engine.decoder_memo(prepared[i], view))
+                                               memo=engine.decoder_memo(prepared[i], view), roi=roi)
             score, c = iou[:, 0], low.shape[1]
             per = max(1, RENDER_BYTES // (view.h * view.w * 4 * c))
             for s in range(0, len(positions), per):
