@@ -171,3 +171,15 @@ def test_one_route_box_for_prompts_and_box_mode(engine):
     assert route_box(box, grid, img.shape, S, zoom_below=S / 16, side=20).scale == 1.0
     import napari_gpuseg.engine.sam.boxes as boxes_mod
     assert not hasattr(boxes_mod, "route_box") or boxes_mod.route_box is route_box
+
+
+def test_mask_region_holds_the_box_with_context_and_stays_on_the_grid():
+    from napari_gpuseg.engine.sam.boxes import mask_region
+    bx = np.array([[100.0, 120.0, 139.0, 149.0], [0.0, 0.0, 3.0, 3.0], [250.0, 250.0, 255.0, 255.0]])
+    roi = mask_region(bx, 256, 64)
+    assert (roi >= 0).all() and (roi <= 64).all()
+    r0, c0, r1, c1 = roi[0]
+    # 40 x 30 px box grown by half its size: x 80..160, y 105..165 input px, in 4 px cells
+    assert c0 * 4 <= 80 and c1 * 4 >= 160 and r0 * 4 <= 105 and r1 * 4 >= 165
+    assert tuple(roi[1]) == (0, 0, 3, 3)  # at least 8 px of context, clipped at the edge
+    assert tuple(roi[2][2:]) == (64, 64)
