@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "bbbc039"
+SIZES = ((0, 8), (8, 16), (16, 24), (24, 10**6))  # box sides (px) quality is reported for
 SETUPS = {"before": ("per-box", "0"), "per-box": ("per-box", "1"), "after": ("shared", "1")}
 
 
@@ -39,6 +40,7 @@ def fields(n: int) -> list[Path]:
 def child(field: str, routing: str) -> dict:
     sys.path.insert(0, str(ROOT))
     import napari_gpuseg  # noqa: F401  (allocator set-up on import unless NAPARI_GPUSEG_MALLOC=0)
+    import numpy as np
     import tifffile
 
     from napari_gpuseg.engine.metrics import pooled_stats
@@ -54,19 +56,29 @@ def child(field: str, routing: str) -> dict:
     res = segment_boxes(engine, image, boxes, padding=2, routing=routing)
     t1 = os.times()
     m = pooled_stats([gt], [res.labels], 0.5)
+    ids = np.unique(gt)[1:]  # box i <- label ids[i] (boxes_from_labels: increasing label order)
+    side = np.maximum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])
+    per_box = []
+    for i, r in enumerate(res.masks):  # each box's own mask against its object, before overlaps
+        y, x = slice(r.y0, r.y0 + r.mask.shape[0]), slice(r.x0, r.x0 + r.mask.shape[1])
+        g = gt == ids[i]
+        inter = int((r.mask & g[y, x]).sum())
+        per_box.append([int(side[i]), inter / max(int(g.sum()) + int(r.mask.sum()) - inter, 1)])
     return {"seconds": res.seconds, "boxes": len(boxes), "views": len(engine.cache),
-            "user": t1.user - t0.user, "sys": t1.system - t0.system, "tp": m.tp, "fp": m.fp, "fn": m.fn}
+            "user": t1.user - t0.user, "sys": t1.system - t0.system, "tp": m.tp, "fp": m.fp, "fn": m.fn,
+            "per_box": per_box}
 
 
 def run_child(field: str, setup: str) -> dict:
     routing, malloc = SETUPS[setup]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env["NAPARI_GPUSEG_MALLOC"] = malloc
+    load = os.getloadavg()[0]
     out = subprocess.run([sys.executable, __file__, "--child", field, "--routing", routing], env=env,
                          capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "load": load}
 
 
 def main() -> None:
@@ -87,7 +99,7 @@ def main() -> None:
         for s in setups:
             r = run_child(f.name, s)
             res[s].append(r)
-            print(f.name, s, json.dumps(r), flush=True)
+            print(f.name, s, json.dumps({k: v for k, v in r.items() if k != "per_box"}), flush=True)
     lines = [f"date {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, {args.fields} fields, "
              f"set-ups taking turns per field, run took {time.time() - t_start:.0f} s", "",
@@ -105,6 +117,20 @@ def main() -> None:
                      f"{sum(r['views'] for r in rs)} | {secs:.1f} | {rate:.2f} | "
                      f"{rate / base if base else float('nan'):.2f}x | {sum(r['user'] for r in rs):.0f} | "
                      f"{sum(r['sys'] for r in rs):.0f} | {f1:.3f} |")
+    lines += ["", "Each box's own mask (before overlaps are resolved) against its object, by the box's "
+              "longest side: mean IoU (share with IoU >= 0.5)", "",
+              "| set-up | " + " | ".join(f"{lo}-{hi - 1} px" if hi < 10**6 else f">= {lo} px" for lo, hi in SIZES)
+              + " |", "|---" * (len(SIZES) + 1) + "|"]
+    for s in setups:
+        pb = [b for r in res[s] for b in r["per_box"]]
+        cells = []
+        for lo, hi in SIZES:
+            ious = [iou for side, iou in pb if lo <= side < hi]
+            cells.append(f"{sum(ious) / len(ious):.3f} ({sum(i >= 0.5 for i in ious) / len(ious):.2f}, "
+                         f"n={len(ious)})" if ious else "-")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    loads = [r["load"] for rs in res.values() for r in rs]
+    lines[0] += f", load average (1 min) at the field starts {min(loads):.1f}-{max(loads):.1f}"
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -1,6 +1,6 @@
 """Box mode routing: neighbouring boxes share encoder views (geometry only, no network).
 
-The engine wraps an identity module: :func:`plan_views` and :func:`route_box` only look at
+The engine wraps an identity module: :func:`plan_views` and :func:`per_box_views` only look at
 the view grid, the cache and the input size, so the real BBBC039 boxes can be routed
 without running the encoder. The quality of the shared views is checked with the real
 model in ``benchmarks/box_views.py`` and ``tests/test_automatic_quality.py``.
@@ -15,8 +15,9 @@ import torch
 from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
 from napari_gpuseg.engine.detect import boxes_from_labels
-from napari_gpuseg.engine.sam.boxes import ZOOM_VIEW, plan_views, prepare_boxes, route_box, segment_boxes
-from napari_gpuseg.engine.sam.views import cover_boxes
+from napari_gpuseg.engine.sam.boxes import (ROUTE_MARGIN, SCALES, per_box_views, plan_views, prepare_boxes,
+                                            segment_boxes)
+from napari_gpuseg.engine.sam.views import View, cover_boxes, route_box, zoomed_view
 
 S = 256
 
@@ -26,12 +27,12 @@ def engine():
     return SamEngine(torch.nn.Identity(), SamModelInfo("geometry", S, "none"), Policy(torch.device("cpu"), "fp32"))
 
 
-def _route(engine, image, boxes, padding=2.0):
+def _route(engine, image, boxes, padding=2.0, scales=SCALES):
     img = engine.prepare(image)
     raw = prepare_boxes(boxes, img.shape, 0.0)
     padded = prepare_boxes(boxes, img.shape, padding)
-    shared = plan_views(engine, img, padded, raw, S / 16)
-    per_box = [route_box(engine, img, b, S / 16, padding) for b in padded]
+    shared = plan_views(engine, img, padded, raw, S / 16, scales)
+    per_box = per_box_views(engine, img, padded, raw, S / 16)
     return img, padded, shared, per_box
 
 
@@ -50,7 +51,7 @@ def test_neighbouring_small_boxes_share_one_zoomed_view(engine):
     assert len(set(per_box)) == 6  # one zoomed view per small box before
     assert len(set(shared)) == 1  # one zoomed view now
     (v,) = set(shared)
-    assert v.h == v.w == ZOOM_VIEW and v.scale == S / ZOOM_VIEW
+    assert v.h == v.w == S / max(SCALES) and v.scale == max(SCALES)
     raw = prepare_boxes(boxes, img.shape, 0.0)
     side = (raw[:, 2:] - raw[:, :2]).max(1) + 1
     assert all(_holds(v, b, s - 1) for b, s in zip(padded, side))  # context of the box's size
@@ -98,3 +99,87 @@ def test_bbbc039_validation_fields_need_far_fewer_views(engine, shared_data):
 def test_routing_parameter_is_checked(engine):
     with pytest.raises(ValueError, match="routing"):
         segment_boxes(engine, np.zeros((64, 64), np.uint8), np.zeros((0, 4)), routing="nearest")
+
+
+def _check_plan(img, padded, raw, shared, per_box, scales, zoom_below=S / 16):
+    """Every box in a view that holds it with its margin (4 input px in native and shrunk
+    views, a context of its own size in zoomed ones, as far as the image has room), at a
+    scale where it spans ``zoom_below`` input px (or the largest zoom); never more views
+    than routing each box on its own."""
+    side = (raw[:, 2:] - raw[:, :2]).max(1) + 1
+    top = max(scales)
+    for b, sd, v in zip(padded, side, shared):
+        margin = max(sd, 2.0) if v.scale > 1 else ROUTE_MARGIN / v.scale
+        assert _holds(v, b, margin - 1e-9, img.shape), (b, v)
+        if v.w == v.h and any(abs(v.scale - z) < 1e-9 for z in scales):
+            assert sd * v.scale >= zoom_below or abs(v.scale - top) < 1e-9, (sd, v)
+            assert (v.scale > 1) == (sd < zoom_below), (sd, v)
+    assert len(set(shared)) <= len(set(per_box))
+
+
+@pytest.mark.parametrize("scales", [SCALES, (4.0, 2.0, 1.0), (2.0, 1.0, 0.5), (4.0, 2.0, 1.0, 2 / 3, 0.5)])
+def test_plan_holds_every_box_with_margin_and_never_needs_more_views(engine, shared_data, scales):
+    files = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-8:]
+    for f in files[:3]:
+        gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)
+        boxes = boxes_from_labels(gt)
+        img, padded, shared, per_box = _route(engine, np.asarray(gt, np.uint16), boxes, scales=scales)
+        _check_plan(img, padded, prepare_boxes(boxes, img.shape, 0.0), shared, per_box, scales)
+    rng = np.random.default_rng(1)
+    for trial in range(20):  # random boxes of every size, image borders included
+        shape = (int(rng.integers(40, 700)), int(rng.integers(40, 700)))
+        n = int(rng.integers(1, 60))
+        side = rng.choice([3, 6, 10, 15, 20, 40, 90, 300], size=n)
+        xy = rng.uniform(0, 1, size=(n, 2)) * np.maximum(np.array(shape[::-1]) - side[:, None], 1)
+        boxes = np.concatenate([xy, xy + side[:, None]], 1)
+        img, padded, shared, per_box = _route(engine, np.zeros(shape, np.uint8), boxes, scales=scales)
+        raw = prepare_boxes(boxes, img.shape, 0.0)
+        assert all(v.contains_box(b) for v, b in zip(shared, padded))
+        if max(shape) > S:  # larger than one view: the margins apply
+            _check_plan(img, padded, raw, shared, per_box, scales)
+
+
+def test_plan_never_has_more_views_than_the_grid_plan(engine):
+    """Random layouts of native-size boxes: the planned views never outnumber the grid
+    routing's (grid tiles, a centred view for a box no tile holds)."""
+    img = engine.prepare(np.zeros((520, 696), np.uint8))
+    rng = np.random.default_rng(3)
+    worst = 0
+    for trial in range(30):
+        n = int(rng.integers(2, 40))
+        xy = rng.uniform(0, [696 - 40, 520 - 40], size=(n, 2))
+        boxes = np.concatenate([xy, xy + rng.uniform(16, 40, size=(n, 1))], 1)
+        raw = prepare_boxes(boxes, img.shape, 0.0)
+        shared = plan_views(engine, img, raw, raw, S / 16)
+        per_box = per_box_views(engine, img, raw, raw, S / 16)
+        assert all(_holds(v, b, ROUTE_MARGIN) for v, b in zip(shared, raw))
+        worst = max(worst, len(set(shared)) - len(set(per_box)))
+    assert worst <= 0
+
+
+def test_one_route_box_for_prompts_and_box_mode(engine):
+    """``views.route_box`` serves both the engine's prompt routing and box mode's per-box
+    routing (its zoomed views for small boxes)."""
+    img = engine.prepare(np.zeros((520, 696), np.uint8))
+    grid = engine.views(img)
+    box = np.array([300.0, 200.0, 309.0, 209.0])
+    assert route_box(box, grid, img.shape, S) == engine.route(img, __import__(
+        "napari_gpuseg.engine.sam.predictor", fromlist=["Prompt"]).Prompt(box=box))
+    z = route_box(box, grid, img.shape, S, zoom_below=S / 16)
+    assert z == zoomed_view(box, img.shape, S) and z.h == z.w == 32 and z.contains_box(box, 10)
+    # the side that decides is the unpadded one
+    assert route_box(box, grid, img.shape, S, zoom_below=S / 16, side=20).scale == 1.0
+    import napari_gpuseg.engine.sam.boxes as boxes_mod
+    assert not hasattr(boxes_mod, "route_box") or boxes_mod.route_box is route_box
+
+
+def test_mask_region_holds_the_box_with_context_and_stays_on_the_grid():
+    from napari_gpuseg.engine.sam.boxes import mask_region
+    bx = np.array([[100.0, 120.0, 139.0, 149.0], [0.0, 0.0, 3.0, 3.0], [250.0, 250.0, 255.0, 255.0]])
+    roi = mask_region(bx, 256, 64)
+    assert (roi >= 0).all() and (roi <= 64).all()
+    r0, c0, r1, c1 = roi[0]
+    # 40 x 30 px box grown by half its size: x 80..160, y 105..165 input px, in 4 px cells
+    assert c0 * 4 <= 80 and c1 * 4 >= 160 and r0 * 4 <= 105 and r1 * 4 >= 165
+    assert tuple(roi[1]) == (0, 0, 3, 3)  # at least 8 px of context, clipped at the edge
+    assert tuple(roi[2][2:]) == (64, 64)

@@ -12,7 +12,6 @@ as LiteMedSAM.
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
 from typing import Sequence
@@ -27,13 +26,13 @@ from ..runtime.batching import remembered_batch_size, run_batched
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from .predictor import MaskResult, Prompt, SamEngine
 from .inputs import PreparedImage, logits_to_view_mask
-from .views import View, cover_boxes
+from .views import View, ViewSize, plan_cover, route_box
 
 DEFAULT_BOX_BATCH = 64
 RENDER_BYTES = 256 * 2**20
-ZOOM_FACTOR, ZOOM_MIN = 3.0, 32  # a small box gets a view 3x its size (>= 32 px), upscaled to the input
-ZOOM_VIEW = 64  # routing="shared": small boxes share zoomed views of this size (px)
-ROUTE_MARGIN = 4.0  # px a box keeps from the edge of a native view (as SamEngine.route)
+SCALES = (4.0, 1.0)  # routing="shared": view scales (input px per image px) boxes may use
+ROI_CONTEXT = 0.5  # mask logits computed over the box grown by half its size per side (mask_region)
+ROUTE_MARGIN = 4.0  # input px a box keeps from the edge of a native or shrunk view (as SamEngine.route)
 
 
 def prepare_boxes(boxes, shape: tuple[int, int], padding: float = 0.0) -> np.ndarray:
@@ -48,63 +47,74 @@ def prepare_boxes(boxes, shape: tuple[int, int], padding: float = 0.0) -> np.nda
     return np.clip(b, 0, [w - 1, h - 1, w - 1, h - 1])
 
 
-# -- boxes -> masks ----------------------------------------------------------------------
-def route_box(engine: SamEngine, image: PreparedImage, box: np.ndarray, zoom_below: float | None,
-              padding: float = 0.0) -> View:
-    """The view a box is decoded in: the engine's native-resolution routing, or for a box
-    smaller than ``zoom_below`` px a zoomed view centred on it (3x the box, at least 32 px,
-    upscaled to the model input): objects a few pixels across are otherwise segmented far
-    too large (BBBC039, LiteMedSAM; docs/benchmarks.md). The decision uses
-    the box without its ``padding``."""
-    side = float(max(box[2] - box[0], box[3] - box[1])) + 1
-    if not zoom_below or side - 2 * padding >= zoom_below:
-        return engine.route(image, Prompt(box=box))
-    h, w = image.shape
-    size = int(min(max(ZOOM_MIN, math.ceil(ZOOM_FACTOR * side)), engine.input_size))
-    vh, vw = min(size, h), min(size, w)
-    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
-    x0 = int(round(min(max(cx - vw / 2, 0), w - vw)))
-    y0 = int(round(min(max(cy - vh / 2, 0), h - vh)))
-    return View(y0, x0, vh, vw, engine.input_size)
+# -- boxes -> views ----------------------------------------------------------------------
+def per_box_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: np.ndarray,
+                  zoom_below: float | None) -> list[View]:
+    """Each box routed on its own (``routing="per-box"``, the earlier behaviour):
+    :func:`views.route_box` over the grid tiles, a zoomed view per box under ``zoom_below``
+    px (unpadded side)."""
+    grid = engine.views(image)
+    side = np.maximum(raw[:, 2] - raw[:, 0], raw[:, 3] - raw[:, 1]) + 1
+    return [route_box(b, grid, image.shape, engine.input_size, ROUTE_MARGIN, zoom_below, sd)
+            for b, sd in zip(boxes, side)]
 
 
 def plan_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: np.ndarray,
-               zoom_below: float | None, zoom_view: int = ZOOM_VIEW) -> list[View]:
+               zoom_below: float | None, scales: Sequence[float] = SCALES) -> list[View]:
     """The view of every box (``boxes`` padded, ``raw`` unpadded, inclusive corners), with
-    views shared: boxes held by an already embedded grid tile use it; the other boxes of
-    native size are covered by as few native views as the greedy cover finds (grid tiles
-    win ties, so the annotator's cache is reused); boxes smaller than ``zoom_below`` px
-    (unpadded) are covered by as few zoomed views of ``zoom_view`` px as hold each with a
-    context of its own size on every side (the per-box route gave each its own view 3x its
-    size). Boxes too large for a native view get a larger view centred on them."""
+    as few views as a greedy cover finds (:func:`views.plan_cover`).
+
+    Views come in ``scales`` (model input px per image px: 1 native, 2 and 4 zoomed, 0.5
+    shrunk). A box may use a scale at which its (unpadded) longest side spans at least
+    ``zoom_below`` input px; zoomed views serve only boxes smaller than that (the smallest
+    ones, too small for every zoom, the largest zoom). A box keeps a margin of 4 input px
+    in native and shrunk views and a context of its own size in zoomed
+    ones. Grid tiles already embedded are taken first (free), grid tiles win ties among
+    native views (the annotator's cache is shared), and each box is decoded in the finest
+    chosen view that holds it. Boxes too large for every view get a larger view centred on
+    them. Never more views than :func:`per_box_views`: if the cover finds more (it is
+    greedy), the per-box routing is used."""
     n = len(boxes)
-    out: list = [None] * n
-    side = np.maximum(raw[:, 2] - raw[:, 0], raw[:, 3] - raw[:, 1]) + 1
-    small = side < zoom_below if zoom_below else np.zeros(n, bool)
-    grid = engine.views(image)
-    cached = [v for v in grid if engine.is_embedded(image, [v])]
     s = engine.input_size
-    big = ~small & (np.max(boxes[:, 2:] - boxes[:, :2], 1) + 1 + 2 * ROUTE_MARGIN > s)
-    for i in np.nonzero(big)[0]:
-        out[i] = engine.route(image, Prompt(box=boxes[i]))
-    for group, size, margin, prefer in (
-            (~small & ~big, s, np.full(n, ROUTE_MARGIN), grid),
-            (small, zoom_view, np.maximum(side, 2.0), [])):
-        idx = np.nonzero(group)[0]
-        if not len(idx):
-            continue
-        if prefer and cached:  # first, the tiles already embedded
-            done = []
-            for i in idx:
-                fits = [v for v in cached if v.contains_box(boxes[i], margin[i])]
-                if fits:
-                    out[i] = max(fits, key=lambda v: v.centrality(boxes[i]))
-                    done.append(i)
-            idx = np.setdiff1d(idx, done)
-        views, assign = cover_boxes(boxes[idx], image.shape, size, s, margin[idx], prefer)
-        for i, a in zip(idx, assign):
-            out[i] = views[a] if a >= 0 else engine.route(image, Prompt(box=boxes[i]))
-    return out
+    grid = engine.views(image)
+    side = np.maximum(raw[:, 2] - raw[:, 0], raw[:, 3] - raw[:, 1]) + 1
+    scales = sorted(scales, reverse=True) if zoom_below else [1.0]
+    need = zoom_below or 0.0
+    top = scales[0]
+    kinds = []
+    small = side < need  # too small for a native view
+    for z in scales:
+        size = int(round(s / z))
+        if z > 1:  # zoomed, for small boxes: a context of the box's own size on every side
+            allowed = small & ((side * z >= need) | (z == top))
+            margin = np.maximum(side, 2.0)
+        else:
+            allowed = ~small & (side * z >= need)
+            margin = np.full(n, ROUTE_MARGIN / z)
+        native = z == 1.0
+        cached = [v for v in grid if engine.is_embedded(image, [v])] if native else []
+        kinds.append(ViewSize(size, margin, allowed, grid if native else [], cached))
+    out: list = [None] * n
+    views, assign = plan_cover(boxes, image.shape, s, kinds)
+    for i in range(n):
+        out[i] = views[assign[i]] if assign[i] >= 0 else engine.route(image, Prompt(box=boxes[i]))
+    per_box = per_box_views(engine, image, boxes, raw, zoom_below)
+    return per_box if len(set(per_box)) < len(set(out)) else out
+
+
+# -- boxes -> masks ----------------------------------------------------------------------
+def mask_region(boxes_in: np.ndarray, input_size: int, grid: int,
+                context: float = ROI_CONTEXT) -> np.ndarray:
+    """Per box (N, 4) in model input px: the rectangle of embedding cells (``r0, c0, r1,
+    c1``, end exclusive, on a ``grid`` x ``grid`` embedding) its mask is computed in: the
+    box grown by ``context`` times its size (at least 8 input px) on every side. A mask
+    that reaches further is cut there (box mode wants the object in the box)."""
+    b = np.asarray(boxes_in, dtype=np.float64).reshape(-1, 4)
+    grow = np.maximum(context * (b[:, 2:] - b[:, :2]), 8.0)
+    cell = input_size / grid
+    lo = np.floor((b[:, :2] - grow) / cell).astype(np.int64)
+    hi = np.ceil((b[:, 2:] + 1 + grow) / cell).astype(np.int64)
+    return np.clip(np.stack([lo[:, 1], lo[:, 0], hi[:, 1], hi[:, 0]], 1), 0, grid)
 
 
 def _crop_to_mask(masks: torch.Tensor, view) -> list[tuple[np.ndarray, int, int]]:
@@ -170,7 +180,7 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
         if routing == "shared":
             routed = plan_views(engine, img, padded, raw, zoom_below)
         else:
-            routed = [route_box(engine, img, b, zoom_below, padding) for b in padded]
+            routed = per_box_views(engine, img, padded, raw, zoom_below)
         for j, (b, v) in enumerate(zip(padded, routed)):
             items.append((i, j, v, b, raw[j]))
     needed = [sorted({v for (i, _j, v, _b, _r) in items if i == k}) for k in range(len(prepared))]
@@ -194,11 +204,12 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
         for (i, view), positions in groups.items():
             emb = engine.embedding(prepared[i], view).to(dev)
             bx = np.stack([view.to_input(items[idx[p]][3]) for p in positions])
+            roi = torch.as_tensor(mask_region(bx, engine.input_size, emb.shape[-1]), device=dev)
             with torch.inference_mode(), engine.policy.autocast():
                 sparse, _dense = sam.prompt_encoder(points=None, masks=None,
                                                     boxes=torch.as_tensor(bx, dtype=torch.float32, device=dev))
                 iou, _sel, low = decode_sparse(sam, emb, sparse, "all" if fit else "single",
-                                               memo=engine.decoder_memo(prepared[i], view))
+                                               memo=engine.decoder_memo(prepared[i], view), roi=roi)
             score, c = iou[:, 0], low.shape[1]
             per = max(1, RENDER_BYTES // (view.h * view.w * 4 * c))
             for s in range(0, len(positions), per):

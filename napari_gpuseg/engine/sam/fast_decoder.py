@@ -176,7 +176,7 @@ def _fast_upscaling(dec) -> bool:
 
 
 def _masks(dec, X: _Factored, idx: torch.Tensor, hyper: torch.Tensor, h: int, w: int,
-           shared: torch.Tensor | None) -> torch.Tensor:
+           shared: torch.Tensor | None, roi: torch.Tensor | None = None) -> torch.Tensor:
     """Mask logits (k, M, 4h, 4w) of prompts ``idx`` from their mask-token hypernetwork
     outputs ``hyper`` (k, M, C/8).
 
@@ -186,7 +186,8 @@ def _masks(dec, X: _Factored, idx: torch.Tensor, hyper: torch.Tensor, h: int, w:
     flat list of pixels in "sub-pixel" order (y, x, i, j, i2, j2) and only the small
     final mask tensor is rearranged into an image. The first convolution runs on the
     factors (``shared`` = ``S @ W1``, computed once per call). Same numbers as the module.
-    Other upscaling stacks fall back to the module.
+    Other upscaling stacks fall back to the module. ``roi`` (k, 4) ``r0, c0, r1, c1`` in
+    embedding cells: each prompt's logits only there (the same numbers), ``ROI_FILL`` elsewhere.
     """
     seq = list(dec.output_upscaling)
     k = len(idx)
@@ -199,6 +200,8 @@ def _masks(dec, X: _Factored, idx: torch.Tensor, hyper: torch.Tensor, h: int, w:
     w2, b2 = _up2(seq[3])
     c1, c2 = w1.shape[1] // 4, w2.shape[1] // 4
     vw1 = X.V[idx] @ w1  # k, R, (i j c1)
+    if roi is not None:
+        return _masks_roi(seq, X, idx, hyper, h, w, shared, roi, vw1, (b1, w2, b2, c1, c2))
     out = hyper.new_empty(k, hyper.shape[1], 4 * h, 4 * w)
     # blocks of prompts x grid rows small enough for the activations to stay in cache on a CPU
     budget = (MASK_HEAD_BYTES if X.S.device.type != "cpu" else CPU_BLOCK_BYTES) // 4
@@ -218,8 +221,30 @@ def _masks(dec, X: _Factored, idx: torch.Tensor, hyper: torch.Tensor, h: int, w:
     return out
 
 
+ROI_FILL = -1e4  # mask logits outside a prompt's region of interest (no mask there)
+
+
+def _masks_roi(seq, X: _Factored, idx, hyper, h: int, w: int, shared, roi, vw1, consts) -> torch.Tensor:
+    """:func:`_masks` of each prompt in its own rectangle of embedding cells only."""
+    b1, w2, b2, c1, c2 = consts
+    out = hyper.new_full((len(idx), hyper.shape[1], 4 * h, 4 * w), ROI_FILL)
+    ar_w = torch.arange(w, device=shared.device)
+    for a, (i, (r0, c0, r1, c1_)) in enumerate(zip(idx.tolist(), roi.tolist())):
+        r0, c0, r1, c1_ = max(0, r0), max(0, c0), min(h, r1), min(w, c1_)
+        if r1 <= r0 or c1_ <= c0:
+            continue
+        px = (torch.arange(r0, r1, device=shared.device)[:, None] * w + ar_w[c0:c1_]).flatten()
+        y = torch.addmm(torch.addcmul(b1, X.alpha[i, px, None], shared[px]), X.U[i, px], vw1[a])
+        y = seq[2](F.layer_norm(y.view(-1, c1), (c1,), seq[1].weight, seq[1].bias, seq[1].eps))
+        z = seq[4](torch.addmm(b2, y.view(-1, c1), w2)).view(-1, c2)
+        m = (z @ hyper[a].T).view(r1 - r0, c1_ - c0, 2, 2, 2, 2, -1)
+        out[a, :, 4 * r0:4 * r1, 4 * c0:4 * c1_] = m.permute(6, 0, 2, 4, 1, 3, 5).reshape(
+            -1, 4 * (r1 - r0), 4 * (c1_ - c0))
+    return out
+
+
 def _factored(sam, emb: torch.Tensor, sparse: torch.Tensor, sl: slice, iou_thresh: float,
-              memo: dict | None = None):
+              memo: dict | None = None, roi: torch.Tensor | None = None):
     dec = sam.mask_decoder
     tr = dec.transformer
     c, hh, ww = emb.shape
@@ -270,7 +295,7 @@ def _factored(sam, emb: torch.Tensor, sparse: torch.Tensor, sl: slice, iou_thres
         return iou, sel, torch.cat([_masks(dec, X, sel[k:k + chunk], hyper[k:k + chunk], hh, ww, None)
                                     for k in range(0, len(sel), chunk)])
     shared = X.shared("up", lambda: X.S @ _up2(dec.output_upscaling[0])[0])
-    return iou, sel, _masks(dec, X, sel, hyper, hh, ww, shared)
+    return iou, sel, _masks(dec, X, sel, hyper, hh, ww, shared, None if roi is None else roi[sel])
 
 
 _OUTPUTS = {"multi": slice(1, None), "single": slice(0, 1), "all": slice(0, None)}
@@ -278,7 +303,8 @@ _OUTPUTS = {"multi": slice(1, None), "single": slice(0, 1), "all": slice(0, None
 
 def decode_sparse(sam, emb: torch.Tensor, sparse: torch.Tensor, outputs: str = "multi",
                   iou_thresh: float = float("-inf"), factored: bool | None = None,
-                  memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  memo: dict | None = None, roi: torch.Tensor | None = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decode N prompts (sparse embeddings (N, T, C), no mask input) against one embedding.
 
     emb: (C, h, w) on the model's device. ``outputs``: ``"multi"`` (the 3 multimask
@@ -289,7 +315,10 @@ def decode_sparse(sam, emb: torch.Tensor, sparse: torch.Tensor, outputs: str = "
     factored decoder whenever the model supports it. ``memo``: a dict the caller keeps
     for this one embedding (and model); the factored decoder stores there what depends on
     the embedding alone (about 75 % of a single prompt's work), so later calls with the
-    same dict skip it. Never share one dict between embeddings.
+    same dict skip it. Never share one dict between embeddings. ``roi`` (N, 4) int
+    ``r0, c0, r1, c1`` (rows, columns of the embedding grid, end exclusive): the factored
+    decoder computes each prompt's mask logits in that rectangle only (the same numbers
+    there; ``ROI_FILL`` outside), which a box prompt needs near its box alone.
     """
     sl = _OUTPUTS[outputs]
     if factored is None:
@@ -303,7 +332,8 @@ def decode_sparse(sam, emb: torch.Tensor, sparse: torch.Tensor, outputs: str = "
         parts = []
         with autocast_off(dev):
             for a in range(0, max(1, sparse.shape[0]), step):
-                iou, sel, low = _factored(sam, emb, sparse[a:a + step].float(), sl, iou_thresh, memo)
+                iou, sel, low = _factored(sam, emb, sparse[a:a + step].float(), sl, iou_thresh, memo,
+                                          None if roi is None else roi[a:a + step])
                 parts.append((iou, sel + a, low))
         if len(parts) == 1:
             return parts[0]

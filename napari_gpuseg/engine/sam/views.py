@@ -9,7 +9,7 @@ up to the input as the official predictor does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -100,10 +100,34 @@ def centred_view(box: np.ndarray, shape: tuple[int, int], input_size: int,
     return View(y0, x0, vh, vw, input_size)
 
 
+ZOOM_FACTOR, ZOOM_MIN = 3.0, 32  # a small box's own zoomed view: 3x its size, at least 32 px
+
+
+def zoomed_view(box: np.ndarray, shape: tuple[int, int], input_size: int) -> View:
+    """A view centred on a small ``box`` (x0, y0, x1, y1), 3x its size (at least 32 px),
+    upscaled to the model input."""
+    h, w = int(shape[0]), int(shape[1])
+    side = float(max(box[2] - box[0], box[3] - box[1])) + 1
+    size = int(min(max(ZOOM_MIN, math.ceil(ZOOM_FACTOR * side)), input_size))
+    vh, vw = min(size, h), min(size, w)
+    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+    x0 = int(round(min(max(cx - vw / 2, 0), w - vw)))
+    y0 = int(round(min(max(cy - vh / 2, 0), h - vh)))
+    return View(y0, x0, vh, vw, input_size)
+
+
 def route_box(box: np.ndarray, views: list[View], shape: tuple[int, int], input_size: int,
-              margin: float = 4.0) -> View:
-    """The best view for a box: the most central grid view holding it with ``margin``,
-    or a new view centred on it."""
+              margin: float = 4.0, zoom_below: float | None = None, side: float | None = None) -> View:
+    """The view one box is decoded in, on its own (no sharing; see ``boxes.plan_views``):
+    the most central of ``views`` (the finest scale first) holding it with ``margin``, or
+    a new view centred on it. With ``zoom_below``, a box whose ``side`` (px, default: the
+    box's own longest side) is smaller gets :func:`zoomed_view` instead: objects a few
+    pixels across are otherwise segmented far too large (BBBC039, LiteMedSAM;
+    docs/benchmarks.md)."""
+    if side is None:
+        side = float(max(box[2] - box[0], box[3] - box[1])) + 1
+    if zoom_below and side < zoom_below:
+        return zoomed_view(box, shape, input_size)
     holding = [v for v in views if v.contains_box(box, margin) or (
         v.h == shape[0] and v.w == shape[1])]
     if holding:
@@ -123,61 +147,96 @@ def prompt_box(points: np.ndarray | None, box: np.ndarray | None) -> np.ndarray:
     return np.array([pts[:, 0].min(), pts[:, 1].min(), pts[:, 0].max(), pts[:, 1].max()])
 
 
-MAX_COVER_WORK = 2 * 10**7  # candidate positions x boxes looked at by cover_boxes
+MAX_COVER_WORK = 2 * 10**7  # candidate positions x boxes looked at by a cover
 
 
-def cover_boxes(boxes: np.ndarray, shape: tuple[int, int], size: int, input_size: int,
-                margin: np.ndarray | float = 4.0, prefer: list[View] | tuple = ()) -> tuple[list[View], np.ndarray]:
-    """Few views of ``size`` px (clipped to the image) that together hold every box.
+@dataclass
+class ViewSize:
+    """One kind of view a cover may use: ``size`` px of the image (clipped to it) resized to
+    the model input; ``margin`` (N,) px each box keeps from its edges; ``allowed`` (N,)
+    the boxes it may serve; ``prefer``: views of this kind (e.g. the grid tiles, which the
+    annotator and the cache share) that win ties over new positions; ``free``: views already
+    embedded, taken before anything else; ``new_positions``: False tries ``prefer`` only."""
 
-    ``boxes`` (N, 4) inclusive corners, each to be held with its ``margin`` (px, scalar or
-    per box) inside one view. Greedy set cover: the view holding the most boxes not yet
-    held is taken first; ``prefer`` views (e.g. the grid tiles, which the annotator and the
-    cache share) win ties over new positions. A view that holds a set of boxes can always
-    slide right/down until its left/top edge touches one of them, so new positions are tried
-    at every (box left, box top) pair. Returns the views and, per box, the index of its view
-    (-1 for a box that fits no view of that size).
+    size: int
+    margin: np.ndarray
+    allowed: np.ndarray
+    prefer: list = field(default_factory=list)
+    free: list = field(default_factory=list)
+    new_positions: bool = True
+
+
+def plan_cover(boxes: np.ndarray, shape: tuple[int, int], input_size: int,
+               kinds: list[ViewSize]) -> tuple[list[View], np.ndarray]:
+    """Few views, of the given kinds, that together hold every box.
+
+    ``boxes`` (N, 4) inclusive corners. A view of a kind holds a box that kind allows with
+    the box's margin inside it. Greedy set cover over every kind at once (all views cost one
+    encoder pass): the view holding the most boxes not yet held is taken first. A view that
+    holds a set of boxes can always slide right/down until its left/top edge touches one of
+    them, so new positions are tried at every (box left, box top) pair. Each box then goes
+    to the finest-scale chosen view holding it: an already embedded one, else the most
+    central. Returns the views
+    and, per box, the index of its view (-1 for a box that no kind can hold).
     """
     b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     n = len(b)
     if n == 0:
         return [], np.zeros(0, dtype=np.int64)
-    m = np.broadcast_to(np.asarray(margin, dtype=np.float64), (n,))
-    lo = np.floor(b[:, :2] - m[:, None])  # (x, y) that must be inside
-    hi = np.ceil(b[:, 2:] + m[:, None])
     h, w = int(shape[0]), int(shape[1])
-    vh, vw = min(size, h), min(size, w)
-    lo = np.maximum(lo, 0)
-    hi = np.minimum(hi, [w - 1, h - 1])
-    xs = np.unique(np.clip(lo[:, 0], 0, w - vw)).astype(np.int64)
-    ys = np.unique(np.clip(lo[:, 1], 0, h - vh)).astype(np.int64)
-    step = 1
-    while len(xs) * len(ys) * n > MAX_COVER_WORK:  # many boxes: coarser positions
-        step *= 2
-        xs, ys = np.unique(xs // step * step), np.unique(ys // step * step)
-    cand = [(v.y0, v.x0, v.h, v.w) for v in prefer]
-    n_pref = len(cand)
-    cand += [(y, x, vh, vw) for y in ys for x in xs]
-    c = np.asarray(cand, dtype=np.int64).reshape(-1, 4)
-    holds = ((lo[None, :, 0] >= c[:, None, 1]) & (lo[None, :, 1] >= c[:, None, 0])
-             & (hi[None, :, 0] < c[:, None, 1] + c[:, None, 3])
-             & (hi[None, :, 1] < c[:, None, 0] + c[:, None, 2]))
-    assign = np.full(n, -1, dtype=np.int64)
-    left = holds.any(0)
-    views: list[View] = []
-    bonus = np.zeros(len(c))
-    bonus[:n_pref] = 0.5  # a preferred view wins a tie
-    counts = holds[:, left].sum(1) + bonus
+    cands, holds, bonus, free = [], [], [], []
+    for kind in kinds:
+        m = np.broadcast_to(np.asarray(kind.margin, dtype=np.float64), (n,))
+        ok = np.broadcast_to(np.asarray(kind.allowed, dtype=bool), (n,))
+        lo = np.maximum(np.floor(b[:, :2] - m[:, None]), 0)  # (x, y) that must be inside
+        hi = np.minimum(np.ceil(b[:, 2:] + m[:, None]), [w - 1, h - 1])
+        vh, vw = min(kind.size, h), min(kind.size, w)
+        xs = ys = np.zeros(0, dtype=np.int64)
+        if kind.new_positions and ok.any():
+            xs = np.unique(np.clip(lo[ok, 0], 0, w - vw)).astype(np.int64)
+            ys = np.unique(np.clip(lo[ok, 1], 0, h - vh)).astype(np.int64)
+            step = 1
+            while len(xs) * len(ys) * n > MAX_COVER_WORK:  # many boxes: coarser positions
+                step *= 2
+                xs, ys = np.unique(xs // step * step), np.unique(ys // step * step)
+        fixed = list(kind.free) + [v for v in kind.prefer if v not in kind.free]
+        c = np.asarray([(v.y0, v.x0, v.h, v.w) for v in fixed]
+                       + [(y, x, vh, vw) for y in ys for x in xs], dtype=np.int64).reshape(-1, 4)
+        hold = (ok[None] & (lo[None, :, 0] >= c[:, None, 1]) & (lo[None, :, 1] >= c[:, None, 0])
+                & (hi[None, :, 0] < c[:, None, 1] + c[:, None, 3])
+                & (hi[None, :, 1] < c[:, None, 0] + c[:, None, 2]))
+        bn = np.zeros(len(c))
+        bn[len(kind.free):len(fixed)] = 0.5  # a preferred view wins a tie
+        fr = np.zeros(len(c), bool)
+        fr[:len(kind.free)] = True
+        cands += [View(int(y), int(x), int(ch), int(cw), input_size) for y, x, ch, cw in c]
+        holds.append(hold)
+        bonus.append(bn)
+        free.append(fr)
+    hold = np.concatenate(holds)
+    bonus, free = np.concatenate(bonus), np.concatenate(free)
+    left = hold.any(0)
+    chosen: list[int] = [k for k in np.nonzero(free)[0] if (hold[k] & left).any()]  # already embedded
+    for k in chosen:
+        left &= ~hold[k]
+    counts = hold[:, left].sum(1) + bonus
     while left.any():
         k = int(np.argmax(counts))
-        got = holds[k] & left
-        counts -= holds[:, got].sum(1)
-        y, x, ch, cw = (int(t) for t in c[k])
-        views.append(prefer[k] if k < n_pref else View(y, x, ch, cw, input_size))
-        assign[got] = len(views) - 1
+        got = hold[k] & left
+        counts -= hold[:, got].sum(1)
+        chosen.append(k)
         left &= ~got
-    for i in np.nonzero(assign >= 0)[0]:  # each box to the most central chosen view holding it
-        fits = [j for j, v in enumerate(views) if lo[i, 0] >= v.x0 and lo[i, 1] >= v.y0
-                and hi[i, 0] < v.x1 and hi[i, 1] < v.y1]
-        assign[i] = max(fits, key=lambda j: views[j].centrality(b[i]), default=int(assign[i]))
+    views = [cands[k] for k in chosen]
+    assign = np.full(n, -1, dtype=np.int64)
+    for i in np.nonzero(hold[chosen].any(0) if chosen else np.zeros(n, bool))[0]:
+        fits = [j for j, k in enumerate(chosen) if hold[k, i]]
+        assign[i] = max(fits, key=lambda j: (views[j].scale, free[chosen[j]], views[j].centrality(b[i])))
     return views, assign
+
+
+def cover_boxes(boxes: np.ndarray, shape: tuple[int, int], size: int, input_size: int,
+                margin: np.ndarray | float = 4.0, prefer: list[View] | tuple = ()) -> tuple[list[View], np.ndarray]:
+    """:func:`plan_cover` with one kind of view: ``size`` px, every box held with its
+    ``margin`` (px, scalar or per box), ``prefer`` views winning ties."""
+    n = len(np.asarray(boxes).reshape(-1, 4))
+    return plan_cover(boxes, shape, input_size, [ViewSize(size, margin, np.ones(n, bool), list(prefer))])
