@@ -183,3 +183,25 @@ def test_mask_region_holds_the_box_with_context_and_stays_on_the_grid():
     assert c0 * 4 <= 80 and c1 * 4 >= 160 and r0 * 4 <= 105 and r1 * 4 >= 165
     assert tuple(roi[1]) == (0, 0, 3, 3)  # at least 8 px of context, clipped at the edge
     assert tuple(roi[2][2:]) == (64, 64)
+
+
+def test_mask_region_gives_the_same_labels_as_the_whole_grid(shared_data, monkeypatch):
+    """Box mode computes each mask only near its box: on a real field with the real model the
+    labels equal those of the whole-grid computation."""
+    from sam_fixtures import require_lite_medsam
+
+    from napari_gpuseg.engine.sam import boxes as box_mode
+    from napari_gpuseg.engine.sam.loader import load_engine
+
+    require_lite_medsam()
+    name = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-1].name
+    image = tifffile.imread(shared_data / "bbbc039" / "images" / name)[:256, :256]
+    gt = tifffile.imread(shared_data / "bbbc039" / "masks" / name)[:256, :256]
+    bx = boxes_from_labels(gt)
+    assert len(bx) > 5
+    eng = load_engine("lite_medsam", Policy(torch.device("cpu"), "fp32"))
+    near = box_mode.segment_boxes(eng, image, bx).labels
+    monkeypatch.setattr(box_mode, "mask_region",
+                        lambda b, size, grid, context=0.5: np.tile([0, 0, grid, grid], (len(b), 1)))
+    whole = box_mode.segment_boxes(eng, image, bx).labels
+    assert whole.max() > 5 and np.array_equal(near, whole)
