@@ -60,7 +60,9 @@ def main(argv) -> None:
     miou, ext, ious = score(gt, objs, results)
     print(f"defaults {opts}: mean 3D IoU {miou:.3f} (median {np.median(ious):.3f}), "
           f"z-extent within 1 slice {ext:.2%}", flush=True)
-    for o in (PropagateOptions(min_iou=0.3, min_area_ratio=0.35), PropagateOptions(mask_input=True)):
+    variants = (PropagateOptions(min_contrast=0), PropagateOptions(min_iou=0.3, min_area_ratio=0.35),
+                PropagateOptions(mask_input=True))
+    for o in variants:
         m2, e2, _ = score(gt, objs, [propagate(engine, image, mid, box, o) for _i, mid, box, _e in objs])
         print(f"{o}: mean 3D IoU {m2:.3f}, z-extent within 1 slice {e2:.2%}", flush=True)
 
