@@ -411,6 +411,10 @@ class SamAnnotatorWidget(DockWidget):
     def _on_prompts_changed(self, event=None) -> None:
         action = str(getattr(event, "action", "") or "")
         if action.endswith("ing"):  # "adding"/"changing"/"removing": wait for the final event
+            if self.hold_background_s > 0 and self._image_alive():
+                # the encoder parks at its next pause point while napari applies the edit,
+                # so the decode submitted at the final event starts at once
+                self.worker.hold_background(self.hold_background_s)
             return
         if not self._image_alive() or self.pos_layer is None:
             return
