@@ -47,15 +47,17 @@ def test_prompt_during_background_embedding_is_answered_first(engine, worker, st
     assert len(views) == 3 and engine.views_ready(image) == 0
     encoded = []
     hook = engine.sam.image_encoder.register_forward_hook(lambda _m, a, _o: encoded.append(len(a[0])))
-    queued, counts = threading.Event(), []
+    queued, running, counts = threading.Event(), threading.Event(), []
 
     def progress(done, total):
         counts.append((done, total))
+        running.set()
         queued.wait(30)  # hold the background job until the prompt is queued
 
     try:
         tiles = worker.submit(engine.embed_steps, image, tag="tiles", priority=BACKGROUND,
                               progress=progress)
+        assert running.wait(60)  # the tiles run before the prompt is queued (a loaded machine)
         ids, boxes = gt_boxes(gt)
         last = views[-1]
         k = next(i for i, b in enumerate(boxes) if last.contains_box(b, margin=8))
