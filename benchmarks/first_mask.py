@@ -1,6 +1,7 @@
 """First mask on a new image, against embedding the whole field (LiteMedSAM, real viewer).
 
     xvfb-run -a python benchmarks/first_mask.py [--fields 3] [--edits 20] [--precision auto]
+                                                [--hold alternate|on|off]
 
 Per held-out 520x696 BBBC039 field (12 native 256 px tiles), in one run:
 
@@ -10,7 +11,13 @@ Per held-out 520x696 BBBC039 field (12 native 256 px tiles), in one run:
 2. While the rest of the field's tiles are embedded in the background: box edits (the same
    box moved by a few pixels) -> mask visible, and the longest gap of a 10 ms probe timer
    on the GUI thread until every tile is ready. Baseline in the same run: as many edits
-   once the worker is idle.
+   once the worker is idle. With ``--hold alternate`` (the default) every other edit runs
+   without the dock's background hold (``hold_background_s = 0``: the tiles go on while
+   the mask is drawn), the same-run baseline for the hold; probe gaps are counted against
+   the kind of edit they fall in (or "no edit" once the edits are over). Each edit's time
+   is split: the edit until the dock submits the decode (napari's setter), until the
+   worker starts it (the encoder reaching a pause point), the decode, until the GUI
+   thread gets the result, and the repaint.
 3. *whole field*: the same field embedded through the engine alone (a fresh cache, in the
    same worker thread), right after, so both see the same machine load.
 
@@ -54,6 +61,7 @@ def main() -> None:
     ap.add_argument("--edits", type=int, default=20)
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--hold", choices=("alternate", "on", "off"), default="alternate")
     args = ap.parse_args()
 
     import napari
@@ -63,6 +71,7 @@ def main() -> None:
     from napari_gpuseg.engine.runtime.device import set_policy
     from napari_gpuseg.engine.sam.cache import EmbeddingCache
     from napari_gpuseg.engine.sam.predictor import SamEngine
+    from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S
 
     policy = set_policy("auto", args.precision)
     data = Path(args.data)
@@ -90,6 +99,37 @@ def main() -> None:
         shown["t"] = time.perf_counter()
 
     w._show_preview = record
+    # where an edit's time goes (perf_counter stamps; the decode runs in the worker thread)
+    stamps: dict[str, float] = {}
+    submit_job, predict = w._submit_job, w._job_predict
+
+    def stamped_submit(fn, *a, **kw):
+        if kw.get("tag") == "preview":
+            stamps["submit"] = time.perf_counter()
+        return submit_job(fn, *a, **kw)
+
+    def stamped_predict(model, image, prompts, multimask, cancel=None):
+        stamps["start"] = time.perf_counter()
+        try:
+            return predict(model, image, prompts, multimask, cancel=cancel)
+        finally:
+            stamps["end"] = time.perf_counter()
+
+    def stamped_show(*a):
+        stamps["gui"] = time.perf_counter()
+        record(*a)
+
+    w._submit_job, w._job_predict, w._show_preview = stamped_submit, stamped_predict, stamped_show
+    PARTS = ("setter", "to pause point", "decode", "to GUI thread", "show + repaint")
+
+    def parts(t0):
+        t = [t0] + [stamps.get(k, float("nan")) for k in ("submit", "start", "end", "gui")] + [shown["t"]]
+        return [(b - a) * 1000 for a, b in zip(t, t[1:])]
+
+    def edit_modes(n):
+        if args.hold == "alternate":
+            return [i % 2 == 0 for i in range(n)]
+        return [args.hold == "on"] * n
     rows = []
     for f in files:
         img = tifffile.imread(f)
@@ -115,32 +155,47 @@ def main() -> None:
         probe.timeout.connect(lambda: ticks.append(time.perf_counter()))
         probe.start(10)
         lat, during, views = [], 0, {w._preview[3].view}
+        lat_off, split = [], {True: [], False: [], "idle": []}
+        edit_t: list[tuple[float, bool]] = []  # (start, held) of each edit
         rng = np.random.default_rng(0)
-        for _ in range(args.edits):
+        for held in edit_modes(args.edits):
             if w._plane_key() in w._prepared:
                 break  # every tile is ready: later edits would not be "during"
+            w.hold_background_s = BACKGROUND_HOLD_S if held else 0.0
             moved = box + rng.integers(-3, 4, 4)
             shown.clear()
+            stamps.clear()
             t0 = time.perf_counter()
+            edit_t.append((t0, held))
             w.box_layer.data = [corners(moved)]
             pump(lambda: "t" in shown)
-            lat.append((shown["t"] - t0) * 1000)
+            (lat if held else lat_off).append((shown["t"] - t0) * 1000)
+            split[held].append(parts(t0))
             views.add(w._preview[3].view)
             during += int(w._plane_key() not in w._prepared)
+        w.hold_background_s = BACKGROUND_HOLD_S
+        edits_end = time.perf_counter()
         pump(lambda: w._plane_key() in w._prepared)
         tiles_s = time.perf_counter() - t_add
         probe.stop()
         gaps = np.diff(ticks) * 1000
+        kinds = {"hold": [], "no hold": [], "no edit": []}
+        for end, gap in zip(ticks[1:], gaps):
+            before = [held for t, held in edit_t if t <= end]
+            kind = "no edit" if end > edits_end or not before else ("hold" if before[-1] else "no hold")
+            kinds[kind].append(gap)
         pump(lambda: not w.worker.busy)  # the decoder warm-up after the tiles
         # baseline in the same run: the same kind of edits with the worker idle
         idle = []
-        for _ in range(len(lat)):
+        for _ in range(len(lat) + len(lat_off)):
             moved = box + rng.integers(-3, 4, 4)
             shown.clear()
+            stamps.clear()
             t0 = time.perf_counter()
             w.box_layer.data = [corners(moved)]
             pump(lambda: "t" in shown)
             idle.append((shown["t"] - t0) * 1000)
+            split["idle"].append(parts(t0))
 
         engine = w._engine(w.model_name)
         fresh = SamEngine(engine.sam, engine.info, engine.policy, cache=EmbeddingCache())
@@ -155,7 +210,7 @@ def main() -> None:
         whole_s = job.result()
         rows.append(dict(field=f.name, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, ready=ready_at_first, lat=lat, during=during,
-                         views=len(views), idle=idle,
+                         views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
                          p99=np.percentile(gaps, 99) if len(gaps) else float("nan")))
         r = rows[-1]
@@ -167,8 +222,13 @@ def main() -> None:
               f"in), worker idle {statistics.median(idle) if idle else float('nan'):.0f} ms; "
               f"stall max {r['stall']:.0f} ms",
               flush=True)
+        for kind, g in kinds.items():
+            if g:
+                print(f"  probe gaps, {kind}: max {max(g):.0f} ms, p99 {np.percentile(g, 99):.0f} ms "
+                      f"({len(g)} gaps)", flush=True)
 
     lat_all = [x for r in rows for x in r["lat"]]
+    off_all = [x for r in rows for x in r["lat_off"]]
     idle_all = [x for r in rows for x in r["idle"]]
     stall = max(r["stall"] for r in rows)
     print(f"device: {policy.describe()}")
@@ -185,6 +245,21 @@ def main() -> None:
               f"({sum(r['during'] for r in rows)} with tiles still embedding; target <= 150 ms)")
         print(f"  baseline, the same edits with the worker idle: median {statistics.median(idle_all):.0f} ms, "
               f"p90 {np.percentile(idle_all, 90):.0f} ms; ratio {statistics.median(lat_all) / statistics.median(idle_all):.2f}x")
+    if off_all:
+        print(f"  same run, edits while tiles embed without the background hold: median "
+              f"{statistics.median(off_all):.0f} ms, p90 {np.percentile(off_all, 90):.0f} ms over "
+              f"{len(off_all)} edits; hold / no hold {statistics.median(lat_all) / statistics.median(off_all):.2f}x")
+    for held, label in ((True, "tiles embed, hold"), (False, "tiles embed, no hold"), ("idle", "worker idle")):
+        rows_p = np.array([p for r in rows for p in r["split"][held]])
+        if len(rows_p):
+            med = np.nanmedian(rows_p, axis=0)
+            print(f"  split of an edit ({label}), medians: " +
+                  ", ".join(f"{k} {v:.0f} ms" for k, v in zip(PARTS, med)))
+    for kind in ("hold", "no hold", "no edit"):
+        g = [x for r in rows for x in r["kinds"][kind]]
+        if g:
+            print(f"  event loop while tiles embed, {kind}: max stall {max(g):.0f} ms, p99 "
+                  f"{np.percentile(g, 99):.0f} ms")
     print(f"event loop while tiles embed: max stall {stall:.0f} ms, p99 "
           f"{max(r['p99'] for r in rows):.0f} ms (target <= 100 ms)")
     viewer.close()

@@ -132,3 +132,42 @@ def test_stack_precompute_starts_at_the_displayed_slice(make_napari_viewer, qtbo
     qtbot.waitUntil(lambda: "stack ready" in w.status.text(), timeout=WAIT)
     assert w.stack_order == [(3,), (2,), (4,), (1,), (0,)]
     assert all(w._plane_key((z,)) in w._prepared for z in range(5))
+
+
+def test_tiles_wait_while_the_preview_is_drawn(make_napari_viewer, qtbot, strip):
+    """After a preview's decode the background tiles are held (they sleep at a pause point)
+    until the window has repainted with the mask; then they go on."""
+    img, gt = strip
+    viewer = make_napari_viewer()
+    w = open_dock(viewer)
+    qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)
+    w.hold_background_s = 600  # so only the dock's release can end the hold
+    at_show = []
+    real_show = w._show_preview
+
+    def show(*args):
+        tiles = w._embed_job
+        for _ in range(6000):  # the worker holds the tiles (or fails the test)
+            if ("held", tiles.id) in [(ev, i) for ev, i, _t in list(w.worker.log)]:
+                break
+            threading.Event().wait(0.01)
+        at_show.append((tiles, list(w.worker.log), w.worker.holding))
+        real_show(*args)
+
+    w._show_preview = show
+    release = hold_worker(w.worker)
+    try:
+        viewer.add_image(img + 5, name="held")
+        qtbot.waitUntil(lambda: w.image_layer is not None and w.image_layer.name == "held",
+                        timeout=WAIT)
+        ids, boxes = gt_boxes(gt)
+        add_box(w, boxes[0])
+    finally:
+        release.set()
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    (tiles, log, holding), = at_show
+    events = [ev for ev, i, _t in log if i == tiles.id]
+    assert holding and events[-1] == "held" and "unheld" not in events
+    qtbot.waitUntil(lambda: tiles.wait(0), timeout=WAIT)  # released after the repaint
+    assert tiles.status == DONE and not w.worker.holding
+    assert ("unheld", tiles.id) in [(ev, i) for ev, i, _t in w.worker.log]

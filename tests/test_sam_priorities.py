@@ -47,15 +47,17 @@ def test_prompt_during_background_embedding_is_answered_first(engine, worker, st
     assert len(views) == 3 and engine.views_ready(image) == 0
     encoded = []
     hook = engine.sam.image_encoder.register_forward_hook(lambda _m, a, _o: encoded.append(len(a[0])))
-    queued, counts = threading.Event(), []
+    queued, running, counts = threading.Event(), threading.Event(), []
 
     def progress(done, total):
         counts.append((done, total))
+        running.set()
         queued.wait(30)  # hold the background job until the prompt is queued
 
     try:
         tiles = worker.submit(engine.embed_steps, image, tag="tiles", priority=BACKGROUND,
                               progress=progress)
+        assert running.wait(60)  # the tiles run before the prompt is queued (a loaded machine)
         ids, boxes = gt_boxes(gt)
         last = views[-1]
         k = next(i for i, b in enumerate(boxes) if last.contains_box(b, margin=8))
@@ -96,3 +98,46 @@ def test_cancelling_background_embedding_stops_inside_the_encoder(engine, worker
         for h in hooks:
             h.remove()
     assert not reached and engine.views_ready(image) == 0
+
+
+# (a module, the next one to run): a prompt queued while the first runs is answered
+# before the second starts: inside the 256 px patch embedding and MBConv stage, the
+# downsampling, an MLP and the neck (their pause points; before, only between blocks)
+WITHIN = [("patch_embed.seq.0", "patch_embed.seq.1"),
+          ("layers.0.blocks.0.conv1", "layers.0.blocks.0.act1"),
+          ("layers.0.blocks.1.conv3", "layers.0.blocks.1.act3"),
+          ("layers.0.downsample.conv1", "layers.0.downsample.conv2"),
+          ("layers.1.blocks.0.mlp.fc1", "layers.1.blocks.0.mlp.fc2"),
+          ("neck.0", "neck.2")]
+
+
+def test_a_prompt_is_answered_within_the_encoders_large_layers(engine, worker, strip):
+    img, _gt = strip
+    image = engine.prepare(img[:, :256] + 2)  # one view nobody embedded
+    modules = dict(engine.sam.image_encoder.named_modules())
+    prompts, answered, hooks = {}, {}, []
+
+    def queue(after):
+        def hook(_m, _a, _o):
+            if after not in prompts:  # from the worker thread, while the encoder runs
+                prompts[after] = worker.submit(lambda: None, tag=after, priority=INTERACTIVE)
+        return hook
+
+    def check(after, before):
+        def hook(_m, _a):
+            if after in prompts and before not in answered:
+                answered[before] = prompts[after].wait(0)
+        return hook
+
+    try:
+        for after, before in WITHIN:
+            hooks.append(modules[after].register_forward_hook(queue(after)))
+            hooks.append(modules[before].register_forward_pre_hook(check(after, before)))
+        tiles = worker.submit(engine.embed_steps, image, tag="tiles", priority=BACKGROUND)
+        assert tiles.result(300).digest == image.digest
+    finally:
+        for h in hooks:
+            h.remove()
+    assert answered == {before: True for _after, before in WITHIN}
+    log = [(ev, t) for ev, _i, t in worker.log]
+    assert log.index(("start", "tiles")) < log.index(("end", "neck.0")) < log.index(("end", "tiles"))

@@ -140,3 +140,89 @@ def test_image_switch_reorders_the_queue(worker):
     order = [t for ev, _i, t in worker.log if ev == "start" and t != "gate"]
     # the cancelled job is only dropped (it never runs its function)
     assert order[1:] == ["prompt", ("tiles", "new"), ("stack", "old")]
+
+
+def wait_log(worker, event, job, timeout=10.0):
+    """Block until ``(event, job)`` is in the worker's log (a test helper, not a timing)."""
+    done = threading.Event()
+    for _ in range(int(timeout * 100)):
+        if any(ev == event and i == job.id for ev, i, _t in list(worker.log)):
+            return
+        done.wait(0.01)
+    raise AssertionError(f"{event!r} of job {job.id} ({job.tag!r}) not in the worker log")
+
+
+def test_background_hold_parks_background_work_at_its_pause_point_until_released(worker):
+    """While the GUI shows a result, background work sleeps at its next pause point;
+    prompts queued meanwhile are still served at once, and a release lets it go on."""
+    inside, go_on = threading.Event(), threading.Event()
+    progress = []
+
+    def encoder():
+        inside.set()
+        go_on.wait(10)
+        for i in range(3):
+            pause_point()  # e.g. between two encoder blocks
+            progress.append(i)
+        return len(progress)
+
+    bg = worker.submit(encoder, tag="tiles", priority=BACKGROUND)
+    assert inside.wait(10)
+    worker.hold_background(600)
+    assert worker.holding
+    go_on.set()
+    wait_log(worker, "held", bg)
+    assert progress == [] and not bg.wait(0)
+    prompt = worker.submit(lambda: list(progress), tag="prompt", priority=INTERACTIVE)
+    normal = worker.submit(lambda: "user work", tag="normal")  # not background: not held
+    assert prompt.result(10) == [] and normal.result(10) == "user work"
+    assert progress == [] and not bg.wait(0)  # still parked after serving them
+    worker.release_background()
+    assert not worker.holding
+    assert bg.result(10) == 3
+    events = [(ev, t) for ev, _i, t in worker.log if t in ("tiles", "prompt", "normal")]
+    assert events == [("start", "tiles"), ("held", "tiles"), ("start", "prompt"), ("end", "prompt"),
+                      ("start", "normal"), ("end", "normal"), ("unheld", "tiles"), ("end", "tiles")]
+
+
+def test_hold_after_an_interactive_job_parks_background_steps_and_starts(worker):
+    """``hold_after``: once the prompt ends, neither the next step of a stepped background
+    job nor a new background job runs until the hold is released (or its deadline)."""
+    release, _ = gate(worker)
+    steps = []
+
+    def tiles():
+        for i in range(3):
+            steps.append(i)
+            yield i
+        return "tiles"
+
+    prompt = worker.submit(lambda: list(steps), tag="prompt", priority=INTERACTIVE, hold_after=600)
+    bg = worker.submit(tiles, tag="tiles", priority=BACKGROUND)
+    idle = worker.submit(lambda: "idle", tag="idle", priority=IDLE)
+    release.set()
+    assert prompt.result(10) == []
+    wait_log(worker, "held", bg)
+    assert worker.holding and steps == [] and not idle.wait(0)
+    worker.release_background()
+    assert bg.result(10) == "tiles" and idle.result(10) == "idle" and steps == [0, 1, 2]
+    # a short hold nobody releases ends by itself
+    worker.submit(lambda: None, tag="prompt", priority=INTERACTIVE, hold_after=0.05).result(10)
+    assert worker.submit(lambda: "later", tag="bg", priority=BACKGROUND).result(10) == "later"
+
+
+def test_a_held_background_job_can_be_cancelled(worker):
+    inside = threading.Event()
+
+    def encoder():
+        inside.set()
+        pause_point()
+        return "finished"
+
+    worker.hold_background(600)
+    job = worker.submit(encoder, tag="tiles", priority=BACKGROUND)
+    wait_log(worker, "held", job)  # held before it started: encoder() did not run
+    assert not inside.is_set()
+    job.cancel()
+    assert job.wait(10) and job.status == CANCELLED and not inside.is_set()
+    worker.release_background()

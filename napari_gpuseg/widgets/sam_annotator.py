@@ -4,6 +4,9 @@ All network work runs in the shared inference worker; this dock only reads promp
 layers, submits jobs, and shows results that still match what the user is looking at.
 A prompt's decode is interactive work: it embeds just the view it needs and runs before
 the rest of the image's tiles, which are embedded in the background ("5/12 tiles").
+When a preview's decode ends, the worker holds that background work (``hold_after``) until
+the window has repainted with the mask, so the repaint does not share the cores with the
+encoder.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import time
 import numpy as np
 from napari.layers import Image
 from napari.utils.notifications import show_info
-from qtpy.QtCore import QTimer
+from qtpy.QtCore import QCoreApplication, QEvent, QObject, Qt, QTimer
 from qtpy.QtWidgets import (
     QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
@@ -30,6 +33,32 @@ from ._prompts import boxes_xyxy, current_prompt, plane, plane_index, prompt_foc
 from ._redraw_hold import RedrawHold
 
 logger = logging.getLogger(__name__)
+
+BACKGROUND_HOLD_S = 0.3
+"""At most this long after a preview's decode, background embedding waits for the window
+to show the mask (it is released as soon as the repaint is done)."""
+
+
+class _AfterRepaint(QObject):
+    """Calls ``fn`` once the GUI thread has processed what is queued before it, the
+    window's pending repaint included: Qt posts a repaint at low priority, and a low
+    priority event posted after it comes after it (a zero-delay timer comes before)."""
+
+    def __init__(self, fn, parent=None) -> None:
+        super().__init__(parent)
+        self._fn = fn
+
+    def post(self) -> None:
+        QCoreApplication.postEvent(self, QEvent(QEvent.Type.User), _LOW_PRIORITY)
+
+    def event(self, ev) -> bool:
+        if ev.type() == QEvent.Type.User:
+            self._fn()
+            return True
+        return super().event(ev)
+
+
+_LOW_PRIORITY = getattr(Qt.EventPriority.LowEventPriority, "value", Qt.EventPriority.LowEventPriority)
 
 
 class SamAnnotatorWidget(DockWidget):
@@ -58,12 +87,17 @@ class SamAnnotatorWidget(DockWidget):
         self.last_embed_seconds: float | None = None
         self._jobs: list = []
         self.redraw = RedrawHold(self)  # a prompt and its mask appear in one redraw
+        # background work waits from a preview's decode until its repaint (0: no hold)
+        self.hold_background_s = BACKGROUND_HOLD_S
+        self._after_repaint = _AfterRepaint(self.worker.release_background, self)
         self._follow_timer = QTimer(self)
         self._follow_timer.setSingleShot(True)
         self._follow_timer.setInterval(0)
         self._follow_timer.timeout.connect(self._follow_active)
         self._build_ui()
-        self.destroyed.connect(lambda *_: (self.redraw.release(), self._cancel_own_jobs()))
+        worker = self.worker
+        self.destroyed.connect(lambda *_: (self.redraw.release(), self._cancel_own_jobs(),
+                                           worker.release_background()))
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
         for key, fn in (("Shift-C", self.commit), ("Shift-X", self.clear_prompts),
@@ -377,6 +411,10 @@ class SamAnnotatorWidget(DockWidget):
     def _on_prompts_changed(self, event=None) -> None:
         action = str(getattr(event, "action", "") or "")
         if action.endswith("ing"):  # "adding"/"changing"/"removing": wait for the final event
+            if self.hold_background_s > 0 and self._image_alive():
+                # the encoder parks at its next pause point while napari applies the edit,
+                # so the decode submitted at the final event starts at once
+                self.worker.hold_background(self.hold_background_s)
             return
         if not self._image_alive() or self.pos_layer is None:
             return
@@ -398,13 +436,14 @@ class SamAnnotatorWidget(DockWidget):
         multimask = self.multimask.isChecked() and prompt.box is None
         self._preview_job = self._submit(
             self._job_predict, self.model_name, image, [prompt], multimask,
-            tag="preview", replace=True, priority=INTERACTIVE,
+            tag="preview", replace=True, priority=INTERACTIVE, hold_after=self.hold_background_s,
             on_result=lambda res: self._show_preview(layer, index, gen, res[0]),
             on_error=self._on_preview_error)
         self.redraw.hold()
 
     def _on_preview_error(self, exc: BaseException) -> None:
         self.redraw.release()
+        self.worker.release_background()
         self._on_error(exc)
 
     def _show_preview(self, layer, index, generation, result) -> None:
@@ -419,10 +458,12 @@ class SamAnnotatorWidget(DockWidget):
         self.preview_layer.refresh()
         self._set_status(f"preview: {result.area} px, predicted IoU {result.score:.2f}")
         self.redraw.release()
+        self._after_repaint.post()  # background embedding goes on once the mask is drawn
 
     def _clear_preview(self) -> None:
         self._preview = None
         self.redraw.release()
+        self.worker.release_background()
         if self.preview_layer is not None and self.preview_layer.data.any():
             self.preview_layer.data[...] = 0
             self.preview_layer.refresh()

@@ -10,6 +10,12 @@ runs first). Long background work gives way in two places: a job whose function 
 generator is parked after each step while higher-priority jobs are queued, and code
 that calls :func:`pause_point` (the SAM encoder, between blocks) runs such jobs on the
 spot. So a prompt's decode waits for at most one encoder block, not a whole image.
+
+While the GUI shows an interactive result (a preview mask being drawn), background work
+would still take both cores from it: :meth:`InferenceWorker.hold_background` parks
+``BACKGROUND`` and ``IDLE`` jobs at their next pause point or step, sleeping (the GIL and
+the cores free) until :meth:`~InferenceWorker.release_background` or a deadline, while
+higher-priority jobs queued meanwhile still run at once.
 """
 from __future__ import annotations
 
@@ -51,8 +57,9 @@ class Job:
 
     def __init__(self, fn, args, kwargs, tag=None, inference=True,
                  on_result=None, on_error=None, on_progress=None, on_cancelled=None,
-                 priority: int = NORMAL):
+                 priority: int = NORMAL, hold_after: float = 0.0):
         self.id = next(Job._ids)
+        self.hold_after = hold_after  # seconds of background hold once it ends
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.tag = tag
         self.inference = inference
@@ -103,14 +110,16 @@ def _accepts(fn: Callable, name: str) -> bool:
 
 def pause_point() -> None:
     """Call inside long work (the SAM encoder calls it between blocks): in a worker thread,
-    queued jobs of higher priority than the running one run here and now, and a cancelled
-    job stops here. Elsewhere it does nothing."""
+    queued jobs of higher priority than the running one run here and now, a cancelled
+    job stops here, and background work waits here while the worker's background hold
+    lasts (:meth:`InferenceWorker.hold_background`). Elsewhere it does nothing."""
     worker = getattr(_local, "worker", None)
     if worker is None or not worker._stack:
         return
     job = worker._stack[-1]
     job.token.check()
     worker._serve_above(job.priority)
+    worker._wait_hold(job)
 
 
 class InferenceWorker:
@@ -128,7 +137,9 @@ class InferenceWorker:
         self._seq = itertools.count()
         self._stack: list[Job] = []  # running jobs; more than one when a pause point serves others
         self._stopping = False
-        # (event, job id, tag): "start", "pause" (a stepped job gave way), "resume", "end"
+        self._hold_until = 0.0  # time.monotonic() until which background work waits
+        # (event, job id, tag): "start", "pause" (a stepped job gave way), "resume", "end",
+        # "held" / "unheld" (background work waited for a hold, and went on)
         self.log: collections.deque[tuple[str, int, Hashable]] = collections.deque(maxlen=self.LOG)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -177,14 +188,18 @@ class InferenceWorker:
 
     # -- jobs ---------------------------------------------------------------
     def submit(self, fn: Callable, *args, tag: Hashable | None = None, replace: bool = False,
-               inference: bool = True, priority: int = NORMAL, on_result=None, on_error=None,
-               on_progress=None, on_cancelled=None, **kwargs) -> Job:
+               inference: bool = True, priority: int = NORMAL, hold_after: float = 0.0,
+               on_result=None, on_error=None, on_progress=None, on_cancelled=None,
+               **kwargs) -> Job:
         """Queue ``fn(*args, **kwargs)`` at ``priority`` (lower runs first).
-        ``replace=True`` cancels earlier jobs with ``tag``."""
+        ``replace=True`` cancels earlier jobs with ``tag``. ``hold_after`` (seconds): when
+        the job ends, background work is held that long (:meth:`hold_background`) before
+        its callbacks run, so the GUI can show the result on free cores and release the
+        hold (:meth:`release_background`) once it has."""
         if replace and tag is not None:
             self.cancel(tag)
         job = Job(fn, args, kwargs, tag, inference, on_result, on_error, on_progress, on_cancelled,
-                  priority)
+                  priority, hold_after)
         job._seq = next(self._seq)
         self._push(job, job._seq)
         return job
@@ -221,8 +236,62 @@ class InferenceWorker:
             # queued cancelled jobs go first: they end at once (their callbacks say so)
             self._heap = [(-1 if j.cancelled else p, s, j) for p, s, j in self._heap]
             heapq.heapify(self._heap)
-            self._cond.notify()
+            self._cond.notify_all()  # a job waiting for a background hold ends too
         return n
+
+    # -- background hold -----------------------------------------------------------
+    HELD = BACKGROUND  # jobs of this priority or lower (larger numbers) wait for a hold
+
+    def hold_background(self, seconds: float) -> None:
+        """Park background work (priority ``BACKGROUND`` and ``IDLE``) for at most ``seconds``
+        from now, until :meth:`release_background`: a running background job stops at its
+        next :func:`pause_point` or step and sleeps (the GIL and the cores free for the GUI),
+        and none starts. Jobs of higher priority still run, queued before or during the
+        hold. A later call moves the deadline; the deadline bounds a hold nobody releases."""
+        with self._cond:
+            self._hold_until = time.monotonic() + max(0.0, float(seconds))
+            self._cond.notify_all()
+
+    def release_background(self) -> None:
+        """End the hold of :meth:`hold_background` now."""
+        with self._cond:
+            self._hold_until = 0.0
+            self._cond.notify_all()
+
+    @property
+    def holding(self) -> bool:
+        """True while a background hold lasts."""
+        with self._cond:
+            return time.monotonic() < self._hold_until
+
+    def _wait_hold(self, job: Job) -> None:
+        """In the worker thread: while a hold lasts and ``job`` is background work, serve
+        jobs of higher priority as they come and otherwise sleep; a cancel ends the wait."""
+        if job.priority < self.HELD:
+            return
+        held = False
+        try:
+            while True:
+                with self._cond:
+                    if self._stopping or job.cancelled:
+                        break
+                    if self._heap and self._heap[0][0] < job.priority:
+                        nxt = heapq.heappop(self._heap)[2]
+                    else:
+                        left = self._hold_until - time.monotonic()
+                        if left <= 0:
+                            break
+                        if not held:
+                            held = True
+                            self.log.append(("held", job.id, job.tag))
+                        # in slices: Job.cancel() (unlike cancel()) does not wake the worker
+                        self._cond.wait(min(left, 0.05))
+                        continue
+                self._execute(nxt)  # outside the lock, like every job
+        finally:
+            if held:
+                self.log.append(("unheld", job.id, job.tag))
+        job.token.check()
 
     @property
     def alive(self) -> bool:
@@ -238,7 +307,7 @@ class InferenceWorker:
         self.cancel()
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join(timeout)
 
     def _pop(self, above: int | None = None) -> Job | None:
@@ -289,6 +358,7 @@ class InferenceWorker:
             job.status = RUNNING
             dev = self.policy.device  # this thread's current CUDA device is the policy's
             while True:
+                self._wait_hold(job)  # before a background job starts, and before each step
                 on_dev = torch.cuda.device(dev) if dev.type == "cuda" and dev.index is not None \
                     and torch.cuda.is_available() else contextlib.nullcontext()
                 with torch.inference_mode(job.inference), on_dev, \
@@ -324,6 +394,8 @@ class InferenceWorker:
             if job.status != PENDING:
                 if job._gen is not None:
                     job._gen.close()
+                if job.hold_after > 0:  # before the callbacks: their release comes after it
+                    self.hold_background(job.hold_after)
                 self.log.append(("end", job.id, job.tag))
                 job._done.set()
         if callback and callback[0] is not None:

@@ -372,10 +372,13 @@ class SamEngine:
         return self.predict(image, prompts, cancel=cancel)
 
 
-# before each block, its attention / MLP / convolutions, each downsampling and the neck:
-# about 50 points in TinyViT, a small fraction of one view's embedding apart
+# before each block, its attention (and its qkv / output projections), MLP (and its layers),
+# convolutions and activations, each downsampling and its layers, each layer of the neck and
+# of the patch embedding: about 130 points in TinyViT (53 before; at 256 px the MBConv stage
+# and the neck run on large maps), so a queued prompt waits about half as long on average
 _PAUSE_AT = re.compile(
-    r"(^|\.)(blocks\.\d+(\.(attn|mlp|local_conv|conv\d))?|downsample|neck|patch_embed)$")
+    r"(^|\.)(blocks\.\d+(\.(attn|mlp|local_conv|conv\d|act\d|(attn|mlp)\.\w+))?"
+    r"|downsample(\.\w+)?|neck(\.\d+)?|patch_embed(\.seq\.\d+)?)$")
 
 
 def _add_pause_points(encoder: torch.nn.Module) -> None:
