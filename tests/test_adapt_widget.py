@@ -4,7 +4,7 @@ import pytest
 import tifffile
 
 from napari_gpuseg.widgets.unet_adapt import CURRENT, RECTANGLE, WHOLE, UNetAdaptWidget
-from napari_gpuseg.widgets.unet_predict import FROM_FILE
+from napari_gpuseg.widgets._unet_jobs import FROM_FILE
 
 
 @pytest.fixture

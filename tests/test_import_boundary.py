@@ -64,3 +64,23 @@ def test_the_check_sees_a_gui_import(pkg):
     proc = run_isolated(pkg)
     assert proc.returncode != 0
     assert "GUI package" in proc.stderr
+
+
+def test_no_dock_imports_another_dock_or_a_private_name():
+    """Docks share parts through the ``widgets/_*.py`` modules, never through each other, and
+    no module imports another module's private (``_name``) function or class."""
+    import ast
+
+    widgets = ROOT / "napari_gpuseg" / "widgets"
+    docks = {p.stem for p in widgets.glob("*.py") if not p.stem.startswith("_")}
+    bad = []
+    for path in sorted((ROOT / "napari_gpuseg").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            mod = (node.module or "").split(".")[-1]
+            if path.parent == widgets and node.level == 1 and mod in docks:
+                bad.append(f"{path.name} imports dock {mod}")
+            bad += [f"{path.name} imports {a.name} from {node.module}" for a in node.names
+                    if node.module and a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, bad

@@ -52,3 +52,23 @@ def layer_names(viewer, kind: str) -> list[str]:
     if viewer is None:
         return []
     return [lyr.name for lyr in viewer.layers if lyr.__class__.__name__ == kind]
+
+
+def fill_layer_combos(viewer, pairs) -> None:
+    """Refill each (combo box, layer kind) with the viewer's layer names of that kind,
+    keeping the current choice where that layer still exists."""
+    for combo, kind in pairs:
+        current = combo.currentText()
+        combo.clear()
+        names = layer_names(viewer, kind)
+        combo.addItems(names)
+        if current in names:
+            combo.setCurrentText(current)
+
+
+def watch_layers(viewer, callback) -> None:
+    """Call ``callback`` now and whenever a layer is added to or removed from ``viewer``."""
+    if viewer is not None:
+        for ev in (viewer.layers.events.inserted, viewer.layers.events.removed):
+            ev.connect(callback)
+    callback()

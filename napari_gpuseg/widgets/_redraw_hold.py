@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import weakref
 
-from qtpy.QtCore import QTimer
+from qtpy.QtCore import QCoreApplication, QEvent, QObject, Qt, QTimer
 from qtpy.QtWidgets import QMainWindow, QWidget
 
 logger = logging.getLogger(__name__)
@@ -84,3 +84,25 @@ class RedrawHold:
     def _on_timeout(self) -> None:
         self.timeouts += 1
         self.release()
+
+
+class AfterRepaint(QObject):
+    """Calls ``fn`` once the GUI thread has processed what is queued before it, the
+    window's pending repaint included: Qt posts a repaint at low priority, and a low
+    priority event posted after it comes after it (a zero-delay timer comes before)."""
+
+    def __init__(self, fn, parent=None) -> None:
+        super().__init__(parent)
+        self._fn = fn
+
+    def post(self) -> None:
+        QCoreApplication.postEvent(self, QEvent(QEvent.Type.User), _LOW_PRIORITY)
+
+    def event(self, ev) -> bool:
+        if ev.type() == QEvent.Type.User:
+            self._fn()
+            return True
+        return super().event(ev)
+
+
+_LOW_PRIORITY = getattr(Qt.EventPriority.LowEventPriority, "value", Qt.EventPriority.LowEventPriority)

@@ -157,6 +157,12 @@ class BatchFolderWidget(DockWidget):
         if path:
             self.boxes.setText(path)
 
+    def use_model(self, path: str) -> None:
+        """Take a U-Net checkpoint made elsewhere (e.g. by Adapt U-Net) when the method is a
+        U-Net method; other methods keep their model."""
+        if "unet" in self.method.currentText().lower():
+            self.model.setText(str(path))
+
     def _browse_model(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Model file", "", "Checkpoints (*.pt *.pth)")
         if path:

@@ -16,7 +16,7 @@ import time
 import numpy as np
 from napari.layers import Image
 from napari.utils.notifications import show_info
-from qtpy.QtCore import QCoreApplication, QEvent, QObject, Qt, QTimer
+from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import (
     QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
@@ -30,35 +30,13 @@ from ._choices import BROWSE, browse_checkpoint, sam_model_names
 from ._dock import DockWidget, auto_spin, scrollable
 from ._annotation_layers import ensure_layers, remove_on_plane, spatial_shape
 from ._prompts import boxes_xyxy, current_prompt, plane, plane_index, prompt_focus
-from ._redraw_hold import RedrawHold
+from ._redraw_hold import AfterRepaint, RedrawHold
 
 logger = logging.getLogger(__name__)
 
 BACKGROUND_HOLD_S = 0.3
 """At most this long after a preview's decode, background embedding waits for the window
 to show the mask (it is released as soon as the repaint is done)."""
-
-
-class _AfterRepaint(QObject):
-    """Calls ``fn`` once the GUI thread has processed what is queued before it, the
-    window's pending repaint included: Qt posts a repaint at low priority, and a low
-    priority event posted after it comes after it (a zero-delay timer comes before)."""
-
-    def __init__(self, fn, parent=None) -> None:
-        super().__init__(parent)
-        self._fn = fn
-
-    def post(self) -> None:
-        QCoreApplication.postEvent(self, QEvent(QEvent.Type.User), _LOW_PRIORITY)
-
-    def event(self, ev) -> bool:
-        if ev.type() == QEvent.Type.User:
-            self._fn()
-            return True
-        return super().event(ev)
-
-
-_LOW_PRIORITY = getattr(Qt.EventPriority.LowEventPriority, "value", Qt.EventPriority.LowEventPriority)
 
 
 class SamAnnotatorWidget(DockWidget):
@@ -89,7 +67,7 @@ class SamAnnotatorWidget(DockWidget):
         self.redraw = RedrawHold(self)  # a prompt and its mask appear in one redraw
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
-        self._after_repaint = _AfterRepaint(self.worker.release_background, self)
+        self._after_repaint = AfterRepaint(self.worker.release_background, self)
         self._follow_timer = QTimer(self)
         self._follow_timer.setSingleShot(True)
         self._follow_timer.setInterval(0)

@@ -19,8 +19,8 @@ from qtpy.QtWidgets import (
 
 from ._bridge import relay, submit
 from ._loss_plot import LossPlot
-from .unet_predict import FROM_FILE, _predict_job, layer_array, layer_names
-from .unet_train import default_output, train_worker
+from ._choices import fill_layer_combos, layer_array, watch_layers
+from ._unet_jobs import default_output, predict_job, train_worker
 
 WHOLE, RECTANGLE, LABELS = "Whole image", "Rectangle (Shapes layer)", "Bounding region of the labels"
 REGION_KEYS = {WHOLE: "whole", RECTANGLE: "rectangle", LABELS: "labels"}
@@ -110,19 +110,11 @@ class UNetAdaptWidget(QWidget):
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
         layout.addStretch(1)
-        if self.viewer is not None:
-            for ev in (self.viewer.layers.events.inserted, self.viewer.layers.events.removed):
-                ev.connect(self.refresh_layers)
-        self.refresh_layers()
+        watch_layers(self.viewer, self.refresh_layers)
 
     def refresh_layers(self, *_args) -> None:
-        for combo, kind in ((self.image_combo, "Image"), (self.labels_combo, "Labels"), (self.shapes_combo, "Shapes")):
-            current = combo.currentText()
-            combo.clear()
-            names = layer_names(self.viewer, kind)
-            combo.addItems(names)
-            if current in names:
-                combo.setCurrentText(current)
+        fill_layer_combos(self.viewer, [(self.image_combo, "Image"), (self.labels_combo, "Labels"),
+                                        (self.shapes_combo, "Shapes")])
 
     def config(self):
         from dataclasses import replace
@@ -187,7 +179,7 @@ class UNetAdaptWidget(QWidget):
         layer = self.viewer.layers[name]
         self._busy(True)
         self.status.setText("Predicting…")
-        self.job = submit(_predict_job, layer_array(layer), self.model_path, bool(getattr(layer, "rgb", False)),
+        self.job = submit(predict_job, layer_array(layer), self.model_path, bool(getattr(layer, "rgb", False)),
                           ["labels"], None, 0.25, 0, owner=self,
                           on_result=lambda r, layer=layer: self._predicted(r, layer), on_error=self._failed,
                           on_progress=self._progress, on_cancelled=self._cancelled)
@@ -244,14 +236,9 @@ class UNetAdaptWidget(QWidget):
 
 
 def publish_model(path: str) -> None:
-    """Select ``path`` in every open U-Net predict dock and offer it to Batch folder docks
-    whose method is a U-Net method (their model field)."""
-    from .batch_folder import BatchFolderWidget
-    from .unet_predict import UNetPredictWidget
-
+    """Offer ``path`` to every open dock that takes a U-Net checkpoint (``use_model``): U-Net
+    predict selects it, Batch folder takes it when its method is a U-Net method."""
     for w in QApplication.allWidgets():
-        if isinstance(w, UNetPredictWidget):
-            w.model_combo.setCurrentText(FROM_FILE)
-            w.model_path.setText(str(path))
-        elif isinstance(w, BatchFolderWidget) and "unet" in w.method.currentText().lower():
-            w.model.setText(str(path))
+        use = getattr(w, "use_model", None)
+        if callable(use):
+            use(path)

@@ -14,34 +14,11 @@ from qtpy.QtWidgets import (
     QPushButton, QVBoxLayout,
 )
 
-from ..engine.runtime.worker import default_worker
-from ._choices import layer_array, layer_names
+from ._choices import fill_layer_combos, layer_array, watch_layers
+from ._unet_jobs import FROM_FILE, predict_job
 from ._dock import DockWidget, auto_spin
 
 BUNDLED = "Bundled nuclei model"
-FROM_FILE = "From file…"
-
-
-def _predict_job(image, model_path, rgb, outputs, batch_size, overlap, tile, progress=None, cancel=None):
-    """Runs in the worker thread: load (cached) model, probabilities, labels."""
-    from ..engine.unet import predict as unet
-
-    worker = default_worker()
-    key = ("unet", str(model_path or unet.bundled_model_path()))
-    loaded = worker.model(key, lambda: unet.load_model(model_path, device=worker.policy.device))
-    d = loaded.config.spatial_dims
-    probs = unet.predict_probabilities(loaded, image, rgb=rgb, tile=tile or None, overlap=overlap,
-                                       sw_batch_size=batch_size, policy=worker.policy,
-                                       progress=progress, cancel=cancel)
-    out = {"spatial_dims": d}
-    if "labels" in outputs:
-        post = loaded.meta.get("postprocess", {})
-        out["labels"] = unet.probabilities_to_labels(probs, spatial_dims=d, **post)
-    if "probabilities" in outputs:
-        out["probabilities"] = probs
-    return out
-
-
 class UNetPredictWidget(DockWidget):
     """Image layer, model (bundled or file), outputs, batch size (Auto), tile, overlap."""
 
@@ -96,19 +73,16 @@ class UNetPredictWidget(DockWidget):
         layout.addWidget(self.status)
         layout.addStretch(1)
         self._model_mode(self.model_combo.currentText())
-        if self.viewer is not None:
-            for ev in (self.viewer.layers.events.inserted, self.viewer.layers.events.removed):
-                ev.connect(self.refresh_layers)
-        self.refresh_layers()
+        watch_layers(self.viewer, self.refresh_layers)
 
     # -- UI -----------------------------------------------------------------
     def refresh_layers(self, *_args) -> None:
-        current = self.image_combo.currentText()
-        self.image_combo.clear()
-        names = layer_names(self.viewer, "Image")
-        self.image_combo.addItems(names)
-        if current in names:
-            self.image_combo.setCurrentText(current)
+        fill_layer_combos(self.viewer, [(self.image_combo, "Image")])
+
+    def use_model(self, path: str) -> None:
+        """Select the checkpoint ``path`` (a model made elsewhere, e.g. by Adapt U-Net)."""
+        self.model_combo.setCurrentText(FROM_FILE)
+        self.model_path.setText(str(path))
 
     def _model_mode(self, text: str) -> None:
         from_file = text == FROM_FILE
@@ -143,7 +117,7 @@ class UNetPredictWidget(DockWidget):
         self.progress.setValue(0)
         self.status.setText(f"Predicting {name} {image.shape}…")
         self.job = self._submit_job(
-            _predict_job, image, model_path, bool(getattr(layer, "rgb", False)), outputs,
+            predict_job, image, model_path, bool(getattr(layer, "rgb", False)), outputs,
             self.batch.value() or None, float(self.overlap.value()), int(self.tile.value()),
             tag="unet_predict", replace=True,
             on_result=lambda r, layer=layer: self._done(r, layer), on_error=self._failed,

@@ -6,8 +6,6 @@ relay of ``_bridge``. The checkpoint is written whenever validation improves.
 """
 from __future__ import annotations
 
-import time
-from pathlib import Path
 
 from qtpy.QtWidgets import (
     QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLineEdit,
@@ -16,27 +14,10 @@ from qtpy.QtWidgets import (
 
 from ..engine.runtime.worker import InferenceWorker
 from ._bridge import relay
-from ._choices import layer_array, layer_names
+from ._choices import fill_layer_combos, layer_array, watch_layers
 from ._dock import DockWidget
 from ._loss_plot import LossPlot
-
-_train_worker: InferenceWorker | None = None
-
-
-def train_worker() -> InferenceWorker:
-    """A dedicated thread for training jobs (one at a time)."""
-    global _train_worker
-    if _train_worker is None or not _train_worker.alive:
-        _train_worker = InferenceWorker(name="napari-gpuseg-train")
-    return _train_worker
-
-
-def default_output() -> Path:
-    from platformdirs import user_data_dir
-
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path(user_data_dir("napari-gpuseg")) / "models" / f"unet-{stamp}.pt"
-
+from ._unet_jobs import default_output, train_worker
 
 def _train_job(image, labels, config, out_path, init, on_event, progress=None, cancel=None):
     from ..engine.unet.training import train_unet
@@ -120,19 +101,10 @@ class UNetTrainWidget(DockWidget):
         layout.addWidget(self.plot)
         layout.addWidget(self.status)
         layout.addStretch(1)
-        if self.viewer is not None:
-            for ev in (self.viewer.layers.events.inserted, self.viewer.layers.events.removed):
-                ev.connect(self.refresh_layers)
-        self.refresh_layers()
+        watch_layers(self.viewer, self.refresh_layers)
 
     def refresh_layers(self, *_args) -> None:
-        for combo, kind in ((self.image_combo, "Image"), (self.labels_combo, "Labels")):
-            current = combo.currentText()
-            combo.clear()
-            names = layer_names(self.viewer, kind)
-            combo.addItems(names)
-            if current in names:
-                combo.setCurrentText(current)
+        fill_layer_combos(self.viewer, [(self.image_combo, "Image"), (self.labels_combo, "Labels")])
 
     def _browse(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Save checkpoint", self.out_path.text(), "*.pt")
