@@ -103,8 +103,8 @@ def test_cancelling_background_embedding_stops_inside_the_encoder(engine, worker
 # (a module, the next one to run): a prompt queued while the first runs is answered
 # before the second starts: inside the 256 px patch embedding and MBConv stage, the
 # downsampling, an MLP and the neck (their pause points; before, only between blocks)
-WITHIN = [("patch_embed.seq.0", "patch_embed.seq.1"),
-          ("layers.0.blocks.0.conv1", "layers.0.blocks.0.act1"),
+WITHIN = [("patch_embed.seq.0", "patch_embed.seq.2"),
+          ("layers.0.blocks.0.conv1", "layers.0.blocks.0.conv2"),
           ("layers.0.blocks.1.conv3", "layers.0.blocks.1.act3"),
           ("layers.0.downsample.conv1", "layers.0.downsample.conv2"),
           ("layers.1.blocks.0.mlp.fc1", "layers.1.blocks.0.mlp.fc2"),

@@ -373,9 +373,10 @@ class SamEngine:
 
 
 # before each block, its attention (and its qkv / output projections), MLP (and its layers),
-# convolutions and activations, each downsampling and its layers, each layer of the neck and
-# of the patch embedding: about 130 points in TinyViT (53 before; at 256 px the MBConv stage
-# and the neck run on large maps), so a queued prompt waits about half as long on average
+# convolutions and activations (a GELU fused into its convolution or linear layer has none of
+# its own), each downsampling and its layers, each layer of the neck and of the patch
+# embedding: 110 points per TinyViT forward (at 256 px the MBConv stage and the neck run on
+# large maps), so a queued prompt waits a fraction of a block
 _PAUSE_AT = re.compile(
     r"(^|\.)(blocks\.\d+(\.(attn|mlp|local_conv|conv\d|act\d|(attn|mlp)\.\w+))?"
     r"|downsample(\.\w+)?|neck(\.\d+)?|patch_embed(\.seq\.\d+)?)$")

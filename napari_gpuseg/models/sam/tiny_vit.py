@@ -28,11 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_fused
 from .common import LayerNorm2d, layer_norm, softmax_lastdim
 
 
 class Conv2d_BN(nn.Sequential):  # noqa: N801 - official name
-    """Conv (no bias) + BatchNorm, keys ``c`` and ``bn``."""
+    """Conv (no bias) + BatchNorm, keys ``c`` and ``bn``; ``forward(x, act="gelu")`` adds
+    the GELU that follows it (one fused pass on CPU, see :mod:`.cpu_fused`)."""
 
     def __init__(self, a, b, ks=1, stride=1, pad=0, groups=1, bn_weight_init=1.0):
         super().__init__()
@@ -42,16 +44,24 @@ class Conv2d_BN(nn.Sequential):  # noqa: N801 - official name
         nn.init.constant_(bn.bias, 0)
         self.add_module("bn", bn)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
         c, bn = self.c, self.bn
         if self.training or not bn.track_running_stats or bn.running_var is None:
-            return bn(c(x))
+            y = bn(c(x))
+            return F.gelu(y) if act == "gelu" else y
         # eval: fold the BatchNorm into the conv (one pass over the activations instead
         # of two); folded from the current parameters on every call, so never stale
         scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
         weight = c.weight * scale[:, None, None, None]
         bias = bn.bias - bn.running_mean * scale
-        return F.conv2d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups)
+        return cpu_fused.conv2d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups, act)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` whose ``forward(x, act="gelu")`` adds the GELU that follows it."""
+
+    def forward(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
+        return cpu_fused.linear(x, self.weight, self.bias, act)
 
 
 class PatchEmbed(nn.Module):
@@ -66,23 +76,22 @@ class PatchEmbed(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.seq(x)
+        # seq.1 is the GELU between the convs (a module for the official layout)
+        return self.seq[2](self.seq[0](x, act="gelu"))
 
 
 class MBConv(nn.Module):
     def __init__(self, in_chans: int, out_chans: int, expand_ratio: float):
         super().__init__()
         hidden = int(in_chans * expand_ratio)
-        self.conv1 = Conv2d_BN(in_chans, hidden, ks=1)
-        self.act1 = nn.GELU()
-        self.conv2 = Conv2d_BN(hidden, hidden, ks=3, stride=1, pad=1, groups=hidden)
-        self.act2 = nn.GELU()
+        self.conv1 = Conv2d_BN(in_chans, hidden, ks=1)  # + GELU
+        self.conv2 = Conv2d_BN(hidden, hidden, ks=3, stride=1, pad=1, groups=hidden)  # + GELU
         self.conv3 = Conv2d_BN(hidden, out_chans, ks=1, bn_weight_init=0.0)
         self.act3 = nn.GELU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.act1(self.conv1(x))
-        y = self.act2(self.conv2(y))
+        y = self.conv1(x, act="gelu")
+        y = self.conv2(y, act="gelu")
         y = self.conv3(y)
         return self.act3(y + x)
 
@@ -92,16 +101,15 @@ class PatchMerging(nn.Module):
 
     def __init__(self, dim: int, out_dim: int, stride: int):
         super().__init__()
-        self.act = nn.GELU()
-        self.conv1 = Conv2d_BN(dim, out_dim, 1, 1, 0)
-        self.conv2 = Conv2d_BN(out_dim, out_dim, 3, stride, 1, groups=out_dim)
+        self.conv1 = Conv2d_BN(dim, out_dim, 1, 1, 0)  # + GELU
+        self.conv2 = Conv2d_BN(out_dim, out_dim, 3, stride, 1, groups=out_dim)  # + GELU
         self.conv3 = Conv2d_BN(out_dim, out_dim, 1, 1, 0)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]):
         if x.ndim == 3:  # B x L x C tokens -> B x C x H x W
             x = x.transpose(1, 2).reshape(x.shape[0], -1, hw[0], hw[1])
-        x = self.act(self.conv1(x))
-        x = self.act(self.conv2(x))
+        x = self.conv1(x, act="gelu")
+        x = self.conv2(x, act="gelu")
         x = self.conv3(x)
         new_hw = (x.shape[2], x.shape[3])
         return x.flatten(2).transpose(1, 2), new_hw
@@ -123,12 +131,11 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.norm = nn.LayerNorm(dim)
-        self.fc1 = nn.Linear(dim, hidden)
+        self.fc1 = Linear(dim, hidden)  # + GELU
         self.fc2 = nn.Linear(hidden, dim)
-        self.act = nn.GELU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(layer_norm(x, self.norm))))
+        return self.fc2(self.fc1(layer_norm(x, self.norm), act="gelu"))
 
 
 class Attention(nn.Module):
@@ -286,6 +293,8 @@ class TinyViT(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_fused.active(x):  # oneDNN's convolutions are fastest on channels-last maps
+            x = x.contiguous(memory_format=torch.channels_last)
         x = self.patch_embed(x)
         hw = (x.shape[2], x.shape[3])
         x, hw = self.layers[0](x, hw)
@@ -293,4 +302,4 @@ class TinyViT(nn.Module):
             x, hw = layer(x, hw)
         b, _, c = x.shape
         x = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
-        return self.neck(x)
+        return self.neck(x).contiguous()

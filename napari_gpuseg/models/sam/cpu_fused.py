@@ -1,0 +1,91 @@
+"""Fused oneDNN kernels for fp32 inference on CPU: convolution or linear layer plus GELU.
+
+GELU is memory-bound on a CPU: on TinyViT's 256 px stage (256 channels x 256 x 256) each
+activation is a separate pass over a 64 MB tensor. oneDNN applies it as a post-op of the
+convolution or matrix product instead (the ops PyTorch's own CPU compiler emits,
+``torch.ops.mkldnn._convolution_pointwise`` / ``_linear_pointwise``), and convolutions run
+on channels-last tensors, where oneDNN's depthwise kernels are much faster.
+
+Used only where it cannot change what a caller sees: CPU tensors, float32, no autograd,
+no CPU autocast, and a PyTorch built with oneDNN. Anything else takes the plain ops.
+If a fused call fails once (an older or unusual build), the plain ops are used from then on.
+Set ``NAPARI_GPUSEG_CPU_FUSION=0`` to turn it off (benchmarks compare both).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+_enabled = os.environ.get("NAPARI_GPUSEG_CPU_FUSION", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _ops_present() -> bool:
+    try:
+        ops = torch.ops.mkldnn
+        return (torch.backends.mkldnn.is_available()
+                and hasattr(ops, "_convolution_pointwise") and hasattr(ops, "_linear_pointwise"))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_available = _ops_present()
+
+
+def set_enabled(flag: bool) -> bool:
+    """Turn the fused path on or off for this process; returns the previous setting."""
+    global _enabled
+    prev, _enabled = _enabled, bool(flag)
+    return prev
+
+
+def _cpu_autocast() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
+def active(x: torch.Tensor) -> bool:
+    """Whether the fused kernels serve this input (see the module docstring)."""
+    return (_enabled and _available and x.device.type == "cpu" and x.dtype == torch.float32
+            and not torch.is_grad_enabled() and not _cpu_autocast())
+
+
+def _disable(err: Exception) -> None:
+    global _available
+    _available = False
+    log.warning("fused oneDNN kernels unavailable (%s); using the plain ops", err)
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+           stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
+           act: Optional[str] = None) -> torch.Tensor:
+    """``act(conv2d(x))`` (``act`` None or ``"gelu"``), fused where :func:`active`."""
+    if act and active(x):
+        try:
+            return torch.ops.mkldnn._convolution_pointwise(
+                x.contiguous(memory_format=torch.channels_last), weight, bias, list(padding),
+                list(stride), list(dilation), groups, act, [None], "none")
+        except RuntimeError as err:
+            _disable(err)
+    y = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    return F.gelu(y) if act == "gelu" else y
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+           act: Optional[str] = None) -> torch.Tensor:
+    """``act(linear(x))``, fused where :func:`active` (any number of leading dims)."""
+    if act and active(x):
+        try:
+            y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias, act, [None], "none")
+            return y.view(*x.shape[:-1], weight.shape[0])
+        except RuntimeError as err:
+            _disable(err)
+    y = F.linear(x, weight, bias)
+    return F.gelu(y) if act == "gelu" else y

@@ -1,0 +1,92 @@
+"""Fused oneDNN conv/linear + GELU on CPU: same outputs as the plain ops, used only where
+it cannot change what a caller sees, and a failing kernel falls back for good."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from napari_gpuseg.models.sam import cpu_fused
+from napari_gpuseg.models.sam.tiny_vit import TinyViT
+
+pytestmark = pytest.mark.skipif(not cpu_fused._available, reason="PyTorch built without oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    prev, avail = cpu_fused.set_enabled(True), cpu_fused._available
+    yield
+    cpu_fused.set_enabled(prev)
+    cpu_fused._available = avail
+
+
+def _calls(monkeypatch):
+    seen = []
+    real = torch.ops.mkldnn._convolution_pointwise
+
+    def spy(*a):
+        seen.append(a[0].shape)
+        return real(*a)
+    monkeypatch.setattr(cpu_fused.torch.ops.mkldnn, "_convolution_pointwise", spy, raising=False)
+    return seen
+
+
+def test_fused_ops_match_the_plain_ops():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 20, 24, generator=g)
+    w, b = torch.randn(16, 1, 3, 3, generator=g), torch.randn(16, generator=g)
+    t, wl, bl = torch.randn(3, 50, 32, generator=g), torch.randn(64, 32, generator=g), torch.randn(64, generator=g)
+    with torch.inference_mode():
+        assert cpu_fused.active(x)
+        conv = cpu_fused.conv2d(x, w, b, (1, 1), (1, 1), (1, 1), 16, "gelu")
+        lin = cpu_fused.linear(t, wl, bl, "gelu")
+    torch.testing.assert_close(conv, F.gelu(F.conv2d(x, w, b, 1, 1, 1, 16)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lin, F.gelu(F.linear(t, wl, bl)), rtol=1e-5, atol=1e-5)
+    assert lin.shape == (3, 50, 64)
+
+
+def test_only_cpu_fp32_inference_without_autocast_is_fused():
+    x = torch.randn(1, 4, 8, 8)
+    assert not cpu_fused.active(x)  # autograd on
+    with torch.inference_mode():
+        assert cpu_fused.active(x)
+        assert not cpu_fused.active(x.to(torch.bfloat16))
+        assert not cpu_fused.active(x.double())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not cpu_fused.active(x)
+        cpu_fused.set_enabled(False)
+        assert not cpu_fused.active(x)
+
+
+def test_tinyvit_runs_fused_and_gives_the_plain_result(monkeypatch):
+    torch.manual_seed(0)
+    enc = TinyViT(img_size=64, patch_embed="conv1x1", num_classes=0).eval()
+    x = torch.rand(1, 3, 64, 64)
+    seen = _calls(monkeypatch)
+    with torch.inference_mode():
+        cpu_fused.set_enabled(False)
+        plain = enc(x)
+        assert not seen
+        cpu_fused.set_enabled(True)
+        fused = enc(x)
+    assert len(seen) >= 7  # patch embed, 2 MBConv x 2, downsampling x 2
+    assert fused.is_contiguous()
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-4)
+
+
+def test_a_failing_kernel_falls_back_for_good(monkeypatch, caplog):
+    def broken(*_a):
+        raise RuntimeError("no such kernel")
+    monkeypatch.setattr(cpu_fused.torch.ops.mkldnn, "_convolution_pointwise", broken, raising=False)
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(2, 2, 1, 1)
+    with torch.inference_mode():
+        y = cpu_fused.conv2d(x, w, None, (1, 1), (0, 0), (1, 1), 1, "gelu")
+        assert not cpu_fused.active(x)
+    torch.testing.assert_close(y, F.gelu(F.conv2d(x, w)))
+    assert "plain ops" in caplog.text
+
+
+def test_training_mode_keeps_autograd():
+    torch.manual_seed(0)
+    enc = TinyViT(img_size=64, patch_embed="conv1x1", num_classes=0)
+    x = torch.rand(1, 3, 64, 64)
+    enc(x).sum().backward()
+    assert enc.layers[0].blocks[0].conv1.c.weight.grad is not None
