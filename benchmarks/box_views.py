@@ -10,10 +10,11 @@ embedding cache, the set-ups taking turns field by field (A B C A B C ...) so al
 same machine load. Time per field: ``segment_boxes`` alone (model loading excluded).
 
 * ``before``: ``routing="per-box"`` (each small box its own zoomed view, each box its own
-  routed view) with the allocator set-up off (``NAPARI_GPUSEG_MALLOC=0``): the program as
-  it was;
-* ``per-box``: the same routing with the allocator set-up on (what routing alone buys);
-* ``after``: ``routing="shared"`` (the default) with the allocator set-up on (the default).
+  routed view) with the allocator set-up off (``NAPARI_GPUSEG_MALLOC=0``) and the plain
+  encoder ops (``NAPARI_GPUSEG_CPU_FUSION=0``): the program as it was;
+* ``per-box``: the same routing with the allocator set-up and fused encoder ops on (what
+  the shared routing adds on top of them);
+* ``after``: the defaults: ``routing="shared"``, allocator set-up on, fused encoder ops.
 """
 from __future__ import annotations
 
@@ -30,7 +31,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "bbbc039"
 SIZES = ((0, 8), (8, 16), (16, 24), (24, 10**6))  # box sides (px) quality is reported for
+# set-up -> (routing, allocator set-up and fused CPU encoder ops on "1" / off "0")
 SETUPS = {"before": ("per-box", "0"), "per-box": ("per-box", "1"), "after": ("shared", "1")}
+
+
+def cpu_flags() -> str:
+    try:
+        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "flags unknown"
+    return ", ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "no avx2"
 
 
 def fields(n: int) -> list[Path]:
@@ -72,7 +82,7 @@ def child(field: str, routing: str) -> dict:
 def run_child(field: str, setup: str) -> dict:
     routing, malloc = SETUPS[setup]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    env["NAPARI_GPUSEG_MALLOC"] = malloc
+    env["NAPARI_GPUSEG_MALLOC"] = env["NAPARI_GPUSEG_CPU_FUSION"] = malloc
     load = os.getloadavg()[0]
     out = subprocess.run([sys.executable, __file__, "--child", field, "--routing", routing], env=env,
                          capture_output=True, text=True)
@@ -100,10 +110,10 @@ def main() -> None:
             r = run_child(f.name, s)
             res[s].append(r)
             print(f.name, s, json.dumps({k: v for k, v in r.items() if k != "per_box"}), flush=True)
-    lines = [f"date {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
+    lines = [f"date {datetime.date.today()}, {platform.machine()} ({cpu_flags()}), {os.cpu_count()} cores, "
              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, {args.fields} fields, "
              f"set-ups taking turns per field, run took {time.time() - t_start:.0f} s", "",
-             "| set-up | routing | allocator set-up | boxes | encoder views | s | boxes/s | vs before "
+             "| set-up | routing | allocator set-up, fused encoder | boxes | encoder views | s | boxes/s | vs before "
              "| user s | sys s | F1@0.5 (pooled) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     base = None
     for s in setups:

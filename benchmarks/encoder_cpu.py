@@ -1,10 +1,18 @@
-"""CPU encoder variants, A/B in one process: LiteMedSAM's TinyViT encoder as is vs with
-``channels_last`` weights and input (batch of 2 random 256x256 inputs, rounds interleaved,
-median process CPU seconds and wall seconds per batch; outputs compared).
+"""CPU encoder variants, A/B in one process: LiteMedSAM's TinyViT encoder (256x256 random
+input) run as
 
-    python benchmarks/encoder_cpu.py [THREADS] [ROUNDS]
+* ``plain``: the ops as written, NCHW (``NAPARI_GPUSEG_CPU_FUSION=0``; the encoder as it was);
+* ``channels_last``: plain ops, channels-last input (oneDNN picks NHWC convolutions);
+* ``fused``: the default: GELU fused into the convolutions and linear layers before it
+  (oneDNN post-ops), channels-last convolutions (``models/sam/cpu_fused.py``).
+
+Rounds interleave the variants; prints the median wall and process CPU seconds per batch,
+the ratio to ``plain`` and the largest difference to ``plain``'s output.
+
+    python benchmarks/encoder_cpu.py [--threads 1,2] [--rounds 5] [--batch 1]
 """
-import copy
+import argparse
+import platform
 import sys
 import time
 from pathlib import Path
@@ -13,21 +21,56 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from napari_gpuseg.engine.sam.loader import load_sam_model  # noqa: E402
+from napari_gpuseg.models.sam import cpu_fused  # noqa: E402
 
-torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
-rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-enc = load_sam_model("lite_medsam", "cpu").image_encoder.eval()
-enc_cl = copy.deepcopy(enc).to(memory_format=torch.channels_last)
-x = torch.rand(2, 3, 256, 256)
-x_cl = x.contiguous(memory_format=torch.channels_last)
-with torch.inference_mode():
-    print("max abs diff", (enc(x) - enc_cl(x_cl)).abs().max().item(), flush=True)
-    res = {"default": [], "channels_last": []}
-    for _ in range(rounds):
-        for name, m, inp in (("default", enc, x), ("channels_last", enc_cl, x_cl)):
-            t0, c0 = time.perf_counter(), time.process_time()
-            m(inp)
-            res[name].append((time.process_time() - c0, time.perf_counter() - t0))
-    for k, v in res.items():
-        cpu, wall = sorted(c for c, _ in v), sorted(w for _, w in v)
-        print(f"{k}: CPU s per batch of 2 {cpu[len(cpu) // 2]:.2f}, wall {wall[len(wall) // 2]:.2f}")
+
+def cpu_flags() -> str:
+    try:
+        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "flags unknown"
+    keep = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return ", ".join(f for f in keep if f in flags) or "no avx2"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args()
+    enc = load_sam_model("lite_medsam", "cpu").image_encoder.eval()
+    x = torch.rand(args.batch, 3, 256, 256)
+    variants = {
+        "plain": (False, x),
+        "channels_last": (False, x.contiguous(memory_format=torch.channels_last)),
+        "fused": (True, x),
+    }
+    print(f"{platform.processor() or platform.machine()} ({cpu_flags()}), torch {torch.__version__}, "
+          f"oneDNN fused kernels available: {cpu_fused._available}, batch {args.batch}")
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)
+        res: dict = {k: [] for k in variants}
+        outs = {}
+        with torch.inference_mode():
+            for name, (fused, inp) in variants.items():  # warm-up, outputs
+                cpu_fused.set_enabled(fused)
+                outs[name] = enc(inp)
+            for _ in range(args.rounds):
+                for name, (fused, inp) in variants.items():
+                    cpu_fused.set_enabled(fused)
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    enc(inp)
+                    res[name].append((time.perf_counter() - t0, time.process_time() - c0))
+        cpu_fused.set_enabled(True)
+        base = sorted(w for w, _ in res["plain"])[args.rounds // 2]
+        for name, v in res.items():
+            wall = sorted(w for w, _ in v)[args.rounds // 2]
+            cpu = sorted(c for _, c in v)[args.rounds // 2]
+            diff = (outs[name] - outs["plain"]).abs().max().item()
+            print(f"threads {threads} {name:>13}: wall {wall:.3f} s, CPU {cpu:.3f} s per batch, "
+                  f"{base / wall:.2f}x plain, max |diff| {diff:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -495,7 +495,7 @@ def gpu_vit_b(args) -> None:
         set_attn_impl(ours, impl)
         row(f"ours, {impl}", ours.image_encoder, "bf16", min(8, max(batches)), base)
     set_attn_impl(ours, "auto")
-    del official, ours, x
+    official = ours = x = None  # free the GPU memory before the next section
     torch.cuda.empty_cache()
 
 

@@ -17,7 +17,7 @@ from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
 from napari_gpuseg.engine.detect import boxes_from_labels
 from napari_gpuseg.engine.sam.boxes import (ROUTE_MARGIN, SCALES, per_box_views, plan_views, prepare_boxes,
                                             segment_boxes)
-from napari_gpuseg.engine.sam.views import View, cover_boxes, route_box, zoomed_view
+from napari_gpuseg.engine.sam.views import cover_boxes, route_box, zoomed_view
 
 S = 256
 

@@ -79,7 +79,7 @@ def test_pause_point_serves_higher_priority_jobs_inside_a_running_job(worker):
 
     bg = worker.submit(long_job, tag="encoder", priority=BACKGROUND)
     assert inside.wait(10)
-    prompt = worker.submit(lambda: seen.append("prompt"), tag="prompt", priority=INTERACTIVE)
+    worker.submit(lambda: seen.append("prompt"), tag="prompt", priority=INTERACTIVE)
     later = worker.submit(lambda: seen.append("idle"), tag="idle", priority=IDLE)
     go_on.set()
     assert bg.result(10) == ["prompt", "after pause"]  # the idle job did not jump ahead

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from qtpy.QtCore import QPointF, Qt
+from qtpy.QtCore import QPointF
 from qtpy.QtGui import QColor, QPainter, QPen, QPolygonF
 from qtpy.QtWidgets import QSizePolicy, QWidget
 

@@ -14,7 +14,6 @@ import abc
 import os
 from dataclasses import fields
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

@@ -8,7 +8,6 @@ foreground.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
