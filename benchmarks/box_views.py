@@ -10,11 +10,16 @@ embedding cache, the set-ups taking turns field by field (A B C A B C ...) so al
 same machine load. Time per field: ``segment_boxes`` alone (model loading excluded).
 
 * ``before``: ``routing="per-box"`` (each small box its own zoomed view, each box its own
-  routed view) with the allocator set-up off (``NAPARI_GPUSEG_MALLOC=0``) and the plain
-  encoder ops (``NAPARI_GPUSEG_CPU_FUSION=0``): the program as it was;
-* ``per-box``: the same routing with the allocator set-up and fused encoder ops on (what
-  the shared routing adds on top of them);
-* ``after``: the defaults: ``routing="shared"``, allocator set-up on, fused encoder ops.
+  routed view) with the allocator set-up off (``NAPARI_GPUSEG_MALLOC=0``): the program as
+  it was;
+* ``per-box``: the same routing with the allocator set-up on (what the shared routing adds
+  on top of it);
+* ``tiles``: shared routing with every view embedded on its own (``field=False``);
+* ``after``: the defaults: ``routing="shared"`` with native views cut from one embedding of
+  the whole field (``engine/sam/field.py``), allocator set-up on.
+
+Every set-up runs the encoder's default CPU ops (``NAPARI_GPUSEG_CPU_FUSION`` is removed from
+the children's environment).
 """
 from __future__ import annotations
 
@@ -31,8 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "bbbc039"
 SIZES = ((0, 8), (8, 16), (16, 24), (24, 10**6))  # box sides (px) quality is reported for
-# set-up -> (routing, allocator set-up and fused CPU encoder ops on "1" / off "0")
-SETUPS = {"before": ("per-box", "0"), "per-box": ("per-box", "1"), "after": ("shared", "1")}
+# set-up -> (routing, allocator set-up on "1" / off "0", field map "1" / "0")
+SETUPS = {"before": ("per-box", "0", "0"), "per-box": ("per-box", "1", "0"), "tiles": ("shared", "1", "0"),
+          "after": ("shared", "1", "1")}
 
 
 def cpu_flags() -> str:
@@ -47,7 +53,7 @@ def fields(n: int) -> list[Path]:
     return sorted((DATA / "images").glob("*.tif"))[-8:][:n]
 
 
-def child(field: str, routing: str) -> dict:
+def child(field: str, routing: str, use_field: bool) -> dict:
     sys.path.insert(0, str(ROOT))
     import napari_gpuseg  # noqa: F401  (allocator set-up on import unless NAPARI_GPUSEG_MALLOC=0)
     import numpy as np
@@ -62,8 +68,11 @@ def child(field: str, routing: str) -> dict:
     image = tifffile.imread(DATA / "images" / field)
     gt = tifffile.imread(DATA / "masks" / field)
     boxes = boxes_from_labels(gt)
+    encoded = []  # input pixels per encoder call
+    real = engine.encode
+    engine.encode = lambda x: encoded.append(x.shape[0] * x.shape[2] * x.shape[3]) or real(x)
     t0 = os.times()
-    res = segment_boxes(engine, image, boxes, padding=2, routing=routing)
+    res = segment_boxes(engine, image, boxes, padding=2, routing=routing, field=use_field)
     t1 = os.times()
     m = pooled_stats([gt], [res.labels], 0.5)
     ids = np.unique(gt)[1:]  # box i <- label ids[i] (boxes_from_labels: increasing label order)
@@ -74,18 +83,19 @@ def child(field: str, routing: str) -> dict:
         g = gt == ids[i]
         inter = int((r.mask & g[y, x]).sum())
         per_box.append([int(side[i]), inter / max(int(g.sum()) + int(r.mask.sum()) - inter, 1)])
-    return {"seconds": res.seconds, "boxes": len(boxes), "views": len(engine.cache),
+    return {"seconds": res.seconds, "boxes": len(boxes), "views": sum(encoded) / engine.input_size ** 2,
             "user": t1.user - t0.user, "sys": t1.system - t0.system, "tp": m.tp, "fp": m.fp, "fn": m.fn,
             "per_box": per_box}
 
 
 def run_child(field: str, setup: str) -> dict:
-    routing, malloc = SETUPS[setup]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    env["NAPARI_GPUSEG_MALLOC"] = env["NAPARI_GPUSEG_CPU_FUSION"] = malloc
+    routing, malloc, use_field = SETUPS[setup]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k != "NAPARI_GPUSEG_CPU_FUSION"}
+    env["NAPARI_GPUSEG_MALLOC"] = malloc
     load = os.getloadavg()[0]
-    out = subprocess.run([sys.executable, __file__, "--child", field, "--routing", routing], env=env,
-                         capture_output=True, text=True)
+    out = subprocess.run([sys.executable, __file__, "--child", field, "--routing", routing, "--field", use_field],
+                         env=env, capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "load": load}
@@ -95,12 +105,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
     ap.add_argument("--routing", default="shared")
+    ap.add_argument("--field", default="1")
     ap.add_argument("--fields", type=int, default=8)
-    ap.add_argument("--setups", default="before,per-box,after")
+    ap.add_argument("--setups", default="before,per-box,tiles,after")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.routing)), flush=True)
+        print(json.dumps(child(args.child, args.routing, args.field == "1")), flush=True)
         return
     setups = args.setups.split(",")
     res: dict = {s: [] for s in setups}
@@ -113,8 +124,8 @@ def main() -> None:
     lines = [f"date {datetime.date.today()}, {platform.machine()} ({cpu_flags()}), {os.cpu_count()} cores, "
              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, {args.fields} fields, "
              f"set-ups taking turns per field, run took {time.time() - t_start:.0f} s", "",
-             "| set-up | routing | allocator set-up, fused encoder | boxes | encoder views | s | boxes/s | vs before "
-             "| user s | sys s | F1@0.5 (pooled) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| set-up | routing | allocator set-up | field map | boxes | encoder passes | s | boxes/s | vs before "
+             "| user s | sys s | F1@0.5 (pooled) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = None
     for s in setups:
         rs = res[s]
@@ -123,8 +134,9 @@ def main() -> None:
         f1 = 2 * tp / max(2 * tp + fp + fn, 1)
         rate = boxes / secs
         base = base or (rate if s == "before" else None)
-        lines.append(f"| {s} | {SETUPS[s][0]} | {'on' if SETUPS[s][1] == '1' else 'off'} | {boxes} | "
-                     f"{sum(r['views'] for r in rs)} | {secs:.1f} | {rate:.2f} | "
+        lines.append(f"| {s} | {SETUPS[s][0]} | {'on' if SETUPS[s][1] == '1' else 'off'} | "
+                     f"{'yes' if SETUPS[s][2] == '1' else 'no'} | {boxes} | "
+                     f"{sum(r['views'] for r in rs):.1f} | {secs:.1f} | {rate:.2f} | "
                      f"{rate / base if base else float('nan'):.2f}x | {sum(r['user'] for r in rs):.0f} | "
                      f"{sum(r['sys'] for r in rs):.0f} | {f1:.3f} |")
     lines += ["", "Each box's own mask (before overlaps are resolved) against its object, by the box's "

@@ -3,6 +3,7 @@ input) run as
 
 * ``plain``: the ops as written, NCHW (``NAPARI_GPUSEG_CPU_FUSION=0``; the encoder as it was);
 * ``channels_last``: plain ops, channels-last input (oneDNN picks NHWC convolutions);
+* ``fused_nchw``: GELU fused as below, convolutions on NCHW tensors;
 * ``fused``: the default: GELU fused into the convolutions and linear layers before it
   (oneDNN post-ops), channels-last convolutions (``models/sam/cpu_fused.py``).
 
@@ -44,6 +45,7 @@ def main() -> None:
     variants = {
         "plain": (False, x),
         "channels_last": (False, x.contiguous(memory_format=torch.channels_last)),
+        "fused_nchw": ("nchw", x),
         "fused": (True, x),
     }
     print(f"{platform.processor() or platform.machine()} ({cpu_flags()}), torch {torch.__version__}, "
@@ -54,15 +56,18 @@ def main() -> None:
         outs = {}
         with torch.inference_mode():
             for name, (fused, inp) in variants.items():  # warm-up, outputs
-                cpu_fused.set_enabled(fused)
+                cpu_fused.set_enabled(bool(fused))
+                cpu_fused.set_channels_last(fused != "nchw")
                 outs[name] = enc(inp)
             for _ in range(args.rounds):
                 for name, (fused, inp) in variants.items():
-                    cpu_fused.set_enabled(fused)
+                    cpu_fused.set_enabled(bool(fused))
+                    cpu_fused.set_channels_last(fused != "nchw")
                     t0, c0 = time.perf_counter(), time.process_time()
                     enc(inp)
                     res[name].append((time.perf_counter() - t0, time.process_time() - c0))
         cpu_fused.set_enabled(True)
+        cpu_fused.set_channels_last(True)
         base = sorted(w for w, _ in res["plain"])[args.rounds // 2]
         for name, v in res.items():
             wall = sorted(w for w, _ in v)[args.rounds // 2]

@@ -90,3 +90,8 @@ def test_training_mode_keeps_autograd():
     x = torch.rand(1, 3, 64, 64)
     enc(x).sum().backward()
     assert enc.layers[0].blocks[0].conv1.c.weight.grad is not None
+
+
+def test_off_unless_asked_for():
+    assert not cpu_fused.enabled_by(None) and not cpu_fused.enabled_by("") and not cpu_fused.enabled_by("0")
+    assert cpu_fused.enabled_by("1") and cpu_fused.enabled_by(" On ")

@@ -7,7 +7,7 @@ Every box is routed to the view (tile) that holds it best (small boxes get a zoo
 all views of all images are embedded in batched encoder calls (from the cache when already
 embedded), and the boxes go through the decoder in adaptive batches (OOM back-off) that
 span views and images; inside a batch the boxes of one view share its embedding in one
-factored decoder call (:mod:`amg_decoder`). This is the mode for box-trained models such
+factored decoder call (:mod:`fast_decoder`). This is the mode for box-trained models such
 as LiteMedSAM.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from . import everything_ops as ops
+from . import field as fieldmap
 from .fast_decoder import decode_sparse
 from .everything import AutomaticResult
 from ..runtime.batching import remembered_batch_size, run_batched
@@ -60,7 +61,8 @@ def per_box_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, ra
 
 
 def plan_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: np.ndarray,
-               zoom_below: float | None, scales: Sequence[float] = SCALES) -> list[View]:
+               zoom_below: float | None, scales: Sequence[float] = SCALES,
+               field_stride: int | None = None) -> list[View]:
     """The view of every box (``boxes`` padded, ``raw`` unpadded, inclusive corners), with
     as few views as a greedy cover finds (:func:`views.plan_cover`).
 
@@ -73,7 +75,9 @@ def plan_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: 
     native views (the annotator's cache is shared), and each box is decoded in the finest
     chosen view that holds it. Boxes too large for every view get a larger view centred on
     them. Never more views than :func:`per_box_views`: if the cover finds more (it is
-    greedy), the per-box routing is used."""
+    greedy), the per-box routing is used. With ``field_stride`` (the image's native views
+    are cut from one field embedding, :mod:`field`) native views cost no encoder pass:
+    they sit on the stride's grid and the grid tiles get no preference."""
     n = len(boxes)
     s = engine.input_size
     grid = engine.views(image)
@@ -92,6 +96,9 @@ def plan_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: 
             allowed = ~small & (side * z >= need)
             margin = np.full(n, ROUTE_MARGIN / z)
         native = z == 1.0
+        if native and field_stride:
+            kinds.append(ViewSize(size, margin, allowed, align=field_stride))
+            continue
         cached = [v for v in grid if engine.is_embedded(image, [v])] if native else []
         kinds.append(ViewSize(size, margin, allowed, grid if native else [], cached))
     out: list = [None] * n
@@ -99,7 +106,34 @@ def plan_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: 
     for i in range(n):
         out[i] = views[assign[i]] if assign[i] >= 0 else engine.route(image, Prompt(box=boxes[i]))
     per_box = per_box_views(engine, image, boxes, raw, zoom_below)
+    if field_stride:  # compared in encoder passes: the field map is one pass over the whole image
+        return per_box if encoder_passes(engine, image, per_box) < encoder_passes(
+            engine, image, out, field_stride) else out
     return per_box if len(set(per_box)) < len(set(out)) else out
+
+
+def encoder_passes(engine: SamEngine, image: PreparedImage, views: Sequence[View],
+                   field_stride: int | None = None) -> float:
+    """The encoder work a plan still needs, in passes of one model input: its views not yet
+    embedded, and (with ``field_stride``) the field map its native views are cut from."""
+    cut = [v for v in set(views) if fieldmap.holds(v, field_stride)]
+    own = [v for v in set(views) if v not in cut and not engine.is_embedded(image, [v])]
+    field = fieldmap.passes(engine, image) if cut and not fieldmap.is_embedded(engine, image) else 0.0
+    return len(own) + field
+
+
+def choose_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: np.ndarray,
+                 zoom_below: float | None, field_stride: int | None) -> tuple[list[View], int | None]:
+    """:func:`plan_views` with and without a field map (``field_stride``; images at least
+    one model input on each side): the plan with less encoder work, and the stride its
+    native views are cut with (None: every view embedded on its own)."""
+    tiles = plan_views(engine, image, boxes, raw, zoom_below)
+    if not field_stride or min(image.shape) < engine.input_size:
+        return tiles, None
+    cut = plan_views(engine, image, boxes, raw, zoom_below, field_stride=field_stride)
+    if encoder_passes(engine, image, cut, field_stride) < encoder_passes(engine, image, tiles):
+        return cut, field_stride
+    return tiles, None
 
 
 # -- boxes -> masks ----------------------------------------------------------------------
@@ -145,7 +179,7 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
                         batch_size: int | None = None, embed_batch_size: int | None = None,
                         min_area: int = 0, zoom_small: bool = True, mask_choice: str = "box-fit",
                         progress: ProgressFn = None, cancel: CancelToken | None = None,
-                        routing: str = "shared") -> list[AutomaticResult]:
+                        routing: str = "shared", field: bool | None = None) -> list[AutomaticResult]:
     """One :class:`AutomaticResult` per image from its boxes (several images per call).
 
     ``batch_size``: boxes per decoder call (default 64 or what worked before; halved on
@@ -160,8 +194,10 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     ``"single"`` the single-mask output. The score of an object is the single output's
     predicted IoU either way. ``routing``: ``"shared"`` (default) lets boxes share views
     (see :func:`plan_views`), ``"per-box"`` routes each box on its own (:func:`route_box`,
-    a zoomed view per small box; the earlier behaviour). Label ``i + 1`` is the mask of
-    box ``i`` (where visible).
+    a zoomed view per small box; the earlier behaviour). ``field``: native views are cut
+    from one embedding of the whole image (:mod:`field`; default: with shared routing,
+    when the encoder takes any input size, as TinyViT does); False embeds every view on
+    its own. Label ``i + 1`` is the mask of box ``i`` (where visible).
     """
     t0 = time.perf_counter()
     prepared: list[PreparedImage] = [engine.prepare(im) for im in images]
@@ -173,14 +209,17 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     if routing not in ("shared", "per-box"):
         raise ValueError(f"routing must be 'shared' or 'per-box', got {routing!r}")
     fit = mask_choice == "box-fit"
+    stride = fieldmap.field_stride(engine) if (routing == "shared" if field is None else field) else None
+    strides: list[int | None] = []  # per image: the stride its native views are cut from a field map with
     items = []  # (image, box index, view, padded box, box) with inclusive corners
     for i, (img, bxs) in enumerate(zip(prepared, boxes)):
         raw = prepare_boxes(bxs, img.shape, 0.0)
         padded = prepare_boxes(bxs, img.shape, padding)
         if routing == "shared":
-            routed = plan_views(engine, img, padded, raw, zoom_below)
+            routed, cut_stride = choose_views(engine, img, padded, raw, zoom_below, stride)
         else:
-            routed = per_box_views(engine, img, padded, raw, zoom_below)
+            routed, cut_stride = per_box_views(engine, img, padded, raw, zoom_below), None
+        strides.append(cut_stride)
         for j, (b, v) in enumerate(zip(padded, routed)):
             items.append((i, j, v, b, raw[j]))
     needed = [sorted({v for (i, _j, v, _b, _r) in items if i == k}) for k in range(len(prepared))]
@@ -190,7 +229,18 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     def sub(offset):
         return None if progress is None else (lambda d, _t: progress(offset + d, total))
 
-    engine.embed(prepared, needed, batch_size=embed_batch_size, progress=sub(0), cancel=cancel)
+    fields: dict[int, torch.Tensor] = {}  # image -> its field map, where native views are cut from one
+    done = 0
+    for k, img in enumerate(prepared):
+        cut = [v for v in needed[k] if fieldmap.holds(v, strides[k])]
+        fmap = fieldmap.embed_field(engine, img, cancel) if cut else None
+        if fmap is not None:
+            fields[k] = fmap
+            needed[k] = [v for v in needed[k] if v not in cut]
+            done += len(cut)
+            if progress is not None:
+                progress(done, total)
+    engine.embed(prepared, needed, batch_size=embed_batch_size, progress=sub(done), cancel=cancel)
     order = sorted(range(len(items)), key=lambda k: (items[k][0], items[k][2]))
     dev, sam = engine.policy.device, engine.sam
 
@@ -202,14 +252,18 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
             groups[(items[k][0], items[k][2])].append(pos)
         out: list = [None] * len(idx)
         for (i, view), positions in groups.items():
-            emb = engine.embedding(prepared[i], view).to(dev)
+            cut = i in fields and fieldmap.holds(view, strides[i])
+            if cut:
+                emb = fieldmap.view_embedding(fields[i], view, strides[i]).to(dev)
+            else:
+                emb = engine.embedding(prepared[i], view).to(dev)
             bx = np.stack([view.to_input(items[idx[p]][3]) for p in positions])
             roi = torch.as_tensor(mask_region(bx, engine.input_size, emb.shape[-1]), device=dev)
             with torch.inference_mode(), engine.policy.autocast():
                 sparse, _dense = sam.prompt_encoder(points=None, masks=None,
                                                     boxes=torch.as_tensor(bx, dtype=torch.float32, device=dev))
                 iou, _sel, low = decode_sparse(sam, emb, sparse, "all" if fit else "single",
-                                               memo=engine.decoder_memo(prepared[i], view), roi=roi)
+                                               memo=engine.decoder_memo(prepared[i], view, "field" if cut else "view"), roi=roi)
             score, c = iou[:, 0], low.shape[1]
             per = max(1, RENDER_BYTES // (view.h * view.w * 4 * c))
             for s in range(0, len(positions), per):
@@ -270,10 +324,11 @@ def _assemble(shape, decoded: list, boxes: np.ndarray, min_area: int, seconds: f
 def segment_boxes(engine: SamEngine, image, boxes, padding: float = 0.0, batch_size: int | None = None,
                   embed_batch_size: int | None = None, min_area: int = 0, zoom_small: bool = True,
                   mask_choice: str = "box-fit", progress: ProgressFn = None,
-                  cancel: CancelToken | None = None, routing: str = "shared") -> AutomaticResult:
+                  cancel: CancelToken | None = None, routing: str = "shared",
+                  field: bool | None = None) -> AutomaticResult:
     """Masks for ``boxes`` (N, 4) ``x0, y0, x1, y1`` (end exclusive) in one 2D image; see
     :func:`segment_boxes_batch`."""
     return segment_boxes_batch(engine, [image], [boxes], padding=padding, batch_size=batch_size,
                                embed_batch_size=embed_batch_size, min_area=min_area,
                                zoom_small=zoom_small, mask_choice=mask_choice, progress=progress,
-                               cancel=cancel, routing=routing)[0]
+                               cancel=cancel, routing=routing, field=field)[0]

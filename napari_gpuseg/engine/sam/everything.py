@@ -11,7 +11,7 @@ is how the work is done:
   never recomputed on a re-run);
 * point prompts are decoded in adaptive batches (``run_batched``: OOM back-off) by a
   decoder that shares the image-side work between prompts and computes masks only for
-  prompts whose predicted IoU passes (``amg_decoder``);
+  prompts whose predicted IoU passes (``fast_decoder``);
 * predicted-IoU and a conservative low-resolution stability check drop masks before
   anything is upscaled; the exact stability score, boxes and the crop-edge test run on
   the device on the survivors only, in memory-bounded chunks;

@@ -68,6 +68,20 @@ def prepare_image(image: np.ndarray, contrast: tuple[float, float] = (0.0, 100.0
     return PreparedImage(torch.from_numpy(rgb).permute(2, 0, 1).contiguous(), digest)
 
 
+def normalize_input(crop: torch.Tensor, normalization: str) -> torch.Tensor:
+    """A model's pixel normalisation of a (3, h, w) crop in [0, 1] (before padding)."""
+    if normalization == "minmax":  # LiteMedSAM: min-max to [0, 1], no mean/std
+        lo, hi = crop.amin(), crop.amax()
+        return (crop - lo) / torch.clamp(hi - lo, min=1e-8)
+    if normalization == "sam":  # official SAM: 0..255 then ImageNet-style mean/std
+        mean = torch.tensor(SAM_PIXEL_MEAN).view(3, 1, 1)
+        std = torch.tensor(SAM_PIXEL_STD).view(3, 1, 1)
+        return (crop * 255.0 - mean) / std
+    if normalization != "none":
+        raise ValueError(f"unknown SAM normalisation {normalization!r}")
+    return crop
+
+
 def view_input(prepared: PreparedImage, view: View, normalization: str) -> torch.Tensor:
     """The (3, S, S) encoder input for one view: crop, resize longest side, normalise, pad."""
     crop = prepared.tensor[:, view.y0:view.y1, view.x0:view.x1]
@@ -75,15 +89,7 @@ def view_input(prepared: PreparedImage, view: View, normalization: str) -> torch
     if (rh, rw) != (view.h, view.w):
         crop = F.interpolate(crop[None], size=(rh, rw), mode="bilinear", align_corners=False,
                              antialias=rh < view.h)[0]
-    if normalization == "minmax":  # LiteMedSAM: min-max to [0, 1], no mean/std
-        lo, hi = crop.amin(), crop.amax()
-        crop = (crop - lo) / torch.clamp(hi - lo, min=1e-8)
-    elif normalization == "sam":  # official SAM: 0..255 then ImageNet-style mean/std
-        mean = torch.tensor(SAM_PIXEL_MEAN).view(3, 1, 1)
-        std = torch.tensor(SAM_PIXEL_STD).view(3, 1, 1)
-        crop = (crop * 255.0 - mean) / std
-    elif normalization != "none":
-        raise ValueError(f"unknown SAM normalisation {normalization!r}")
+    crop = normalize_input(crop, normalization)
     s = view.input_size
     return F.pad(crop, (0, s - rw, 0, s - rh))
 

@@ -125,7 +125,7 @@ class SamEngine:
         self.contrast = contrast
         self.last_batch_size: int | None = None
         self._extra_views: dict[str, list[View]] = {}  # ad-hoc views made per image digest
-        # per embedding: the decoder's work that depends on the image alone (see amg_decoder)
+        # per embedding: the decoder's work that depends on the image alone (see fast_decoder)
         self._memos: OrderedDict[tuple, dict] = OrderedDict()
         self._factored = supports_factored(self.sam)
         encoder = getattr(self.sam, "image_encoder", None)
@@ -134,10 +134,11 @@ class SamEngine:
 
     MEMOS = 4  # embeddings whose decoder products are kept (~35 MB each at 64 x 64)
 
-    def decoder_memo(self, image: PreparedImage, view: View) -> dict:
-        """The dict :func:`amg_decoder.decode_sparse` keeps for the embedding of ``view``:
-        the decoder's image-only products, reused by every later prompt on it."""
-        key = self._key(image, view)
+    def decoder_memo(self, image: PreparedImage, view: View, source: str = "view") -> dict:
+        """The dict :func:`fast_decoder.decode_sparse` keeps for the embedding of ``view``:
+        the decoder's image-only products, reused by every later prompt on it. ``source``
+        tells embeddings of one view apart (``"field"``: cut from :mod:`field`'s map)."""
+        key = self._key(image, view) + (source,)
         memo = self._memos.pop(key, None)
         if memo is None:
             memo = {}
@@ -223,7 +224,9 @@ class SamEngine:
             yield total - len(todo) + min(len(todo), max(1, step))
 
     # -- encoder --------------------------------------------------------------
-    def _encode(self, batch: torch.Tensor) -> torch.Tensor:
+    def encode(self, batch: torch.Tensor) -> torch.Tensor:
+        """The image encoder on a (B, 3, H, W) input batch, under the device policy (a
+        non-finite result under autocast re-runs in fp32)."""
         x = to_device(batch, self.policy.device)
 
         def run():
@@ -255,7 +258,7 @@ class SamEngine:
         def encode(pairs):
             check(cancel)
             x = torch.stack([view_input(img, v, self.info.normalization) for img, v in pairs])
-            out = self._encode(x)
+            out = self.encode(x)
             # each embedding to its own host copy, inside the OOM back-off; the batch output
             # is dropped here, so the peak is the embeddings plus one batch, not twice them
             for (img, v), emb in zip(pairs, out):

@@ -156,7 +156,8 @@ class ViewSize:
     the model input; ``margin`` (N,) px each box keeps from its edges; ``allowed`` (N,)
     the boxes it may serve; ``prefer``: views of this kind (e.g. the grid tiles, which the
     annotator and the cache share) that win ties over new positions; ``free``: views already
-    embedded, taken before anything else; ``new_positions``: False tries ``prefer`` only."""
+    embedded, taken before anything else; ``new_positions``: False tries ``prefer`` only;
+    ``align``: new positions are multiples of it (views cut from a field map)."""
 
     size: int
     margin: np.ndarray
@@ -164,6 +165,7 @@ class ViewSize:
     prefer: list = field(default_factory=list)
     free: list = field(default_factory=list)
     new_positions: bool = True
+    align: int = 1
 
 
 def plan_cover(boxes: np.ndarray, shape: tuple[int, int], input_size: int,
@@ -195,6 +197,8 @@ def plan_cover(boxes: np.ndarray, shape: tuple[int, int], input_size: int,
         if kind.new_positions and ok.any():
             xs = np.unique(np.clip(lo[ok, 0], 0, w - vw)).astype(np.int64)
             ys = np.unique(np.clip(lo[ok, 1], 0, h - vh)).astype(np.int64)
+            if kind.align > 1:  # rounded down: a view that held its box may now miss it (checked below)
+                xs, ys = np.unique(xs // kind.align * kind.align), np.unique(ys // kind.align * kind.align)
             step = 1
             while len(xs) * len(ys) * n > MAX_COVER_WORK:  # many boxes: coarser positions
                 step *= 2

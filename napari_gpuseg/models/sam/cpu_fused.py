@@ -9,7 +9,11 @@ on channels-last tensors, where oneDNN's depthwise kernels are much faster.
 Used only where it cannot change what a caller sees: CPU tensors, float32, no autograd,
 no CPU autocast, and a PyTorch built with oneDNN. Anything else takes the plain ops.
 If a fused call fails once (an older or unusual build), the plain ops are used from then on.
-Set ``NAPARI_GPUSEG_CPU_FUSION=0`` to turn it off (benchmarks compare both).
+
+Off unless ``NAPARI_GPUSEG_CPU_FUSION=1``: on the AVX2-only CPU it was measured on
+(``benchmarks/encoder_cpu.py``, ``docs/benchmarks.md``) it ran LiteMedSAM's encoder a little
+faster with one thread and a little slower with two, within the run-to-run noise, so it is
+not a measured win at the default thread count.
 """
 from __future__ import annotations
 
@@ -22,7 +26,12 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-_enabled = os.environ.get("NAPARI_GPUSEG_CPU_FUSION", "1").strip().lower() not in ("0", "false", "no", "off")
+def enabled_by(value: str | None) -> bool:
+    """Whether a ``NAPARI_GPUSEG_CPU_FUSION`` value turns the fused path on (default: off)."""
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_enabled = enabled_by(os.environ.get("NAPARI_GPUSEG_CPU_FUSION"))
 
 
 def _ops_present() -> bool:
@@ -35,6 +44,18 @@ def _ops_present() -> bool:
 
 
 _available = _ops_present()
+_channels_last = True  # fused convolutions on channels-last tensors (False: as they come, NCHW)
+
+
+def set_channels_last(flag: bool) -> bool:
+    """Run fused convolutions on channels-last (True) or NCHW tensors; returns the previous setting."""
+    global _channels_last
+    prev, _channels_last = _channels_last, bool(flag)
+    return prev
+
+
+def channels_last() -> bool:
+    return _channels_last
 
 
 def set_enabled(flag: bool) -> bool:
@@ -70,7 +91,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     if act and active(x):
         try:
             return torch.ops.mkldnn._convolution_pointwise(
-                x.contiguous(memory_format=torch.channels_last), weight, bias, list(padding),
+                x.contiguous(memory_format=torch.channels_last) if _channels_last else x, weight, bias,
+                list(padding),
                 list(stride), list(dilation), groups, act, [None], "none")
         except RuntimeError as err:
             _disable(err)

@@ -230,7 +230,13 @@ class TinyViT(nn.Module):
 
     ``patch_embed="conv3x3"`` (MobileSAM, r = 16) or ``"conv1x1"`` (LiteMedSAM, r = 4).
     ``num_classes > 0`` adds the unused classifier head that MobileSAM's checkpoint holds.
+
+    Convolutions and windowed attention with relative position biases, no absolute
+    position embedding: any ``H x W`` input with sides divisible by r embeds to
+    ``H/r x W/r`` (``size_agnostic``; box mode embeds whole fields this way).
     """
+
+    size_agnostic = True
 
     def __init__(
         self,
@@ -293,7 +299,7 @@ class TinyViT(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_fused.active(x):  # oneDNN's convolutions are fastest on channels-last maps
+        if cpu_fused.active(x) and cpu_fused.channels_last():  # oneDNN's channels-last convolutions
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.patch_embed(x)
         hw = (x.shape[2], x.shape[3])
