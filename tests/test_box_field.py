@@ -206,3 +206,34 @@ def test_field_out_of_memory_falls_back_to_views(lite_engine, shared_data, monke
         res = segment_boxes(lite_engine, image, boxes, padding=2, zoom_small=False)
     assert "out of memory" in caplog.text
     assert len(np.unique(res.labels)) > 5
+
+
+def test_a_stack_whose_field_maps_do_not_fit_the_cache_gives_the_same_labels(lite_engine, shared_data,
+                                                                             monkeypatch):
+    """Three 260 x 260 planes, a cache that holds one field map: every plane's map is made
+    again where it was evicted (at most twice per plane) and the labels are those of a
+    cache that holds them all."""
+    from napari_gpuseg.engine.sam.boxes import segment_boxes_batch
+    from napari_gpuseg.engine.sam.cache import EmbeddingCache
+
+    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-3]
+    image = tifffile.imread(f)
+    gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)
+    cuts = [(slice(0, 260), slice(0, 260)), (slice(200, 460), slice(300, 560)), (slice(260, 520), slice(436, 696))]
+    planes, boxes = [image[c] for c in cuts], [boxes_from_labels(gt[c]) for c in cuts]
+    calls = []
+    real = lite_engine.encode
+    monkeypatch.setattr(lite_engine, "encode", lambda x: calls.append(tuple(x.shape[2:])) or real(x))
+    results = {}
+    for size in (1 << 30, 5 << 20):
+        monkeypatch.setattr(lite_engine, "cache", EmbeddingCache(size))
+        calls.clear()
+        results[size] = segment_boxes_batch(lite_engine, planes, boxes, padding=2, zoom_small=False)
+        assert all(c == (260, 260) for c in calls), calls  # field maps only
+        if size == 1 << 30:
+            assert len(calls) == 3  # one map per plane
+        else:
+            assert 3 < len(calls) <= 6  # evicted maps made again, each at most once more
+    for a, b in zip(results[1 << 30], results[5 << 20]):
+        np.testing.assert_array_equal(a.labels, b.labels)
+        assert len(np.unique(a.labels)) > 3

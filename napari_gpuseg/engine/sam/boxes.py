@@ -229,17 +229,30 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     def sub(offset):
         return None if progress is None else (lambda d, _t: progress(offset + d, total))
 
-    fields: dict[int, torch.Tensor] = {}  # image -> its field map, where native views are cut from one
+    # field maps live in the engine's (bounded) cache, like view embeddings; the decoder keeps
+    # the map of the image it is on (a stack's maps need not all fit in memory at once)
+    cut_from_field = [False] * len(prepared)
+    current: dict[int, torch.Tensor | None] = {}
     done = 0
     for k, img in enumerate(prepared):
         cut = [v for v in needed[k] if fieldmap.holds(v, strides[k])]
         fmap = fieldmap.embed_field(engine, img, cancel) if cut else None
         if fmap is not None:
-            fields[k] = fmap
+            cut_from_field[k] = True
+            if not current:  # the first image decoded
+                current[k] = fmap
             needed[k] = [v for v in needed[k] if v not in cut]
             done += len(cut)
             if progress is not None:
                 progress(done, total)
+        del fmap
+
+    def field_of(i: int) -> torch.Tensor | None:
+        if i not in current:
+            current.clear()
+            current[i] = fieldmap.embed_field(engine, prepared[i], cancel)  # cached, or again
+        return current[i]
+
     engine.embed(prepared, needed, batch_size=embed_batch_size, progress=sub(done), cancel=cancel)
     order = sorted(range(len(items)), key=lambda k: (items[k][0], items[k][2]))
     dev, sam = engine.policy.device, engine.sam
@@ -252,9 +265,10 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
             groups[(items[k][0], items[k][2])].append(pos)
         out: list = [None] * len(idx)
         for (i, view), positions in groups.items():
-            cut = i in fields and fieldmap.holds(view, strides[i])
+            fmap = field_of(i) if cut_from_field[i] and fieldmap.holds(view, strides[i]) else None
+            cut = fmap is not None
             if cut:
-                emb = fieldmap.view_embedding(fields[i], view, strides[i]).to(dev)
+                emb = fieldmap.view_embedding(fmap, view, strides[i]).to(dev)
             else:
                 emb = engine.embedding(prepared[i], view).to(dev)
             bx = np.stack([view.to_input(items[idx[p]][3]) for p in positions])

@@ -109,7 +109,7 @@ def embed_field(engine, image: PreparedImage, cancel: CancelToken | None = None)
         for ys, ye, yk0, yk1 in spans(hp, stride):
             for xs, xe, xk0, xk1 in spans(wp, stride):
                 check(cancel)
-                e = engine.encode(x[None, :, ys:ye, xs:xe])[0]
+                e = engine.encode(x[None, :, ys:ye, xs:xe].contiguous())[0]
                 if out is None:
                     out = torch.empty(e.shape[0], hp // stride, wp // stride, dtype=e.dtype)
                 out[:, yk0 // stride:yk1 // stride, xk0 // stride:xk1 // stride] = e[
