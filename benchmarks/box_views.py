@@ -33,20 +33,14 @@ import sys
 import time
 from pathlib import Path
 
+from _machine import cpu_flags  # benchmarks/, the script's folder
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "bbbc039"
 SIZES = ((0, 8), (8, 16), (16, 24), (24, 10**6))  # box sides (px) quality is reported for
 # set-up -> (routing, allocator set-up on "1" / off "0", field map "1" / "0")
 SETUPS = {"before": ("per-box", "0", "0"), "per-box": ("per-box", "1", "0"), "tiles": ("shared", "1", "0"),
           "after": ("shared", "1", "1")}
-
-
-def cpu_flags() -> str:
-    try:
-        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "flags unknown"
-    return ", ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "no avx2"
 
 
 def fields(n: int) -> list[Path]:

@@ -24,14 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from napari_gpuseg.engine.sam.loader import load_sam_model  # noqa: E402
 from napari_gpuseg.models.sam import cpu_fused  # noqa: E402
 
-
-def cpu_flags() -> str:
-    try:
-        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "flags unknown"
-    keep = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-    return ", ".join(f for f in keep if f in flags) or "no avx2"
+from _machine import cpu_flags  # noqa: E402  (benchmarks/, the script's folder)
 
 
 def main() -> None:

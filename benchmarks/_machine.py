@@ -1,0 +1,13 @@
+"""What the benchmarks print about the machine they ran on."""
+from pathlib import Path
+
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_flags() -> str:
+    """The CPU's vector and matrix flags that decide CPU precision and kernel choice."""
+    try:
+        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "flags unknown"
+    return ", ".join(f for f in FLAGS if f in flags) or "no avx2"
