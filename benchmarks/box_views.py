@@ -14,9 +14,10 @@ same machine load. Time per field: ``segment_boxes`` alone (model loading exclud
   it was;
 * ``per-box``: the same routing with the allocator set-up on (what the shared routing adds
   on top of it);
-* ``tiles``: shared routing with every view embedded on its own (``field=False``);
-* ``after``: the defaults: ``routing="shared"`` with native views cut from one embedding of
-  the whole field (``engine/sam/field.py``), allocator set-up on.
+* ``after``: the defaults: ``routing="shared"``, every view embedded on its own, allocator
+  set-up on;
+* ``field``: as ``after``, with native views cut from one embedding of the whole field
+  (``field=True``, ``engine/sam/field.py``; opt-in).
 
 Every set-up runs the encoder's default CPU ops (``NAPARI_GPUSEG_CPU_FUSION`` is removed from
 the children's environment).
@@ -39,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "bbbc039"
 SIZES = ((0, 8), (8, 16), (16, 24), (24, 10**6))  # box sides (px) quality is reported for
 # set-up -> (routing, allocator set-up on "1" / off "0", field map "1" / "0")
-SETUPS = {"before": ("per-box", "0", "0"), "per-box": ("per-box", "1", "0"), "tiles": ("shared", "1", "0"),
-          "after": ("shared", "1", "1")}
+SETUPS = {"before": ("per-box", "0", "0"), "per-box": ("per-box", "1", "0"), "after": ("shared", "1", "0"),
+          "field": ("shared", "1", "1")}
 
 
 def fields(n: int) -> list[Path]:
@@ -99,9 +100,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
     ap.add_argument("--routing", default="shared")
-    ap.add_argument("--field", default="1")
+    ap.add_argument("--field", default="0")
     ap.add_argument("--fields", type=int, default=8)
-    ap.add_argument("--setups", default="before,per-box,tiles,after")
+    ap.add_argument("--setups", default="before,per-box,after,field")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.child:

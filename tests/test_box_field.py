@@ -188,6 +188,18 @@ def test_field_box_mode_on_a_real_field_is_as_good_with_fewer_encoder_passes(lit
     assert scores[True] >= 0.9 and scores[True] >= scores[False] - 0.02, scores
 
 
+def test_box_mode_embeds_views_on_their_own_unless_asked(lite_engine, shared_data, monkeypatch):
+    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-2]
+    image = tifffile.imread(f)[:300, :400]
+    boxes = boxes_from_labels(tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[:300, :400])[:8]
+    shapes = []
+    real = lite_engine.encode
+    monkeypatch.setattr(lite_engine, "encode", lambda x: shapes.append(tuple(x.shape[2:])) or real(x))
+    lite_engine.cache.clear()
+    segment_boxes(lite_engine, image, boxes, padding=2, zoom_small=False)
+    assert shapes and all(s == (256, 256) for s in shapes)
+
+
 def test_field_out_of_memory_falls_back_to_views(lite_engine, shared_data, monkeypatch, caplog):
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-2]
     image = tifffile.imread(f)[:300, :400]
@@ -203,7 +215,7 @@ def test_field_out_of_memory_falls_back_to_views(lite_engine, shared_data, monke
     monkeypatch.setattr(lite_engine, "encode", encode)
     lite_engine.cache.clear()
     with caplog.at_level(logging.WARNING):
-        res = segment_boxes(lite_engine, image, boxes, padding=2, zoom_small=False)
+        res = segment_boxes(lite_engine, image, boxes, padding=2, zoom_small=False, field=True)
     assert "out of memory" in caplog.text
     assert len(np.unique(res.labels)) > 5
 
@@ -228,7 +240,7 @@ def test_a_stack_whose_field_maps_do_not_fit_the_cache_gives_the_same_labels(lit
     for size in (1 << 30, 5 << 20):
         monkeypatch.setattr(lite_engine, "cache", EmbeddingCache(size))
         calls.clear()
-        results[size] = segment_boxes_batch(lite_engine, planes, boxes, padding=2, zoom_small=False)
+        results[size] = segment_boxes_batch(lite_engine, planes, boxes, padding=2, zoom_small=False, field=True)
         assert all(c == (260, 260) for c in calls), calls  # field maps only
         if size == 1 << 30:
             assert len(calls) == 3  # one map per plane

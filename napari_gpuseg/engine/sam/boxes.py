@@ -179,7 +179,7 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
                         batch_size: int | None = None, embed_batch_size: int | None = None,
                         min_area: int = 0, zoom_small: bool = True, mask_choice: str = "box-fit",
                         progress: ProgressFn = None, cancel: CancelToken | None = None,
-                        routing: str = "shared", field: bool | None = None) -> list[AutomaticResult]:
+                        routing: str = "shared", field: bool = False) -> list[AutomaticResult]:
     """One :class:`AutomaticResult` per image from its boxes (several images per call).
 
     ``batch_size``: boxes per decoder call (default 64 or what worked before; halved on
@@ -194,10 +194,11 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     ``"single"`` the single-mask output. The score of an object is the single output's
     predicted IoU either way. ``routing``: ``"shared"`` (default) lets boxes share views
     (see :func:`plan_views`), ``"per-box"`` routes each box on its own (:func:`route_box`,
-    a zoomed view per small box; the earlier behaviour). ``field``: native views are cut
-    from one embedding of the whole image (:mod:`field`; default: with shared routing,
-    when the encoder takes any input size, as TinyViT does); False embeds every view on
-    its own. Label ``i + 1`` is the mask of box ``i`` (where visible).
+    a zoomed view per small box; the earlier behaviour). ``field=True`` (with shared routing,
+    for encoders that take any input size, as TinyViT does): native views are cut from one
+    embedding of the whole image (:mod:`field`), about a third less encoder work on a
+    520 x 696 field, but LiteMedSAM's outlines come out more ragged there
+    (docs/benchmarks.md), so it is off by default. Label ``i + 1`` is the mask of box ``i`` (where visible).
     """
     t0 = time.perf_counter()
     prepared: list[PreparedImage] = [engine.prepare(im) for im in images]
@@ -209,7 +210,7 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     if routing not in ("shared", "per-box"):
         raise ValueError(f"routing must be 'shared' or 'per-box', got {routing!r}")
     fit = mask_choice == "box-fit"
-    stride = fieldmap.field_stride(engine) if (routing == "shared" if field is None else field) else None
+    stride = fieldmap.field_stride(engine) if field and routing == "shared" else None
     strides: list[int | None] = []  # per image: the stride its native views are cut from a field map with
     items = []  # (image, box index, view, padded box, box) with inclusive corners
     for i, (img, bxs) in enumerate(zip(prepared, boxes)):
@@ -339,7 +340,7 @@ def segment_boxes(engine: SamEngine, image, boxes, padding: float = 0.0, batch_s
                   embed_batch_size: int | None = None, min_area: int = 0, zoom_small: bool = True,
                   mask_choice: str = "box-fit", progress: ProgressFn = None,
                   cancel: CancelToken | None = None, routing: str = "shared",
-                  field: bool | None = None) -> AutomaticResult:
+                  field: bool = False) -> AutomaticResult:
     """Masks for ``boxes`` (N, 4) ``x0, y0, x1, y1`` (end exclusive) in one 2D image; see
     :func:`segment_boxes_batch`."""
     return segment_boxes_batch(engine, [image], [boxes], padding=padding, batch_size=batch_size,

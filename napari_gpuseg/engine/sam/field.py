@@ -6,13 +6,15 @@ relative position biases: it has no absolute position embedding, so an input of 
 520 x 696 field this way costs the area of the field, not the area of the 12 overlapping
 256 px tiles that cover it, and the embedding of every native, full-size view whose corner
 lies on the stride's grid is then a crop of the map (:func:`view_embedding`). Box mode
-uses this for its native views (:mod:`boxes`); prompts in the annotator keep per-view
-embeddings, since a first prompt needs one tile, not the field.
+uses this for its native views when asked (``segment_boxes(..., field=True)``); prompts in
+the annotator keep per-view embeddings, since a first prompt needs one tile, not the field.
 
 A crop is close to, not equal to, the view's own embedding: the encoder sees the view's
 neighbourhood instead of zero padding at its edges, and a min-max normalising model
-(LiteMedSAM) is normalised over the field instead of the view. Box-mode quality on the
-BBBC039 validation fields is in ``docs/benchmarks.md``. Large fields are embedded in
+(LiteMedSAM) is normalised over the field instead of the view. On the BBBC039 validation
+fields box-mode F1 is the same, but more masks come out ragged or in pieces (a field
+normalised over bright outliers has less contrast than most of its tiles;
+``docs/benchmarks.md``), which is why it is not the default. Large fields are embedded in
 blocks of at most :data:`BLOCK` px with :data:`HALO_CELLS` embedding cells of context
 around each block's kept part, so the activation memory stays bounded.
 """
