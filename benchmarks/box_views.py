@@ -10,14 +10,14 @@ embedding cache, the set-ups taking turns field by field (A B C A B C ...) so al
 same machine load. Time per field: ``segment_boxes`` alone (model loading excluded).
 
 * ``before``: ``routing="per-box"`` (each small box its own zoomed view, each box its own
-  routed view) with the allocator set-up off (``NAPARI_GPUSEG_MALLOC=0``): the program as
-  it was;
-* ``per-box``: the same routing with the allocator set-up on (what the shared routing adds
-  on top of it);
-* ``after``: the defaults: ``routing="shared"``, every view embedded on its own, allocator
-  set-up on;
-* ``field``: as ``after``, with native views cut from one embedding of the whole field
-  (``field=True``, ``engine/sam/field.py``; opt-in).
+  routed view), no field map, every piece of a mask kept, allocator set-up off
+  (``NAPARI_GPUSEG_MALLOC=0``): the program as it was;
+* ``per-box``: the same with the allocator set-up on (what the rest adds on top of it);
+* ``tiles``: shared views, each embedded on its own (``field=False``), one piece per mask,
+  allocator set-up on;
+* ``after``: the defaults: shared views, native ones cut from one embedding of the whole
+  field where that needs fewer encoder passes (``engine/sam/field.py``), one piece per mask,
+  allocator set-up on.
 
 Every set-up runs the encoder's default CPU ops (``NAPARI_GPUSEG_CPU_FUSION`` is removed from
 the children's environment).
@@ -39,16 +39,16 @@ from _machine import cpu_flags  # benchmarks/, the script's folder
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "bbbc039"
 SIZES = ((0, 8), (8, 16), (16, 24), (24, 10**6))  # box sides (px) quality is reported for
-# set-up -> (routing, allocator set-up on "1" / off "0", field map "1" / "0")
-SETUPS = {"before": ("per-box", "0", "0"), "per-box": ("per-box", "1", "0"), "after": ("shared", "1", "0"),
-          "field": ("shared", "1", "1")}
+# set-up -> (routing, allocator set-up on "1" / off "0", field map "1" / "0", one piece per mask "1" / "0")
+SETUPS = {"before": ("per-box", "0", "0", "0"), "per-box": ("per-box", "1", "0", "0"),
+          "tiles": ("shared", "1", "0", "1"), "after": ("shared", "1", "1", "1")}
 
 
 def fields(n: int) -> list[Path]:
     return sorted((DATA / "images").glob("*.tif"))[-8:][:n]
 
 
-def child(field: str, routing: str, use_field: bool) -> dict:
+def child(field: str, routing: str, use_field: bool, one_piece: bool) -> dict:
     sys.path.insert(0, str(ROOT))
     import napari_gpuseg  # noqa: F401  (allocator set-up on import unless NAPARI_GPUSEG_MALLOC=0)
     import numpy as np
@@ -67,7 +67,8 @@ def child(field: str, routing: str, use_field: bool) -> dict:
     real = engine.encode
     engine.encode = lambda x: encoded.append(x.shape[0] * x.shape[2] * x.shape[3]) or real(x)
     t0 = os.times()
-    res = segment_boxes(engine, image, boxes, padding=2, routing=routing, field=use_field)
+    res = segment_boxes(engine, image, boxes, padding=2, routing=routing, field=use_field,
+                        one_piece=one_piece)
     t1 = os.times()
     m = pooled_stats([gt], [res.labels], 0.5)
     ids = np.unique(gt)[1:]  # box i <- label ids[i] (boxes_from_labels: increasing label order)
@@ -84,12 +85,13 @@ def child(field: str, routing: str, use_field: bool) -> dict:
 
 
 def run_child(field: str, setup: str) -> dict:
-    routing, malloc, use_field = SETUPS[setup]
+    routing, malloc, use_field, one_piece = SETUPS[setup]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MALLOC_") and k != "NAPARI_GPUSEG_CPU_FUSION"}
     env["NAPARI_GPUSEG_MALLOC"] = malloc
     load = os.getloadavg()[0]
-    out = subprocess.run([sys.executable, __file__, "--child", field, "--routing", routing, "--field", use_field],
+    out = subprocess.run([sys.executable, __file__, "--child", field, "--routing", routing, "--field", use_field,
+                          "--one-piece", one_piece],
                          env=env, capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
@@ -101,12 +103,13 @@ def main() -> None:
     ap.add_argument("--child")
     ap.add_argument("--routing", default="shared")
     ap.add_argument("--field", default="0")
+    ap.add_argument("--one-piece", default="1")
     ap.add_argument("--fields", type=int, default=8)
-    ap.add_argument("--setups", default="before,per-box,after,field")
+    ap.add_argument("--setups", default="before,per-box,tiles,after")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.routing, args.field == "1")), flush=True)
+        print(json.dumps(child(args.child, args.routing, args.field == "1", args.one_piece == "1")), flush=True)
         return
     setups = args.setups.split(",")
     res: dict = {s: [] for s in setups}
@@ -119,8 +122,8 @@ def main() -> None:
     lines = [f"date {datetime.date.today()}, {platform.machine()} ({cpu_flags()}), {os.cpu_count()} cores, "
              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, {args.fields} fields, "
              f"set-ups taking turns per field, run took {time.time() - t_start:.0f} s", "",
-             "| set-up | routing | allocator set-up | field map | boxes | encoder passes | s | boxes/s | vs before "
-             "| user s | sys s | F1@0.5 (pooled) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| set-up | routing | allocator set-up | field map | one piece | boxes | encoder passes | s | boxes/s | vs before "
+             "| user s | sys s | F1@0.5 (pooled) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = None
     for s in setups:
         rs = res[s]
@@ -130,7 +133,7 @@ def main() -> None:
         rate = boxes / secs
         base = base or (rate if s == "before" else None)
         lines.append(f"| {s} | {SETUPS[s][0]} | {'on' if SETUPS[s][1] == '1' else 'off'} | "
-                     f"{'yes' if SETUPS[s][2] == '1' else 'no'} | {boxes} | "
+                     f"{'yes' if SETUPS[s][2] == '1' else 'no'} | {'yes' if SETUPS[s][3] == '1' else 'no'} | {boxes} | "
                      f"{sum(r['views'] for r in rs):.1f} | {secs:.1f} | {rate:.2f} | "
                      f"{rate / base if base else float('nan'):.2f}x | {sum(r['user'] for r in rs):.0f} | "
                      f"{sum(r['sys'] for r in rs):.0f} | {f1:.3f} |")

@@ -188,16 +188,45 @@ def test_field_box_mode_on_a_real_field_is_as_good_with_fewer_encoder_passes(lit
     assert scores[True] >= 0.9 and scores[True] >= scores[False] - 0.02, scores
 
 
-def test_box_mode_embeds_views_on_their_own_unless_asked(lite_engine, shared_data, monkeypatch):
+def test_box_mode_cuts_native_views_from_the_field_unless_told_not_to(lite_engine, shared_data, monkeypatch):
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-2]
     image = tifffile.imread(f)[:300, :400]
-    boxes = boxes_from_labels(tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[:300, :400])[:8]
+    boxes = boxes_from_labels(tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[:300, :400])
     shapes = []
     real = lite_engine.encode
     monkeypatch.setattr(lite_engine, "encode", lambda x: shapes.append(tuple(x.shape[2:])) or real(x))
-    lite_engine.cache.clear()
-    segment_boxes(lite_engine, image, boxes, padding=2, zoom_small=False)
-    assert shapes and all(s == (256, 256) for s in shapes)
+    for field, expected in ((False, {(256, 256)}), (None, {(300, 400)})):
+        lite_engine.cache.clear()
+        shapes.clear()
+        kw = {} if field is None else {"field": field}
+        segment_boxes(lite_engine, image, boxes, padding=2, zoom_small=False, **kw)
+        assert set(shapes) == expected, (field, shapes)
+
+
+def test_local_minmax_stretches_each_neighbourhood_to_its_own_range():
+    """A dim object far from a bright one is stretched as a view around it would be
+    (nearly to 1), not to its share of the field's maximum; a flat image stays finite."""
+    x = torch.full((3, 64, 256), 0.1)
+    x[:, 28:36, 20:28] = 0.3  # dim object
+    x[:, 28:36, 228:236] = 1.0  # bright object, 200 px away
+    out = fieldmap.local_minmax(x, window=64)
+    assert out.shape == x.shape and out.dtype == torch.float32
+    assert out[0, 32, 24] > 0.9 and out[0, 32, 232] > 0.9  # both objects near their window's top
+    assert out[0, 5, 5] < 0.1 and out[0, 5, 250] < 0.1  # background near 0 on both sides
+    plain = fieldmap.normalize_input(x, "minmax")
+    assert plain[0, 32, 24] < 0.3  # a global stretch leaves the dim object dim
+    flat = fieldmap.local_minmax(torch.full((3, 32, 32), 0.5), window=16)
+    assert torch.isfinite(flat).all() and float(flat.abs().max()) == 0.0
+
+
+def test_field_input_normalises_locally_for_min_max_models_only():
+    img = torch.rand(3, 40, 48)
+    prepared = type("P", (), {"tensor": img})()
+    for norm, local in (("minmax", True), ("sam", False), ("none", False)):
+        eng = SamEngine(StubSam(LocalEncoder()), SamModelInfo("stub", S, norm), FP32)
+        got = fieldmap.field_input(eng, prepared)
+        want = fieldmap.local_minmax(img, S) if local else fieldmap.normalize_input(img, norm)
+        torch.testing.assert_close(got, want)
 
 
 def test_field_out_of_memory_falls_back_to_views(lite_engine, shared_data, monkeypatch, caplog):

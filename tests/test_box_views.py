@@ -205,3 +205,26 @@ def test_mask_region_gives_the_same_labels_as_the_whole_grid(shared_data, monkey
                         lambda b, size, grid, context=0.5: np.tile([0, 0, grid, grid], (len(b), 1)))
     whole = box_mode.segment_boxes(eng, image, bx).labels
     assert whole.max() > 5 and np.array_equal(near, whole)
+
+
+def test_each_box_keeps_its_largest_piece_unless_told_otherwise():
+    """A box's mask that came out as a nucleus and a stray blob beside it: by default only
+    the nucleus is painted; ``one_piece=False`` keeps both pieces."""
+    from napari_gpuseg.engine.sam.boxes import _assemble
+    from napari_gpuseg.engine.sam.everything_ops import largest_piece
+
+    m = np.zeros((20, 30), bool)
+    m[2:14, 2:14] = True  # the object, 144 px
+    m[5:9, 22:27] = True  # a stray piece, 20 px
+    single = np.zeros((6, 6), bool)
+    single[1:5, 1:5] = True
+    kept, changed = largest_piece(m)
+    assert changed and kept.sum() == 144 and not kept[:, 20:].any()
+    assert largest_piece(single) == (single, False)
+    decoded = [((m, 10, 10), 0.9, torch.zeros(1), None), ((single, 40, 40), 0.8, torch.zeros(1), None)]
+    boxes = np.array([[10, 10, 39, 29], [40, 40, 45, 45]], float)
+    one = _assemble((60, 60), decoded, boxes, min_area=0, seconds=0.0)
+    both = _assemble((60, 60), decoded, boxes, min_area=0, seconds=0.0, one_piece=False)
+    assert (one.labels == 1).sum() == 144 and (both.labels == 1).sum() == 164
+    assert (one.labels == 2).sum() == (both.labels == 2).sum() == 16
+    assert one.masks[0].mask.sum() == 144

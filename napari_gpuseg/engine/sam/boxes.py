@@ -179,7 +179,8 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
                         batch_size: int | None = None, embed_batch_size: int | None = None,
                         min_area: int = 0, zoom_small: bool = True, mask_choice: str = "box-fit",
                         progress: ProgressFn = None, cancel: CancelToken | None = None,
-                        routing: str = "shared", field: bool = False) -> list[AutomaticResult]:
+                        routing: str = "shared", field: bool = True, one_piece: bool = True,
+                        ) -> list[AutomaticResult]:
     """One :class:`AutomaticResult` per image from its boxes (several images per call).
 
     ``batch_size``: boxes per decoder call (default 64 or what worked before; halved on
@@ -194,11 +195,12 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     ``"single"`` the single-mask output. The score of an object is the single output's
     predicted IoU either way. ``routing``: ``"shared"`` (default) lets boxes share views
     (see :func:`plan_views`), ``"per-box"`` routes each box on its own (:func:`route_box`,
-    a zoomed view per small box; the earlier behaviour). ``field=True`` (with shared routing,
-    for encoders that take any input size, as TinyViT does): native views are cut from one
-    embedding of the whole image (:mod:`field`), about a third less encoder work on a
-    520 x 696 field, but LiteMedSAM's outlines come out more ragged there
-    (docs/benchmarks.md), so it is off by default. Label ``i + 1`` is the mask of box ``i`` (where visible).
+    a zoomed view per small box; the earlier behaviour). ``field`` (with shared routing, for encoders that take any input size, as TinyViT does):
+    native views are cut from one embedding of the whole image (:mod:`field`, normalised
+    locally for min-max models) where that needs fewer encoder passes: about a third less
+    encoder work on a 520 x 696 field; ``field=False`` embeds every view on its own.
+    ``one_piece``: each box's mask keeps only its largest connected piece (a box holds one
+    object; stray pieces beside it are dropped). Label ``i + 1`` is the mask of box ``i`` (where visible).
     """
     t0 = time.perf_counter()
     prepared: list[PreparedImage] = [engine.prepare(im) for im in images]
@@ -304,17 +306,20 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     for k, res in zip(order, decoded):
         per_image[items[k][0]][items[k][1]] = res
     seconds = time.perf_counter() - t0
-    return [_assemble(img.shape, res, prepare_boxes(b, img.shape, padding), min_area, seconds)
+    return [_assemble(img.shape, res, prepare_boxes(b, img.shape, padding), min_area, seconds, one_piece)
             for img, res, b in zip(prepared, per_image, boxes)]
 
 
-def _assemble(shape, decoded: list, boxes: np.ndarray, min_area: int, seconds: float) -> AutomaticResult:
+def _assemble(shape, decoded: list, boxes: np.ndarray, min_area: int, seconds: float,
+              one_piece: bool = True) -> AutomaticResult:
     """Paint masks (low scores first, so high scores win overlaps); label i+1 = box i."""
     labels = np.zeros(shape, np.int32)
     masks, scores = [], np.zeros(len(decoded))
     for i, ((m, y0, x0), score, low, view) in enumerate(decoded):
         if min_area > 0 and m.size:
             m, y0, x0, _changed = ops.clean_mask(m, y0, x0, shape, min_area)
+        if one_piece and m.size:
+            m, _changed = ops.largest_piece(m)
         masks.append(MaskResult(m, int(y0), int(x0), score, low.float(), view))
         scores[i] = score
     for i in np.argsort(scores, kind="stable"):
@@ -340,10 +345,10 @@ def segment_boxes(engine: SamEngine, image, boxes, padding: float = 0.0, batch_s
                   embed_batch_size: int | None = None, min_area: int = 0, zoom_small: bool = True,
                   mask_choice: str = "box-fit", progress: ProgressFn = None,
                   cancel: CancelToken | None = None, routing: str = "shared",
-                  field: bool = False) -> AutomaticResult:
+                  field: bool = True, one_piece: bool = True) -> AutomaticResult:
     """Masks for ``boxes`` (N, 4) ``x0, y0, x1, y1`` (end exclusive) in one 2D image; see
     :func:`segment_boxes_batch`."""
     return segment_boxes_batch(engine, [image], [boxes], padding=padding, batch_size=batch_size,
                                embed_batch_size=embed_batch_size, min_area=min_area,
                                zoom_small=zoom_small, mask_choice=mask_choice, progress=progress,
-                               cancel=cancel, routing=routing, field=field)[0]
+                               cancel=cancel, routing=routing, field=field, one_piece=one_piece)[0]

@@ -189,3 +189,13 @@ def clean_mask(mask: np.ndarray, y0: int, x0: int, shape: tuple[int, int], min_a
     framed, c1 = remove_small_regions(framed, min_area, "holes", outside=outside)
     framed, c2 = remove_small_regions(framed, min_area, "islands")
     return framed, y0 - top, x0 - left, c1 or c2
+
+
+def largest_piece(mask: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The largest 4-connected piece of ``mask`` alone; ``changed`` when others were dropped."""
+    lab, n = ndi.label(mask)
+    if n <= 1:
+        return mask, False
+    sizes = np.bincount(lab.ravel(), minlength=n + 1)
+    sizes[0] = 0
+    return lab == int(np.argmax(sizes)), True

@@ -10,11 +10,12 @@ uses this for its native views when asked (``segment_boxes(..., field=True)``); 
 the annotator keep per-view embeddings, since a first prompt needs one tile, not the field.
 
 A crop is close to, not equal to, the view's own embedding: the encoder sees the view's
-neighbourhood instead of zero padding at its edges, and a min-max normalising model
-(LiteMedSAM) is normalised over the field instead of the view. On the BBBC039 validation
-fields box-mode F1 is the same, but more masks come out ragged or in pieces (a field
-normalised over bright outliers has less contrast than most of its tiles;
-``docs/benchmarks.md``), which is why it is not the default. Large fields are embedded in
+neighbourhood instead of zero padding at its edges. A min-max normalising model (LiteMedSAM)
+stretches each view to its own darkest and brightest pixel; a field normalised once over its
+brightest nuclei has less contrast than most of its views, and its masks came out ragged and
+in pieces (BBBC039; ``docs/benchmarks.md``). So such a field is normalised locally
+(:func:`local_minmax`): each pixel by the minimum and maximum of the view-sized window
+around it, smoothed, which is what the view around it would have used. Large fields are embedded in
 blocks of at most :data:`BLOCK` px with :data:`HALO_CELLS` embedding cells of context
 around each block's kept part, so the activation memory stays bounded.
 """
@@ -22,8 +23,10 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy import ndimage as ndi
 
 from ..runtime.batching import is_oom
 from ..runtime.cancel import CancelToken, check
@@ -31,13 +34,14 @@ from ..runtime.memory import empty_cache
 from .inputs import PreparedImage, normalize_input
 from .views import View
 
-__all__ = ["BLOCK", "HALO_CELLS", "field_stride", "holds", "spans", "is_embedded", "passes", "embed_field",
+__all__ = ["BLOCK", "HALO_CELLS", "field_stride", "local_minmax", "holds", "spans", "is_embedded", "passes", "embed_field",
            "view_embedding"]
 
 log = logging.getLogger(__name__)
 
 BLOCK = 768  # input px per side of one encoder pass (TinyViT-5M at stride 4: about 0.6 GB fp32)
 HALO_CELLS = 16  # embedding cells of context around the kept part of a block
+SMOOTH = 1 / 8  # local_minmax: Gaussian sigma of the window's minimum and maximum, in windows
 
 
 def field_stride(engine) -> int | None:
@@ -76,8 +80,30 @@ def spans(length: int, stride: int, block: int | None = None, halo_cells: int = 
     return out
 
 
+def local_minmax(x: torch.Tensor, window: int, smooth: float = SMOOTH) -> torch.Tensor:
+    """(3, H, W) in [0, 1] -> min-max normalised per pixel over the ``window`` x ``window``
+    neighbourhood centred on it (what a view of that size there is normalised by), the
+    local minimum and maximum smoothed (Gaussian, sigma ``smooth * window``) so the
+    stretch varies slowly; values above the smoothed maximum stay above 1, as in a view
+    whose maximum lies outside it."""
+    a = x.detach().cpu().numpy()
+    sigma = max(1.0, smooth * window)
+    hi = ndi.gaussian_filter(ndi.maximum_filter(a.max(0), size=window, mode="nearest"), sigma, mode="nearest")
+    lo = ndi.gaussian_filter(ndi.minimum_filter(a.min(0), size=window, mode="nearest"), sigma, mode="nearest")
+    out = (a - lo) / np.maximum(hi - lo, 1e-8)
+    return torch.from_numpy(np.clip(out, 0, None, out=out).astype(np.float32, copy=False))
+
+
+def field_input(engine, image: PreparedImage) -> torch.Tensor:
+    """The (3, H, W) encoder input of ``image``'s field: the model's normalisation, min-max
+    per view-sized neighbourhood for a min-max model (:func:`local_minmax`)."""
+    if engine.info.normalization == "minmax":
+        return local_minmax(image.tensor, engine.input_size)
+    return normalize_input(image.tensor, engine.info.normalization)
+
+
 def _key(engine, image: PreparedImage) -> tuple:
-    return (image.digest, engine.info.name, engine.policy.precision, str(engine.policy.device), "field")
+    return (image.digest, engine.info.name, engine.policy.precision, str(engine.policy.device), "field-local")
 
 
 def is_embedded(engine, image: PreparedImage) -> bool:
@@ -102,7 +128,7 @@ def embed_field(engine, image: PreparedImage, cancel: CancelToken | None = None)
     cached = engine.cache.get(key)
     if cached is not None:
         return cached
-    x = normalize_input(image.tensor, engine.info.normalization)
+    x = field_input(engine, image)
     h, w = image.shape
     x = F.pad(x, (0, -w % stride, 0, -h % stride))  # zeros after normalisation, as a view's padding
     hp, wp = x.shape[1:]
