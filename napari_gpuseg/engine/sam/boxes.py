@@ -3,12 +3,14 @@
     boxes = detect_boxes(image, "threshold")         # engine.detect: "unet", a label image, a CSV
     result = segment_boxes(engine, image, boxes)     # AutomaticResult, label i+1 <- box i
 
-Every box is routed to the view (tile) that holds it best (small boxes get a zoomed view),
-all views of all images are embedded in batched encoder calls (from the cache when already
-embedded), and the boxes go through the decoder in adaptive batches (OOM back-off) that
-span views and images; inside a batch the boxes of one view share its embedding in one
-factored decoder call (:mod:`fast_decoder`). This is the mode for box-trained models such
-as LiteMedSAM.
+Neighbouring boxes share views (small boxes share zoomed views); with an encoder that takes
+any input size the native views are cut from one embedding of the whole image
+(:mod:`field`) where that needs fewer encoder passes; the other views of all images are
+embedded in batched encoder calls (from the cache when already embedded), and the boxes
+go through the decoder in adaptive batches (OOM back-off) that span views and images;
+inside a batch the boxes of one view share its embedding in one factored decoder call
+(:mod:`fast_decoder`). Each box keeps the largest piece of its mask. This is the mode for
+box-trained models such as LiteMedSAM.
 """
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ relative position biases: it has no absolute position embedding, so an input of 
 520 x 696 field this way costs the area of the field, not the area of the 12 overlapping
 256 px tiles that cover it, and the embedding of every native, full-size view whose corner
 lies on the stride's grid is then a crop of the map (:func:`view_embedding`). Box mode
-uses this for its native views when asked (``segment_boxes(..., field=True)``); prompts in
-the annotator keep per-view embeddings, since a first prompt needs one tile, not the field.
+cuts its native views from the map where that needs fewer encoder passes (the default;
+``segment_boxes(..., field=False)`` embeds every view on its own); prompts in the
+annotator keep per-view embeddings, since a first prompt needs one tile, not the field.
 
 A crop is close to, not equal to, the view's own embedding: the encoder sees the view's
 neighbourhood instead of zero padding at its edges. A min-max normalising model (LiteMedSAM)
