@@ -197,12 +197,13 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     ``"single"`` the single-mask output. The score of an object is the single output's
     predicted IoU either way. ``routing``: ``"shared"`` (default) lets boxes share views
     (see :func:`plan_views`), ``"per-box"`` routes each box on its own (:func:`route_box`,
-    a zoomed view per small box; the earlier behaviour). ``field`` (with shared routing, for encoders that take any input size, as TinyViT does):
-    native views are cut from one embedding of the whole image (:mod:`field`, normalised
-    locally for min-max models) where that needs fewer encoder passes: about a third less
-    encoder work on a 520 x 696 field; ``field=False`` embeds every view on its own.
-    ``one_piece``: each box's mask keeps only its largest connected piece (a box holds one
-    object; stray pieces beside it are dropped). Label ``i + 1`` is the mask of box ``i`` (where visible).
+    a zoomed view per small box; the earlier behaviour). ``field`` (with shared routing,
+    for encoders that take any input size, as TinyViT does): native views are cut from one
+    embedding of the whole image (:mod:`field`, normalised locally for min-max models)
+    where that needs fewer encoder passes: about a third less encoder work on a 520 x 696
+    field; ``field=False`` embeds every view on its own. ``one_piece``: each box's mask
+    keeps only its largest connected piece (a box holds one object; stray pieces beside it
+    are dropped). Label ``i + 1`` is the mask of box ``i`` (where visible).
     """
     t0 = time.perf_counter()
     prepared: list[PreparedImage] = [engine.prepare(im) for im in images]

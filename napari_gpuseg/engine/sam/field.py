@@ -16,9 +16,9 @@ stretches each view to its own darkest and brightest pixel; a field normalised o
 brightest nuclei has less contrast than most of its views, and its masks came out ragged and
 in pieces (BBBC039; ``docs/benchmarks.md``). So such a field is normalised locally
 (:func:`local_minmax`): each pixel by the minimum and maximum of the view-sized window
-around it, smoothed, which is what the view around it would have used. Large fields are embedded in
-blocks of at most :data:`BLOCK` px with :data:`HALO_CELLS` embedding cells of context
-around each block's kept part, so the activation memory stays bounded.
+around it, smoothed, which is what the view around it would have used. Large fields are
+embedded in blocks of at most :data:`BLOCK` px with :data:`HALO_CELLS` embedding cells of
+context around each block's kept part, so the activation memory stays bounded.
 """
 from __future__ import annotations
 
