@@ -212,9 +212,9 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     w._job_predict = counted
     for box in boxes[:2]:  # the usual case: held until the mask is there
         add_box(w, box)  # into an empty box layer: its extent, and the viewer's dims, change
-        assert w.redraw.held and not window.updatesEnabled()
+        assert w.redraw.held and window.updatesEnabled()  # held, never switched off
         qtbot.waitUntil(w.has_preview, timeout=WAIT)
-        assert not w.redraw.held and window.updatesEnabled()
+        assert not w.redraw.held
         w.clear_prompts()
     qtbot.wait(50)
     assert len(calls) == 2  # one decode per box: a dims event on the same plane is no edit
@@ -230,7 +230,7 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     assert w.redraw.held
     qtbot.waitUntil(lambda: not w.redraw.held, timeout=WAIT)
     assert time.perf_counter() - t0 < 3 * HOLD_MS / 1000 and w.redraw.timeouts == timeouts + 1
-    assert window.updatesEnabled() and not w.has_preview()
+    assert not w.has_preview()
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
     w.clear_prompts()
 
@@ -241,6 +241,47 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     add_box(w, boxes[2])
     qtbot.waitUntil(lambda: "decoder exploded" in w.status.text(), timeout=WAIT)
     assert not w.redraw.held and window.updatesEnabled()
+
+
+def test_a_held_edit_repaints_what_changed_not_the_whole_window(make_napari_viewer, qtbot, crop):
+    """While held nothing of the window is painted; the release paints the canvas (the box
+    and its mask together) and leaves widgets that did not change (the menu bar) alone."""
+    from qtpy.QtCore import QEvent, QObject
+    from qtpy.QtWidgets import QApplication, QMenuBar
+
+    img, gt = crop
+    viewer = make_napari_viewer(show=True)
+    viewer.add_image(img, name="nuclei")
+    w = open_dock(viewer)
+    wait_embedded(qtbot, w)
+    qtbot.wait(200)  # the window's first paints are done
+    _ids, boxes = gt_boxes(gt)
+    painted: list[str] = []  # what was painted, by kind (no references kept)
+
+    class Paints(QObject):
+        def eventFilter(self, obj, event):
+            if event.type() == QEvent.Type.Paint:
+                kind = "canvas" if hasattr(obj, "_vispy_canvas") else type(obj).__name__
+                painted.append("menu bar" if isinstance(obj, QMenuBar) else kind)
+            return False
+
+    spy = Paints()
+    app = QApplication.instance()
+    app.installEventFilter(spy)
+    try:
+        shown = []
+        real = w._show_preview
+        w._show_preview = lambda *a: (shown.append(len(painted)), real(*a))
+        add_box(w, boxes[0])
+        assert w.redraw.held
+        qtbot.waitUntil(lambda: bool(shown), timeout=WAIT)
+        assert shown[0] == 0  # nothing was painted between the edit and the mask
+        qtbot.waitUntil(lambda: not w.redraw.held, timeout=WAIT)
+        qtbot.wait(100)
+    finally:
+        app.removeEventFilter(spy)
+    assert "canvas" in painted, set(painted)  # the box and its mask, drawn together
+    assert "menu bar" not in painted, set(painted)  # unchanged: not repainted
 
 
 def test_drawing_a_box_with_the_mouse_decodes_once_on_release(make_napari_viewer, qtbot, crop):

@@ -244,6 +244,34 @@ def test_factored_decoder_with_kept_products_equals_the_module(lite_engine, val_
             assert iou(first.full(gt.shape), plain.full(gt.shape)) > 0.999
 
 
+def test_near_box_decode_gives_the_same_masks_inside_its_region(lite_engine, val_crops):
+    """``near_box=True`` (the annotator's box prompts): on real boxes of two held-out crops
+    the logits equal the whole-grid decode inside each box's region, nothing is predicted
+    outside it, and the masks agree with the whole-grid ones."""
+    from napari_gpuseg.engine.sam.fast_decoder import ROI_FILL, mask_region
+
+    checked = 0
+    for _name, img, gt in val_crops[:2]:
+        ids, boxes = gt_boxes(gt)
+        for i, b in list(zip(ids, boxes))[:6]:
+            p = Prompt(box=b, points=[[(b[0] + b[2]) / 2, (b[1] + b[3]) / 2]], labels=[1]) \
+                if checked % 2 else Prompt(box=b)
+            whole = lite_engine.predict(img, [p])[0]
+            near = lite_engine.predict(img, [p], near_box=True)[0]
+            r0, c0, r1, c1 = (4 * v for v in mask_region(near.view.to_input(b), 256, 64)[0])
+            assert 0 < r1 - r0 < 256 and 0 < c1 - c0 < 256  # a real region, not the whole grid
+            torch.testing.assert_close(near.low_res[r0:r1, c0:c1], whole.low_res[r0:r1, c0:c1],
+                                       atol=1e-4, rtol=1e-4)
+            outside = torch.ones_like(near.low_res, dtype=torch.bool)
+            outside[r0:r1, c0:c1] = False
+            assert (near.low_res[outside] == ROI_FILL).all()
+            assert near.score == pytest.approx(whole.score, abs=1e-5)
+            assert iou(near.full(gt.shape), whole.full(gt.shape)) > 0.99
+            assert iou(near.full(gt.shape), gt == i) > 0.6
+            checked += 1
+    assert checked == 12
+
+
 # ---------------------------------------------------------------- hostile inputs (issue #16)
 @pytest.mark.parametrize("kwargs, match", [
     (dict(box=[np.nan, 10, 50, 60]), "box has NaN or infinite"),

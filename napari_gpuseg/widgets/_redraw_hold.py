@@ -9,6 +9,11 @@ late. :class:`RedrawHold` holds the window's repaints from the edit until the pr
 shown, or at most ``max_ms``, and then one repaint shows everything. Events are still
 processed while held (nothing is lost, only drawn later), and a slow decoder never hides
 the user's prompt for longer than ``max_ms``.
+
+The hold keeps back the window's update requests (the event Qt's repaint manager posts
+to a top-level window to paint what is dirty) rather than switching the window's updates
+off: Qt keeps the dirty regions meanwhile, so the release repaints the canvas and the few
+widgets that changed, not every widget of the window.
 """
 from __future__ import annotations
 
@@ -39,6 +44,20 @@ def napari_window(dock: QWidget) -> QMainWindow | None:
     return top
 
 
+class _KeepUpdateRequests(QObject):
+    """Event filter that keeps a window's update requests back while installed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = 0
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt's name)
+        if event.type() == QEvent.Type.UpdateRequest:
+            self.kept += 1
+            return True
+        return False
+
+
 class RedrawHold:
     """Holds the repaints of the napari window that ``dock`` is docked in."""
 
@@ -49,6 +68,7 @@ class RedrawHold:
         self._timer.setSingleShot(True)
         self._timer.setInterval(max_ms)
         self._timer.timeout.connect(self._on_timeout)
+        self._filter = _KeepUpdateRequests()
         self.enabled = True
         self.holds = self.timeouts = 0  # for tests and benchmarks
 
@@ -65,19 +85,24 @@ class RedrawHold:
             window = None if dock is None else napari_window(dock)
             if window is None or not window.updatesEnabled():
                 return
-            window.setUpdatesEnabled(False)
+            self._filter.kept = 0
+            window.installEventFilter(self._filter)
             self._window = weakref.ref(window)
             self.holds += 1
         self._timer.start()
 
     def release(self) -> None:
-        """Repaint now (Qt repaints the window once when its updates come back on)."""
+        """Repaint what changed while held: one update request for the window, posted at
+        Qt's own (low) priority, so input and timers queued before it still come first."""
         ref, self._window = self._window, None
         try:
             self._timer.stop()
             window = None if ref is None else ref()
             if window is not None:
-                window.setUpdatesEnabled(True)
+                window.removeEventFilter(self._filter)
+                if self._filter.kept:  # Qt sends no new request until this one is served
+                    QCoreApplication.postEvent(window, QEvent(QEvent.Type.UpdateRequest),
+                                               _LOW_PRIORITY)
         except RuntimeError:  # the viewer was closed meanwhile
             logger.debug("redraw hold released after its window was deleted")
 

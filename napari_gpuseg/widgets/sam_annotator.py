@@ -245,7 +245,8 @@ class SamAnnotatorWidget(DockWidget):
 
     def _job_predict(self, model: str, image, prompts, multimask: bool, cancel=None):
         engine = self._engine(model)
-        return engine.predict(image, prompts, multimask=multimask, cancel=cancel)
+        # a box holds its object: the mask is computed near the box (as box mode does)
+        return engine.predict(image, prompts, multimask=multimask, cancel=cancel, near_box=True)
 
     def _job_boxes(self, model: str, image, boxes, cancel=None):
         return self._engine(model).predict_boxes(image, boxes, cancel=cancel)

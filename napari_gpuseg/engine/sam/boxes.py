@@ -23,7 +23,7 @@ import torch
 
 from . import everything_ops as ops
 from . import field as fieldmap
-from .fast_decoder import decode_sparse
+from .fast_decoder import ROI_CONTEXT, decode_sparse, mask_region  # noqa: F401 (re-exported)
 from .everything import AutomaticResult
 from ..runtime.batching import remembered_batch_size, run_batched
 from ..runtime.cancel import CancelToken, ProgressFn, check
@@ -34,7 +34,6 @@ from .views import View, ViewSize, plan_cover, route_box
 DEFAULT_BOX_BATCH = 64
 RENDER_BYTES = 256 * 2**20
 SCALES = (4.0, 1.0)  # routing="shared": view scales (input px per image px) boxes may use
-ROI_CONTEXT = 0.5  # mask logits computed over the box grown by half its size per side (mask_region)
 ROUTE_MARGIN = 4.0  # input px a box keeps from the edge of a native or shrunk view (as SamEngine.route)
 
 
@@ -139,20 +138,6 @@ def choose_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw
 
 
 # -- boxes -> masks ----------------------------------------------------------------------
-def mask_region(boxes_in: np.ndarray, input_size: int, grid: int,
-                context: float = ROI_CONTEXT) -> np.ndarray:
-    """Per box (N, 4) in model input px: the rectangle of embedding cells (``r0, c0, r1,
-    c1``, end exclusive, on a ``grid`` x ``grid`` embedding) its mask is computed in: the
-    box grown by ``context`` times its size (at least 8 input px) on every side. A mask
-    that reaches further is cut there (box mode wants the object in the box)."""
-    b = np.asarray(boxes_in, dtype=np.float64).reshape(-1, 4)
-    grow = np.maximum(context * (b[:, 2:] - b[:, :2]), 8.0)
-    cell = input_size / grid
-    lo = np.floor((b[:, :2] - grow) / cell).astype(np.int64)
-    hi = np.ceil((b[:, 2:] + 1 + grow) / cell).astype(np.int64)
-    return np.clip(np.stack([lo[:, 1], lo[:, 0], hi[:, 1], hi[:, 0]], 1), 0, grid)
-
-
 def _crop_to_mask(masks: torch.Tensor, view) -> list[tuple[np.ndarray, int, int]]:
     boxes = ops.masks_to_boxes(masks).cpu().numpy()
     m = masks.cpu().numpy()

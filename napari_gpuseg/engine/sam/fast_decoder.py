@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..runtime.device import autocast_off
 
-__all__ = ["decode_points", "decode_sparse", "point_sparse", "supports_factored"]
+__all__ = ["decode_points", "decode_sparse", "mask_region", "point_sparse", "supports_factored"]
 
 MASK_HEAD_BYTES = 128 * 2**20  # activations of the mask upscaling computed at once (GPU)
 CPU_BLOCK_BYTES = 4 * 2**20  # on a CPU: small blocks, so the chain of per-pixel ops runs in cache
@@ -222,6 +223,21 @@ def _masks(dec, X: _Factored, idx: torch.Tensor, hyper: torch.Tensor, h: int, w:
 
 
 ROI_FILL = -1e4  # mask logits outside a prompt's region of interest (no mask there)
+ROI_CONTEXT = 0.5  # mask logits computed over the box grown by half its size per side (mask_region)
+
+
+def mask_region(boxes_in: np.ndarray, input_size: int, grid: int,
+                context: float = ROI_CONTEXT) -> np.ndarray:
+    """Per box (N, 4) in model input px: the rectangle of embedding cells (``r0, c0, r1,
+    c1``, end exclusive, on a ``grid`` x ``grid`` embedding) its mask is computed in: the
+    box grown by ``context`` times its size (at least 8 input px) on every side. A mask
+    that reaches further is cut there (box mode wants the object in the box)."""
+    b = np.asarray(boxes_in, dtype=np.float64).reshape(-1, 4)
+    grow = np.maximum(context * (b[:, 2:] - b[:, :2]), 8.0)
+    cell = input_size / grid
+    lo = np.floor((b[:, :2] - grow) / cell).astype(np.int64)
+    hi = np.ceil((b[:, 2:] + 1 + grow) / cell).astype(np.int64)
+    return np.clip(np.stack([lo[:, 1], lo[:, 0], hi[:, 1], hi[:, 0]], 1), 0, grid)
 
 
 def _masks_roi(seq, X: _Factored, idx, hyper, h: int, w: int, shared, roi, vw1, consts) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .fast_decoder import decode_sparse, supports_factored
+from .fast_decoder import decode_sparse, mask_region, supports_factored
 from ..runtime.batching import initial_batch_size, run_batched, to_device
 from ..runtime.device import Policy, resolve_policy, guard_finite
 from .cache import EmbeddingCache
@@ -294,11 +294,18 @@ class SamEngine:
         return view
 
     def predict(self, image: np.ndarray | PreparedImage, prompts: Sequence[Prompt],
-                multimask: bool = False, cancel: CancelToken | None = None) -> list[MaskResult]:
+                multimask: bool = False, cancel: CancelToken | None = None,
+                near_box: bool = False) -> list[MaskResult]:
         """Masks for ``prompts``; prompts sharing a view and a shape go in one decoder call.
 
         ``multimask=True`` asks for three candidates and keeps the one with the highest
-        predicted IoU (``all_scores`` keeps the three scores).
+        predicted IoU (``all_scores`` keeps the three scores). ``near_box=True``: the mask
+        of a prompt with a box (and no mask input) is computed near its box only, the box
+        grown by half its size per side (``fast_decoder.mask_region``, as box mode does);
+        a mask reaching further is cut there. The same numbers inside; the decoder's mask
+        upscaling, its largest per-pixel part, runs on that region alone. The result's
+        low-res logits then hold ``fast_decoder.ROI_FILL`` outside the region, so do not
+        feed them back as a mask input.
         """
         image = self.prepare(image)
         for p in prompts:
@@ -314,32 +321,35 @@ class SamEngine:
             check(cancel)
             emb = self.embedding(image, view)
             memo = self.decoder_memo(image, view)
-            for i, res in zip(idx, self._decode(emb, view, [prompts[i] for i in idx], multimask, memo)):
+            for i, res in zip(idx, self._decode(emb, view, [prompts[i] for i in idx], multimask, memo,
+                                                near_box)):
                 results[i] = res
         return results  # type: ignore[return-value]
 
     def _decode(self, emb: torch.Tensor, view: View, prompts: list[Prompt],
-                multimask: bool, memo: dict | None = None) -> list[MaskResult]:
+                multimask: bool, memo: dict | None = None, near_box: bool = False) -> list[MaskResult]:
         """One decoder call. Without a mask input, the factored decoder (fp32; the same
         numbers as the module up to rounding) reuses ``memo`` from earlier prompts on this
         embedding, which makes interactive prompts several times cheaper."""
         dev = self.policy.device
-        points = boxes = masks = None
+        points = boxes = masks = roi = None
         if prompts[0].points is not None:
             coords = np.stack([view.to_input(p.points) for p in prompts])
             labels = np.stack([p.labels for p in prompts])
             points = (torch.as_tensor(coords, dtype=torch.float32, device=dev),
                       torch.as_tensor(labels, dtype=torch.int64, device=dev))
         if prompts[0].box is not None:
-            boxes = torch.as_tensor(np.stack([view.to_input(p.box) for p in prompts]),
-                                    dtype=torch.float32, device=dev)
+            boxes_in = np.stack([view.to_input(p.box) for p in prompts])
+            boxes = torch.as_tensor(boxes_in, dtype=torch.float32, device=dev)
+            if near_box:
+                roi = torch.as_tensor(mask_region(boxes_in, self.input_size, emb.shape[-1]), device=dev)
         if prompts[0].mask_input is not None:
             masks = torch.stack([p.mask_input.low_res for p in prompts])[:, None].to(dev)
         with torch.inference_mode(), self.policy.autocast():
             sparse, dense = self.sam.prompt_encoder(points=points, boxes=boxes, masks=masks)
             if masks is None and self._factored:
                 iou, _sel, low_res = decode_sparse(self.sam, emb.to(dev), sparse,
-                                                   "multi" if multimask else "single", memo=memo)
+                                                   "multi" if multimask else "single", memo=memo, roi=roi)
             else:
                 low_res, iou = self.sam.mask_decoder(
                     image_embeddings=emb[None].to(dev),
