@@ -21,7 +21,6 @@ import os
 import statistics
 import sys
 import time
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,8 @@ import tifffile
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _viewer import pump as pump_until, window_wide_hold  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
     from skimage.measure import regionprops
 
     from napari_gpuseg.engine.runtime.device import set_policy
-    from napari_gpuseg.widgets._redraw_hold import HOLD_MS, napari_window
+    from napari_gpuseg.widgets._redraw_hold import HOLD_MS
 
     policy = set_policy("auto", args.precision)
     data = Path(args.data)
@@ -53,13 +54,7 @@ def main() -> None:
     app = QApplication.instance()
 
     def pump(until, timeout=300.0):
-        t0 = time.perf_counter()
-        while not until():
-            app.processEvents()
-            time.sleep(0.001)
-            if time.perf_counter() - t0 > timeout:
-                raise TimeoutError
-        app.processEvents()
+        pump_until(app, until, timeout)
 
     # the probe runs only while network work is in flight in the worker: opening the dock
     # and adding layers are GUI work that napari itself does on the GUI thread
@@ -130,22 +125,7 @@ def main() -> None:
     redraw = w.redraw
     hold, release = redraw.hold, redraw.release
 
-    def window_hold():  # the earlier hold: the whole window's updates off
-        if redraw._window is None:
-            window = napari_window(w)
-            if window is None or not window.updatesEnabled():
-                return
-            window.setUpdatesEnabled(False)
-            redraw._window = weakref.ref(window)
-            redraw.holds += 1
-        redraw._timer.start()
-
-    def window_release():  # updates back on: Qt repaints every widget of the window
-        ref, redraw._window = redraw._window, None
-        redraw._timer.stop()
-        window = None if ref is None else ref()
-        if window is not None:
-            window.setUpdatesEnabled(True)
+    window_hold, window_release = window_wide_hold(w)  # the earlier hold
 
     def use(mode):
         redraw.enabled = mode != "off"

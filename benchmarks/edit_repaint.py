@@ -19,7 +19,6 @@ import argparse
 import os
 import sys
 import time
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ import tifffile
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _viewer import pump as pump_until, window_wide_hold  # noqa: E402
 from first_mask import DATA, central_box, corners  # noqa: E402
 
 PARTS = ("setter", "decode + delivery", "show", "repaint", "total", "of it: canvas draw")
@@ -44,7 +44,6 @@ def main() -> None:
     from vispy.scene import SceneCanvas
 
     from napari_gpuseg.engine.runtime.device import set_policy
-    from napari_gpuseg.widgets._redraw_hold import napari_window
 
     policy = set_policy("auto", "auto")
     data = Path(args.data)
@@ -52,14 +51,8 @@ def main() -> None:
     viewer = napari.Viewer(show=True)
     app = QApplication.instance()
 
-    def pump(until, timeout=600.0):
-        t0 = time.perf_counter()
-        while not until():
-            app.processEvents()
-            time.sleep(0.001)
-            if time.perf_counter() - t0 > timeout:
-                raise TimeoutError
-        app.processEvents()
+    def pump(until):
+        pump_until(app, until, 600.0)
 
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     pump(lambda: "ready" in w.status.text())
@@ -92,22 +85,7 @@ def main() -> None:
     redraw = w.redraw
     hold, release = redraw.hold, redraw.release
 
-    def window_hold():  # the earlier hold: the whole window's updates off
-        if redraw._window is None:
-            window = napari_window(w)
-            if window is None or not window.updatesEnabled():
-                return
-            window.setUpdatesEnabled(False)
-            redraw._window = weakref.ref(window)
-            redraw.holds += 1
-        redraw._timer.start()
-
-    def window_release():  # updates back on: Qt repaints every widget of the window
-        ref, redraw._window = redraw._window, None
-        redraw._timer.stop()
-        window = None if ref is None else ref()
-        if window is not None:
-            window.setUpdatesEnabled(True)
+    window_hold, window_release = window_wide_hold(w)
 
     img = tifffile.imread(f)
     box = central_box(tifffile.imread(data / "bbbc039" / "masks" / f.name))

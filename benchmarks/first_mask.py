@@ -37,6 +37,8 @@ import tifffile
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _viewer import pump as pump_until  # noqa: E402
 
 
 def central_box(gt: np.ndarray) -> np.ndarray:
@@ -80,13 +82,7 @@ def main() -> None:
     app = QApplication.instance()
 
     def pump(until, timeout=900.0):
-        t0 = time.perf_counter()
-        while not until():
-            app.processEvents()
-            time.sleep(0.001)
-            if time.perf_counter() - t0 > timeout:
-                raise TimeoutError
-        app.processEvents()
+        pump_until(app, until, timeout)
 
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     pump(lambda: "ready" in w.status.text())
