@@ -111,23 +111,38 @@ class RedrawHold:
         self.release()
 
 
-class AfterRepaint(QObject):
-    """Calls ``fn`` once the GUI thread has processed what is queued before it, the
-    window's pending repaint included: Qt posts a repaint at low priority, and a low
-    priority event posted after it comes after it (a zero-delay timer comes before)."""
+class PostedCall(QObject):
+    """Calls ``fn`` from the GUI thread's event queue: posted at ``priority``, so after what
+    is queued before it at that priority or higher. Posts made before the call runs are
+    served by one call."""
 
-    def __init__(self, fn, parent=None) -> None:
+    def __init__(self, fn, parent=None, priority: int | None = None) -> None:
         super().__init__(parent)
         self._fn = fn
+        self._priority = _NORMAL_PRIORITY if priority is None else priority
+        self._pending = False
 
     def post(self) -> None:
-        QCoreApplication.postEvent(self, QEvent(QEvent.Type.User), _LOW_PRIORITY)
+        if not self._pending:
+            self._pending = True
+            QCoreApplication.postEvent(self, QEvent(QEvent.Type.User), self._priority)
 
     def event(self, ev) -> bool:
         if ev.type() == QEvent.Type.User:
+            self._pending = False
             self._fn()
             return True
         return super().event(ev)
 
 
+class AfterRepaint(PostedCall):
+    """Calls ``fn`` once the GUI thread has processed what is queued before it, the
+    window's pending repaint included: Qt posts a repaint at low priority, and a low
+    priority event posted after it comes after it (a zero-delay timer comes before)."""
+
+    def __init__(self, fn, parent=None) -> None:
+        super().__init__(fn, parent, _LOW_PRIORITY)
+
+
 _LOW_PRIORITY = getattr(Qt.EventPriority.LowEventPriority, "value", Qt.EventPriority.LowEventPriority)
+_NORMAL_PRIORITY = getattr(Qt.EventPriority.NormalEventPriority, "value", Qt.EventPriority.NormalEventPriority)

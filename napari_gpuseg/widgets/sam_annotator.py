@@ -16,7 +16,6 @@ import time
 import numpy as np
 from napari.layers import Image
 from napari.utils.notifications import show_info
-from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import (
     QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
@@ -30,7 +29,7 @@ from ._choices import BROWSE, browse_checkpoint, sam_model_names
 from ._dock import DockWidget, auto_spin, scrollable
 from ._annotation_layers import ensure_layers, remove_on_plane, spatial_shape
 from ._prompts import boxes_xyxy, current_prompt, plane, plane_index, prompt_focus
-from ._redraw_hold import AfterRepaint, RedrawHold
+from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +67,7 @@ class SamAnnotatorWidget(DockWidget):
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
         self._after_repaint = AfterRepaint(self.worker.release_background, self)
-        self._follow_timer = QTimer(self)
-        self._follow_timer.setSingleShot(True)
-        self._follow_timer.setInterval(0)
-        self._follow_timer.timeout.connect(self._follow_active)
+        self._follow = PostedCall(self._follow_active, self)
         self._build_ui()
         worker = self.worker
         self.destroyed.connect(lambda *_: (self.redraw.release(), self._cancel_own_jobs(),
@@ -255,8 +251,11 @@ class SamAnnotatorWidget(DockWidget):
     def _on_active_layer(self, event=None) -> None:
         # follow the active image once napari has finished the change that made it active:
         # adding our prompt layers from inside a layer-list event (a drop, a deletion)
-        # nests model changes in napari's layer list, which Qt cannot always survive
-        self._follow_timer.start()
+        # nests model changes in napari's layer list, which Qt cannot always survive. A
+        # posted event (not a zero-delay timer) runs before napari's first repaint, so the
+        # new image is never drawn alone first: on software OpenGL, napari 0.9 crashed on
+        # the third "delete every layer, add an image" round when it was (README)
+        self._follow.post()
 
     def _follow_active(self) -> None:
         layer = self.viewer.layers.selection.active
