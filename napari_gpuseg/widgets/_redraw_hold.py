@@ -113,17 +113,18 @@ class RedrawHold:
 
 class PostedCall(QObject):
     """Calls ``fn`` from the GUI thread's event queue: posted at ``priority``, so after what
-    is queued before it at that priority or higher. Posts made before the call runs are
-    served by one call."""
+    is queued before it at that priority or higher. With ``coalesce``, posts made before
+    the call runs are served by one call."""
 
-    def __init__(self, fn, parent=None, priority: int | None = None) -> None:
+    def __init__(self, fn, parent=None, priority: int | None = None, coalesce: bool = True) -> None:
         super().__init__(parent)
         self._fn = fn
         self._priority = _NORMAL_PRIORITY if priority is None else priority
+        self._coalesce = coalesce
         self._pending = False
 
     def post(self) -> None:
-        if not self._pending:
+        if not (self._coalesce and self._pending):
             self._pending = True
             QCoreApplication.postEvent(self, QEvent(QEvent.Type.User), self._priority)
 
@@ -141,7 +142,7 @@ class AfterRepaint(PostedCall):
     priority event posted after it comes after it (a zero-delay timer comes before)."""
 
     def __init__(self, fn, parent=None) -> None:
-        super().__init__(fn, parent, _LOW_PRIORITY)
+        super().__init__(fn, parent, _LOW_PRIORITY, coalesce=False)  # one call per repaint
 
 
 _LOW_PRIORITY = getattr(Qt.EventPriority.LowEventPriority, "value", Qt.EventPriority.LowEventPriority)

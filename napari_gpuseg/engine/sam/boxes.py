@@ -23,7 +23,7 @@ import torch
 
 from . import everything_ops as ops
 from . import field as fieldmap
-from .fast_decoder import ROI_CONTEXT, decode_sparse, mask_region  # noqa: F401 (re-exported)
+from .fast_decoder import decode_sparse, mask_region
 from .everything import AutomaticResult
 from ..runtime.batching import remembered_batch_size, run_batched
 from ..runtime.cancel import CancelToken, ProgressFn, check
