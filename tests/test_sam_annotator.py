@@ -48,8 +48,8 @@ def test_boxes_preview_commit_reach_ground_truth(make_napari_viewer, qtbot, crop
     viewer = make_napari_viewer()
     viewer.add_image(img, name="nuclei")
     w = open_dock(viewer)
-    assert w.image_layer.name == "nuclei" and "medsam" in w.model_name
-    assert "box" in w.hint_label.text()  # steers the user to boxes for this model
+    assert w.image_layer.name == "nuclei" and w.model_name == "nuclei_sam"
+    assert "Click" in w.hint_label.text()  # the default model takes clicks and boxes
     wait_embedded(qtbot, w)
     assert "embedding ready" in w.status.text()
     ids, boxes = gt_boxes(gt)
@@ -83,6 +83,41 @@ def test_segment_all_boxes_is_one_batched_call(make_napari_viewer, qtbot, crop):
     w.segment_all_boxes()
     qtbot.waitUntil(lambda: w.labels_layer.data.max() >= 0.9 * len(boxes), timeout=WAIT)
     assert "committed" in w.status.text()
+
+
+def test_box_only_model_steers_to_boxes(make_napari_viewer, qtbot, crop):
+    viewer = make_napari_viewer()
+    viewer.add_image(crop[0], name="nuclei")
+    w = open_dock(viewer)
+    w.model_combo.setCurrentText("lite_medsam")
+    w._on_model_chosen(0)
+    assert "trained with boxes" in w.hint_label.text()
+
+
+def test_clicks_with_the_default_model_find_the_nucleus_and_refine(make_napari_viewer, qtbot, crop):
+    from napari_gpuseg.engine.sam.interaction import corrective_point, interior_point
+
+    img, gt = crop
+    viewer = make_napari_viewer()
+    viewer.add_image(img, name="nuclei")
+    w = open_dock(viewer)
+    wait_embedded(qtbot, w)
+    ids, _boxes = gt_boxes(gt)
+    scores = []
+    for oid in ids[:6]:
+        x, y = interior_point(gt == oid)
+        w.pos_layer.add([[y, x]])
+        qtbot.waitUntil(w.has_preview, timeout=WAIT)
+        first = w._preview[3]
+        assert first.all_scores is not None and len(first.all_scores) == 3  # best of three
+        mask = first.full(gt.shape)
+        scores.append(iou(mask, gt == oid))
+        (cx, cy), label = corrective_point(mask, gt == oid) or ((x, y), 1)
+        (w.pos_layer if label else w.neg_layer).add([[cy, cx]])
+        qtbot.waitUntil(lambda: w.has_preview() and w._preview[3] is not first, timeout=WAIT)
+        assert w._preview_prompt.mask_input is first  # the second click refines the first mask
+        assert w.commit()
+    assert np.mean(scores) >= 0.8, scores
 
 
 def test_points_give_a_preview_and_negative_points_count(make_napari_viewer, qtbot, crop):

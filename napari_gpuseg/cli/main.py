@@ -3,6 +3,7 @@
     napari-gpuseg [IMAGE ...]            open napari with our docks (sample image if none)
     napari-gpuseg batch IN OUT ...       segment a folder (see ``napari-gpuseg batch -h``)
     napari-gpuseg train ...              train a U-Net (see ``napari-gpuseg train -h``)
+    napari-gpuseg train-sam ...          fine-tune a SAM decoder (``napari-gpuseg train-sam -h``)
     napari-gpuseg info                   device, precision, memory, models
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..engine.runtime.device import PRECISIONS
 _SUBCOMMANDS = {
     "batch": ("napari_gpuseg.cli.batch", "add_batch_parser", "run_batch"),
     "train": ("napari_gpuseg.cli.train", "add_train_parser", "run_train"),
+    "train-sam": ("napari_gpuseg.cli.train_sam", "add_train_sam_parser", "run_train_sam"),
 }
 
 # docks opened by default, in order: (npe2 widget display name)

@@ -3,7 +3,8 @@
 SAM (Segment Anything):
 
 - ``load_engine(model=DEFAULT_MODEL, policy=None)`` -> :class:`SamEngine`: load a SAM
-  checkpoint (the default is LiteMedSAM) onto the policy's device.
+  checkpoint (the default, ``nuclei_sam``, is LiteMedSAM's encoder with the shipped
+  microscopy-tuned decoder; ``"lite_medsam"`` is the published model) onto the policy's device.
 - ``SamEngine``: one SAM model on one device; ``engine.predict(image, [Prompt(...)])``
   returns one :class:`MaskResult` per prompt.
 - ``Prompt``: one object's prompt: points ``(K, 2)`` x, y with labels, and/or a box
@@ -13,6 +14,9 @@ SAM (Segment Anything):
 - ``segment_everything(engine, image)``: instance labels of everything SAM finds from a
   grid of point prompts.
 - ``segment_boxes(engine, image, boxes)``: instance labels from box prompts ``(N, 4)``.
+- ``finetune_sam(images, labels, model="nuclei_sam", config=SamTuneConfig(...), out_path=...)``:
+  fine-tune the decoder (prompt encoder + mask decoder) on your labelled images with
+  simulated clicks; the saved decoder file loads with ``load_engine(path)``.
 
 U-Net:
 
@@ -51,6 +55,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "load_engine": (".sam.loader", "load_engine"),
     "segment_everything": (".sam.everything", "segment_everything"),
     "segment_boxes": (".sam.boxes", "segment_boxes"),
+    "finetune_sam": (".sam.finetune", "finetune_sam"),
+    "SamTuneConfig": (".sam.finetune", "SamTuneConfig"),
     "load_unet": (".unet.predict", "load_model"),
     "load_checkpoint": (".unet.predict", "load_checkpoint"),
     "predict_probabilities": (".unet.predict", "predict_probabilities"),

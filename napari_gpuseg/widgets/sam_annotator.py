@@ -22,13 +22,14 @@ from qtpy.QtWidgets import (
 
 from ..engine.sam.annotation import LabelCommitter
 from ..engine.runtime.device import get_policy, synchronize
+from ..engine.sam.cache import EmbeddingCache
 from ..engine.sam.loader import load_engine
 from ..engine.sam.schedule import stack_steps
 from ..engine.runtime.worker import BACKGROUND, IDLE, INTERACTIVE, InferenceWorker, default_worker
-from ._choices import BROWSE, browse_checkpoint, sam_model_names
+from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
 from ._annotation_layers import ensure_layers, remove_on_plane, spatial_shape
-from ._prompts import boxes_xyxy, current_prompt, plane, plane_index, prompt_focus
+from ._prompts import boxes_xyxy, current_prompt, follow_up, plane, plane_index, prompt_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class SamAnnotatorWidget(DockWidget):
         self._focus: tuple[float, float] | None = None  # (x, y) of the last prompt
         self._status_text = "idle"
         self._preview = None  # (layer, index, generation, MaskResult)
+        self._preview_prompt = None  # the prompt that gave the shown mask
+        self._cache = EmbeddingCache()
         self._embed_job = self._stack_job = self._preview_job = None
         self.stack_order: list[tuple] = []  # planes in the order the last precompute took them
         self._embed_started = 0.0
@@ -78,6 +81,7 @@ class SamAnnotatorWidget(DockWidget):
                         ("Shift-Z", self.undo)):
             self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
         self._preload_model()
+        take_sam_models(self)
         active = self.viewer.layers.selection.active
         if isinstance(active, Image):
             self.set_image_layer(active)
@@ -153,12 +157,20 @@ class SamAnnotatorWidget(DockWidget):
         return self.model_combo.currentText()
 
     def _update_hint(self) -> None:
-        box_model = "medsam" in self.model_name.lower()
+        box_model = is_box_trained(self.model_name)
         self.hint_label.setText(
             "This model was trained with boxes: draw a box around each object "
             "(points alone give poor masks)." if box_model else
             "Click positive points (SAM positive layer) and negative points (SAM negative), "
             "or draw a box.")
+
+    def use_sam_model(self, path: str) -> None:
+        """Switch to a checkpoint made elsewhere (Adapt SAM): it joins the model list."""
+        if self.model_combo.findText(path) < 0:
+            self.model_combo.insertItem(0, path)
+        self.model_combo.setCurrentText(path)
+        self._on_model_chosen(0)
+        self._set_status(f"model {path}")
 
     def _on_model_chosen(self, _index: int) -> None:
         if not browse_checkpoint(self.model_combo, self):
@@ -214,7 +226,10 @@ class SamAnnotatorWidget(DockWidget):
 
     def _engine(self, model: str):
         policy = self.worker.policy
-        return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy), replace=True)
+        # one embedding cache for every model of the dock: a tuned decoder on the same
+        # encoder (Adapt SAM) reuses the embeddings already made
+        return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy, cache=self._cache),
+                                 replace=True)
 
     def _job_tiles(self, model: str, img: np.ndarray, step: int | None, key: tuple,
                    progress=None, cancel=None):
@@ -411,11 +426,11 @@ class SamAnnotatorWidget(DockWidget):
             image = np.array(plane(self.image_layer, index), copy=True)
         self._focus = prompt_focus(prompt)  # the background tiles near the prompt come next
         gen, layer = self._generation, self.image_layer
-        multimask = self.multimask.isChecked() and prompt.box is None
+        prompt, multimask = self._follow_up(prompt, index)
         self._preview_job = self._submit(
             self._job_predict, self.model_name, image, [prompt], multimask,
             tag="preview", replace=True, priority=INTERACTIVE, hold_after=self.hold_background_s,
-            on_result=lambda res: self._show_preview(layer, index, gen, res[0]),
+            on_result=lambda res: self._show_preview(layer, index, gen, res[0], prompt),
             on_error=self._on_preview_error)
         self.redraw.hold()
 
@@ -424,10 +439,23 @@ class SamAnnotatorWidget(DockWidget):
         self.worker.release_background()
         self._on_error(exc)
 
-    def _show_preview(self, layer, index, generation, result) -> None:
+    def _follow_up(self, prompt, index: tuple):
+        """(prompt, multimask): a click added to the shown mask's prompt refines that mask
+        (its logits go back as mask input); an object's first click takes the best of
+        three masks (the "best of 3" box); anything else starts over."""
+        shown = self._preview
+        if shown is not None and shown[0] is self.image_layer and shown[1] == index:
+            refined = follow_up(prompt, self._preview_prompt, shown[3])
+            if refined is not prompt:
+                return refined, False
+        one_click = prompt.box is None and prompt.points is not None and len(prompt.points) == 1
+        return prompt, one_click and self.multimask.isChecked()
+
+    def _show_preview(self, layer, index, generation, result, prompt=None) -> None:
         if layer is not self.image_layer or generation != self._generation:
             return  # stale: the image, slice or prompts changed since
         self._preview = (layer, index, generation, result)
+        self._preview_prompt = prompt
         data = self.preview_layer.data
         target = data[index] if index else data
         if index:
@@ -439,7 +467,7 @@ class SamAnnotatorWidget(DockWidget):
         self._after_repaint.post()  # background embedding goes on once the mask is drawn
 
     def _clear_preview(self) -> None:
-        self._preview = None
+        self._preview = self._preview_prompt = None
         self.redraw.release()
         self.worker.release_background()
         if self.preview_layer is not None and self.preview_layer.data.any():

@@ -22,7 +22,7 @@ from ..engine.sam.box_stack import segment_box_planes
 from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
 from ..engine.stacks import label_offsets, shift_ids
-from ._choices import BROWSE, browse_checkpoint, sam_model_names
+from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names
 from ._dock import DockWidget, auto_spin
 from ._prompts import boxes_xyxy, plane, plane_index
 
@@ -39,16 +39,6 @@ _INT_PARAMS = [("points_per_side", "Points per side", 1, 128), ("crop_n_layers",
                ("min_mask_region_area", "Min region area (px)", 0, 100000)]
 _FLOAT_PARAMS = [("pred_iou_thresh", "Predicted IoU threshold"), ("stability_score_thresh", "Stability threshold"),
                  ("stability_score_offset", "Stability offset"), ("box_nms_thresh", "Box NMS threshold")]
-
-
-def is_box_trained(model: str) -> bool:
-    """Whether a model name / file is a box-trained one (LiteMedSAM), without loading it."""
-    try:
-        from ..models import registry
-
-        return registry.get_spec(model).arch == "lite_medsam"
-    except Exception:  # noqa: BLE001 - unknown name or a file path: judge by the name
-        return "medsam" in str(model).lower()
 
 
 class SamAutomaticWidget(DockWidget):
@@ -71,7 +61,7 @@ class SamAutomaticWidget(DockWidget):
     # -- UI -----------------------------------------------------------------------
     def _build_ui(self) -> None:
         self.model_combo = QComboBox()
-        self.model_combo.addItems(sam_model_names() + [BROWSE])
+        self.model_combo.addItems(sam_model_names("lite_medsam") + [BROWSE])  # box mode measured with it
         self.model_combo.activated.connect(self._on_model_chosen)
         self.image_combo = QComboBox()
         self.mode_combo = QComboBox()

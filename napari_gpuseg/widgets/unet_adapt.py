@@ -19,7 +19,7 @@ from qtpy.QtWidgets import (
 
 from ._bridge import relay, submit
 from ._loss_plot import LossPlot
-from ._choices import fill_layer_combos, layer_array, watch_layers
+from ._choices import fill_layer_combos, image_file, layer_array, watch_layers
 from ._unet_jobs import default_output, predict_job, train_worker
 
 WHOLE, RECTANGLE, LABELS = "Whole image", "Rectangle (Shapes layer)", "Bounding region of the labels"
@@ -36,12 +36,6 @@ def _finetune_job(image, labels, region, rectangle, init, config, out_path, on_e
                         on_event=on_event, progress=progress, cancel=cancel)
     return {"checkpoint": res.checkpoint, "stopped": res.stopped, "seconds": res.seconds,
             "iterations": res.history[-1]["iteration"] if res.history else 0}
-
-
-def image_file(layer) -> str | None:
-    """The file an image layer was opened from, if any."""
-    path = getattr(getattr(layer, "source", None), "path", None)
-    return str(path) if path and Path(str(path)).is_file() else None
 
 
 def rectangle_of(shapes_layer) -> tuple[float, float, float, float]:

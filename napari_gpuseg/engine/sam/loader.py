@@ -8,18 +8,35 @@ from typing import Callable
 from ..runtime.device import Policy, resolve_policy
 from .cache import EmbeddingCache
 from .predictor import SamEngine, SamModelInfo
+from ...models.sam.decoder_checkpoint import apply_decoder
 
-DEFAULT_MODEL = "lite_medsam"
+DEFAULT_MODEL = "nuclei_sam"  # LiteMedSAM's encoder with the shipped microscopy decoder
 
 
 def model_info(name: str, sam) -> SamModelInfo:
-    """Engine facts from the built network (input size, normalisation, prompt style)."""
+    """Engine facts from the built network (input size, normalisation, prompt style).
+    A tuned decoder shares its base's encoder, so their embeddings are shared too."""
+    tuned = bool(getattr(sam, "decoder_tuned", False))
     return SamModelInfo(
         name=name,
         image_size=int(sam.image_size),
         normalization=str(sam.normalization),
-        box_trained=getattr(sam, "arch", "") == "lite_medsam",
+        box_trained=getattr(sam, "arch", "") == "lite_medsam" and not tuned,
+        encoder=str(getattr(sam, "decoder_base", None) or name) if tuned else name,
     )
+
+
+def base_identity(engine) -> tuple[str, str | None]:
+    """(name, sha256) of the checkpoint whose encoder ``engine`` runs: a registry name
+    with its registry hash, or a file with its own hash."""
+    from ...models import registry
+
+    sam = engine.sam
+    name = str(getattr(sam, "decoder_base", None) or engine.info.name)
+    if name in registry.MODELS:
+        return name, registry.MODELS[name].sha256
+    path = Path(name)
+    return name, registry.sha256_file(path) if path.is_file() else None
 
 
 def load_sam_model(model: str | os.PathLike = DEFAULT_MODEL, device="cpu", arch: str | None = None,
@@ -27,12 +44,17 @@ def load_sam_model(model: str | os.PathLike = DEFAULT_MODEL, device="cpu", arch:
     """A registry name (found in the cache, an installed package, or downloaded) or a file."""
     from ...models.sam import load_sam
 
+    from ...models import registry
+
     path = Path(model)
     if path.suffix in (".pth", ".pt") or path.exists():
         if not path.exists():
             raise FileNotFoundError(f"SAM checkpoint not found: {path}")
+        doc = registry.read_if_decoder(path)
+        if doc is not None:  # a tuned decoder: its base network, then the decoder
+            base = load_sam_model(doc["base"], device=device, progress=progress)
+            return apply_decoder(base, doc)
         return load_sam(arch, path, device=device)
-    from ...models import registry
 
     sam, _spec = registry.load_model(str(model), device=device, progress=progress)
     return sam

@@ -33,6 +33,7 @@ class SamModelInfo:
     image_size: int = 1024
     normalization: str = "sam"  # "sam" (mean/std on 0..255) or "minmax" (LiteMedSAM)
     box_trained: bool = False  # True for models that respond to boxes, not single points
+    encoder: str = ""  # the image encoder's identity (embedding cache keys); default: name
 
 
 @dataclass
@@ -166,6 +167,11 @@ class SamEngine:
             self._decode(self.embedding(image, view), view, [Prompt(box=box)], False, memo)
         return len(views)
 
+    def forget_decoder_work(self) -> None:
+        """Drop what the decoder computed per embedding (call after its weights change);
+        the embeddings themselves stay valid."""
+        self._memos.clear()
+
     # -- images and views ----------------------------------------------------
     @property
     def input_size(self) -> int:
@@ -180,7 +186,7 @@ class SamEngine:
         return grid_views(image.shape, self.input_size, self.tile_overlap)
 
     def _key(self, image: PreparedImage, view: View) -> tuple:
-        return (image.digest, self.info.name, self.policy.precision, str(self.policy.device),
+        return (image.digest, self.info.encoder or self.info.name, self.policy.precision, str(self.policy.device),
                 view.y0, view.x0, view.h, view.w, view.input_size)
 
     def is_embedded(self, image: PreparedImage, views: Sequence[View] | None = None) -> bool:

@@ -76,8 +76,8 @@ def training_pair(image, labels, mask: np.ndarray, context: int = CONTEXT):
     return img, lab
 
 
-def default_output_path(image_path=None, base=None) -> Path:
-    """``<image stem>_unet_adapted.pt`` beside the image (a numbered name when taken);
+def default_output_path(image_path=None, base=None, suffix: str = "_unet_adapted") -> Path:
+    """``<image stem><suffix>.pt`` beside the image (a numbered name when taken);
     without an image path, or when its folder cannot be written, in ``base`` (default: the
     current folder)."""
     if image_path:
@@ -87,10 +87,10 @@ def default_output_path(image_path=None, base=None) -> Path:
             folder = Path(base)
     else:
         folder, stem = Path(base or "."), "image"
-    out = folder / f"{stem}_unet_adapted.pt"
+    out = folder / f"{stem}{suffix}.pt"
     k = 2
     while out.exists():
-        out = folder / f"{stem}_unet_adapted_{k}.pt"
+        out = folder / f"{stem}{suffix}_{k}.pt"
         k += 1
     return out
 

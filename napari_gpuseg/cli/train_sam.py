@@ -1,0 +1,159 @@
+"""``napari-gpuseg train-sam``: fine-tune a SAM decoder on folders of images and labels.
+
+    napari-gpuseg train-sam --images DIR --labels DIR --out decoder.pt [options]
+
+``--images/--labels`` may be given several times (one pair of folders each; ``--limit``
+then takes one number per pair, 0 = all). Files are paired by name as ``train`` pairs them.
+The image encoder stays frozen: each training view is embedded once (cached on disk under
+the model cache folder, so a rerun skips the encoder), then the prompt encoder and mask
+decoder learn from simulated clicks and boxes. The output is a small decoder checkpoint
+that every dock and ``load_engine(path)`` open like a model. Errors are one line, exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..engine.runtime.allocator import configure_allocator
+from ..engine.runtime.device import PRECISIONS
+from .train import TrainInputError, find_pairs
+
+
+def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("train-sam", help="fine-tune a SAM decoder on labelled images",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--images", action="append", required=True, help="folder of images (repeatable)")
+    p.add_argument("--labels", action="append", required=True, help="folder of instance labels (repeatable)")
+    p.add_argument("--limit", action="append", type=int, default=None,
+                   help="first N pairs of each folder pair, sorted by name (0 = all)")
+    p.add_argument("--out", required=True, help="decoder checkpoint to write (.pt)")
+    p.add_argument("--model", default="nuclei_sam", help="model whose decoder is tuned (name or file)")
+    p.add_argument("--max-steps", type=int, default=300)
+    p.add_argument("--max-time", type=float, default=None, help="seconds of training (embedding excluded)")
+    p.add_argument("--views-per-image", action="append", type=int, default=None,
+                   help="views embedded per image, at random (0 = every view; one number, or one per folder pair)")
+    p.add_argument("--views-per-step", type=int, default=4)
+    p.add_argument("--objects-per-view", type=int, default=6)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--box-fraction", type=float, default=0.3)
+    p.add_argument("--corrections", type=int, default=2)
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--val-objects", type=int, default=96)
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--patience", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default=None, help="embedding cache folder (default: under the model cache)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="auto", choices=PRECISIONS)
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _read(pairs):
+    from ..io import ImageReadError, read_image
+    from ..label_files import read_labels
+
+    images, labels = [], []
+    for a, b in pairs:
+        try:
+            img = read_image(a)
+        except ImageReadError as exc:
+            raise TrainInputError(f"image {a}: {exc.message}") from exc
+        try:
+            lab = read_labels(b)
+        except Exception as exc:  # noqa: BLE001 - tifffile/numpy errors of a bad file
+            raise TrainInputError(f"labels {b}: cannot read ({type(exc).__name__})") from exc
+        if img.ndim == 3 and img.shape[-1] not in (3, 4) or img.ndim not in (2, 3):
+            raise TrainInputError(f"image {a.name}: shape {img.shape} is not a 2D gray or RGB image")
+        if img.shape[:2] != lab.shape:
+            raise TrainInputError(f"image {a.name} {tuple(img.shape)} and labels {b.name} "
+                                  f"{tuple(lab.shape)} differ in shape")
+        images.append(img)
+        labels.append(lab)
+    return images, labels
+
+
+def collect_pairs(args) -> list:
+    if len(args.images) != len(args.labels):
+        raise TrainInputError(f"{len(args.images)} --images but {len(args.labels)} --labels folders")
+    limits = args.limit or [0]
+    if len(limits) == 1:
+        limits = limits * len(args.images)
+    if len(limits) != len(args.images):
+        raise TrainInputError(f"--limit: give one number, or one per --images folder ({len(args.images)})")
+    views = args.views_per_image or [4]
+    if len(views) == 1:
+        views = views * len(args.images)
+    if len(views) != len(args.images) or min(views) < 0:
+        raise TrainInputError(f"--views-per-image: give one number >= 0, or one per --images folder")
+    pairs, per_image = [], []
+    for img_dir, lab_dir, lim, nv in zip(args.images, args.labels, limits, views):
+        if lim < 0:
+            raise TrainInputError(f"--limit must be >= 0, got {lim}")
+        found = find_pairs(img_dir, lab_dir, limit=lim or None)
+        pairs += found
+        per_image += [nv or None] * len(found)
+    args.per_image_views = per_image
+    return pairs
+
+
+def config_from(args):
+    from ..engine.sam.finetune import SamTuneConfig
+
+    cfg = SamTuneConfig(max_steps=args.max_steps, views_per_step=args.views_per_step,
+                        objects_per_view=args.objects_per_view, lr=args.lr, box_fraction=args.box_fraction,
+                        corrections=args.corrections, views_per_image=None,
+                        val_fraction=args.val_fraction, val_objects=args.val_objects,
+                        eval_every=args.eval_every, patience=args.patience, max_time=args.max_time,
+                        seed=args.seed)
+    try:
+        cfg.check()
+    except ValueError as exc:
+        raise TrainInputError("--" + str(exc).replace("_", "-", 2)) from exc
+    return cfg
+
+
+def run_train_sam(args) -> int:
+    configure_allocator()
+    from ..engine.runtime.device import make_policy
+    from ..engine.sam.finetune import finetune_sam
+    from ..models.registry import cache_dir
+
+    def say(text: str) -> None:
+        if not args.quiet:
+            print(text, flush=True)
+
+    try:
+        cfg = config_from(args)
+        out = Path(args.out)
+        if out.exists() and out.is_dir():
+            raise TrainInputError(f"--out {out} is a folder; give a file name such as decoder.pt")
+        pairs = collect_pairs(args)
+        cfg.views_per_image = args.per_image_views
+        images, labels = _read(pairs)
+        policy = make_policy(args.device, args.precision)
+        cache = Path(args.cache) if args.cache else cache_dir() / "embeddings"
+        say(f"{len(pairs)} image/label pairs; model {args.model}; {policy.describe()}")
+        t0 = time.perf_counter()
+
+        def progress(done, total):
+            say(f"embedded {done}/{total} images ({time.perf_counter() - t0:.0f} s)")
+
+        def on_event(ev):
+            text = f"step {ev.step}/{ev.total} loss {ev.loss:.4f} ({ev.seconds:.0f} s)"
+            if ev.val:
+                text += (f" | val 1 click {ev.val['iou_1click']:.3f}, 3 clicks {ev.val['iou_3click']:.3f}, "
+                         f"box {ev.val['iou_box']:.3f}")
+            say(text)
+
+        data = {"pairs": [[str(a), str(b)] for a, b in pairs]}
+        result = finetune_sam(images, labels, model=args.model, config=cfg, out_path=out, on_event=on_event,
+                              progress=progress, policy=policy, cache_dir=cache, meta={"data": data})
+    except (TrainInputError, OSError, ValueError, RuntimeError) as exc:
+        print(f"napari-gpuseg train-sam: {exc}", file=sys.stderr)
+        return 2
+    say(f"{result.stopped}: best validation score {result.best_score} at step {result.best_step}; "
+        f"saved {result.path}")
+    return 0

@@ -1,0 +1,126 @@
+"""Training examples for SAM decoder fine-tuning: embedded views and their objects.
+
+Each example is one of the engine's own views of a training image (the native-resolution
+tiles a click is decoded in), embedded once by the frozen image encoder through
+:meth:`SamEngine.embed` (so a disk-backed embedding cache makes a rerun skip the encoder),
+with the instance labels cut and resized the way the view's pixels were: a model is
+trained on exactly the inputs it sees in the annotator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..runtime.cancel import CancelToken, ProgressFn, check
+from .views import View
+
+MIN_AREA = 12  # px at the model input: smaller objects are not training targets
+
+
+@dataclass
+class TrainView:
+    """One embedded view: ``embedding`` (C, h, w) fp16 on the CPU, ``labels`` (S, S) int32
+    instance ids at the model input (0 outside the image), ``ids`` the objects that lie
+    whole inside the view (the training targets), ``source`` the image's index."""
+
+    embedding: torch.Tensor
+    labels: np.ndarray
+    ids: np.ndarray
+    source: int
+    view: View
+
+
+def check_pair(image: np.ndarray, labels: np.ndarray, where: str) -> np.ndarray:
+    """Instance labels for ``image`` as int64; ``ValueError`` naming ``where`` when the
+    shapes differ or the labels are not whole non-negative numbers."""
+    lab = np.asarray(labels)
+    img = np.asarray(image)
+    if lab.ndim != 2:
+        raise ValueError(f"{where}: labels must be 2D (Y, X), got shape {lab.shape}")
+    if img.shape[:2] != lab.shape:
+        raise ValueError(f"{where}: image {img.shape} and labels {lab.shape} differ in size")
+    if lab.dtype.kind == "f":
+        if not np.isfinite(lab).all() or (lab != np.round(lab)).any():
+            raise ValueError(f"{where}: labels hold non-integer values (need instance ids)")
+    elif lab.dtype.kind not in "iub":
+        raise ValueError(f"{where}: labels dtype {lab.dtype} is not an integer type")
+    if lab.dtype.kind in "if" and (lab < 0).any():
+        raise ValueError(f"{where}: labels hold negative ids")
+    if lab.dtype == np.uint64 and lab.size and lab.max() > np.iinfo(np.int64).max:
+        _, lab = np.unique(lab, return_inverse=True)  # keep every id, sequentially
+        lab = lab.reshape(np.asarray(labels).shape)
+    return lab.astype(np.int64)
+
+
+def view_labels(labels: np.ndarray, view: View) -> np.ndarray:
+    """Labels of ``view`` at the model input: cropped, resized (nearest) to the view's
+    resized size, zero-padded to (S, S), as :func:`inputs.view_input` does to pixels."""
+    crop = labels[view.y0:view.y1, view.x0:view.x1]
+    rh, rw = view.resized_hw
+    if (rh, rw) != crop.shape:
+        rows = np.minimum(((np.arange(rh) + 0.5) * crop.shape[0] / rh).astype(int), crop.shape[0] - 1)
+        cols = np.minimum(((np.arange(rw) + 0.5) * crop.shape[1] / rw).astype(int), crop.shape[1] - 1)
+        crop = crop[rows][:, cols]
+    s = view.input_size
+    out = np.zeros((s, s), dtype=np.int32)
+    out[:rh, :rw] = crop
+    return out
+
+
+def whole_objects(labels: np.ndarray, view: View, image_shape: tuple[int, int],
+                  input_labels: np.ndarray) -> np.ndarray:
+    """Ids of objects that lie whole inside ``view`` (cut only by the image's own border)
+    and cover at least :data:`MIN_AREA` input pixels."""
+    crop = labels[view.y0:view.y1, view.x0:view.x1]
+    cut = set()
+    if view.y0 > 0:
+        cut.update(np.unique(crop[0]))
+    if view.y1 < image_shape[0]:
+        cut.update(np.unique(crop[-1]))
+    if view.x0 > 0:
+        cut.update(np.unique(crop[:, 0]))
+    if view.x1 < image_shape[1]:
+        cut.update(np.unique(crop[:, -1]))
+    ids, counts = np.unique(input_labels, return_counts=True)
+    keep = (ids != 0) & (counts >= MIN_AREA)
+    return np.array([i for i in ids[keep] if i not in cut], dtype=np.int64)
+
+
+def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndarray],
+                  views_per_image: int | Sequence[int | None] | None = None, rng: np.random.Generator | None = None,
+                  progress: ProgressFn = None, cancel: CancelToken | None = None) -> list[TrainView]:
+    """Embedded training views of every image (at most ``views_per_image`` each, chosen at
+    random among the views that hold at least one whole object; None = all; a sequence
+    gives one number per image)."""
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} label images")
+    rng = rng or np.random.default_rng(0)
+    per = (list(views_per_image) if isinstance(views_per_image, (list, tuple))
+           else [views_per_image] * len(images))
+    if len(per) != len(images):
+        raise ValueError(f"{len(per)} views-per-image numbers for {len(images)} images")
+    out: list[TrainView] = []
+    for i, (image, lab) in enumerate(zip(images, labels)):
+        check(cancel)
+        lab = check_pair(image, lab, f"image {i}")
+        prepared = engine.prepare(image)
+        picked = []
+        for view in engine.views(prepared):
+            vl = view_labels(lab, view)
+            ids = whole_objects(lab, view, prepared.shape, vl)
+            if len(ids):
+                picked.append((view, vl, ids))
+        if per[i] and len(picked) > per[i]:
+            order = rng.permutation(len(picked))[:per[i]]
+            picked = [picked[k] for k in sorted(order)]
+        if picked:
+            engine.embed([prepared], [[v for v, _, _ in picked]], cancel=cancel)
+        for view, vl, ids in picked:
+            emb = engine.embedding(prepared, view).to("cpu", torch.float16)
+            out.append(TrainView(emb, vl, ids, i, view))
+        if progress:
+            progress(i + 1, len(images))
+    return out

@@ -1,0 +1,69 @@
+"""Adapt SAM dock on a real viewer: labels -> fine-tuned decoder beside the image -> annotator uses it."""
+import numpy as np
+import pytest
+import tifffile
+
+from napari_gpuseg.widgets import sam_adapt
+from napari_gpuseg.widgets.sam_adapt import SamAdaptWidget
+
+from sam_fixtures import require_lite_medsam
+
+WAIT = 240_000
+
+
+@pytest.fixture
+def field(shared_data, tmp_path):
+    require_lite_medsam()
+    img = tifffile.imread(shared_data / "dsb2018" / "image.tif")[:200, :256]
+    gt = tifffile.imread(shared_data / "dsb2018" / "mask.tif")[:200, :256]
+    src = tmp_path / "dsb.tif"
+    tifffile.imwrite(src, img)
+    return src, img, gt
+
+
+def short(minutes):
+    cfg = ADAPT(minutes)
+    cfg.max_steps = 3
+    return cfg
+
+
+ADAPT = sam_adapt.adapt_config
+
+
+def test_adapt_sam_saves_beside_the_image_and_the_annotator_switches(make_napari_viewer, qtbot, field,
+                                                                      monkeypatch):
+    monkeypatch.setattr(sam_adapt, "adapt_config", short)
+    src, img, gt = field
+    viewer = make_napari_viewer()
+    layer = viewer.open(str(src), plugin="napari")[0]
+    viewer.add_labels(np.where(np.arange(img.shape[1])[None] < 128, gt, 0).astype(np.int32), name="committed")
+    _d, annotator = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    _d, dock = viewer.window.add_plugin_dock_widget("napari-gpuseg", "Adapt SAM")
+    assert isinstance(dock, SamAdaptWidget)
+    dock.image_combo.setCurrentText(layer.name)
+    dock.labels_combo.setCurrentText("committed")
+    assert dock.model_combo.currentText() == "nuclei_sam"
+    assert dock.train() is not None
+    qtbot.waitUntil(lambda: dock.result is not None, timeout=WAIT)
+    path = str(src.with_name("dsb_sam_adapted.pt"))
+    assert dock.model_path == path and dock.result["steps"] == 3
+    assert len(dock.plot.series["train loss"]) == 3
+    assert annotator.model_name == path and "Click" in annotator.hint_label.text()
+    assert "annotator uses it" in dock.status.text()
+
+
+def test_adapt_sam_refuses_empty_labels_and_cancels(make_napari_viewer, qtbot, field):
+    src, img, gt = field
+    viewer = make_napari_viewer()
+    layer = viewer.add_image(img, name="img")
+    viewer.add_labels(np.zeros(img.shape, np.int32), name="empty")
+    _d, dock = viewer.window.add_plugin_dock_widget("napari-gpuseg", "Adapt SAM")
+    dock.image_combo.setCurrentText(layer.name)
+    dock.labels_combo.setCurrentText("empty")
+    assert dock.train() is None and "no objects" in dock.status.text()
+    viewer.layers["empty"].data = gt.astype(np.int32)
+    job = dock.train()
+    assert job is not None
+    dock.cancel()
+    qtbot.waitUntil(lambda: dock._run_button.isEnabled(), timeout=WAIT)
+    assert dock.result is None and ("Cancelled" in dock.status.text() or "Saved" in dock.status.text())

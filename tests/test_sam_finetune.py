@@ -1,0 +1,208 @@
+"""SAM decoder fine-tuning (engine), its checkpoint, the shipped decoder and train-sam."""
+import hashlib
+import os
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+
+from napari_gpuseg.engine import load_engine
+from napari_gpuseg.engine.runtime.cancel import CancelToken
+from napari_gpuseg.engine.sam.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.click_eval import click_ious
+from napari_gpuseg.engine.sam.finetune import SamTuneConfig, evaluate, finetune_sam
+from napari_gpuseg.engine.sam.train_views import check_pair, collect_views
+from napari_gpuseg.models import registry
+from napari_gpuseg.models.checkpoint import CheckpointError
+from napari_gpuseg.models.sam.decoder_checkpoint import apply_decoder, read_decoder
+
+from sam_fixtures import require_lite_medsam
+
+
+@pytest.fixture(scope="module")
+def lite():
+    require_lite_medsam()
+    return load_engine("lite_medsam", cache=EmbeddingCache())
+
+
+@pytest.fixture(scope="module")
+def train_crop(shared_data):
+    """One 256 x 256 training crop (one view) from the first BBBC039 training field."""
+    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[0]
+    img = tifffile.imread(f)[0:256, 0:256]
+    lab = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[0:256, 0:256]
+    return img, lab
+
+
+@pytest.fixture(scope="module")
+def val_crop(shared_data):
+    """A 256 x 256 crop of a BBBC039 validation field (never trained on)."""
+    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-3]
+    img = tifffile.imread(f)[100:356, 200:456]
+    lab = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[100:356, 200:456]
+    return img, lab
+
+
+def tiny_config(**kw):
+    base = dict(max_steps=10, views_per_step=1, objects_per_view=4, lr=1e-3, warmup=1, corrections=1,
+                views_per_image=None, val_fraction=0.0, seed=0)
+    base.update(kw)
+    return SamTuneConfig(**base)
+
+
+def test_short_training_learns_clicks_and_the_checkpoint_round_trips(lite, train_crop, tmp_path):
+    img, lab = train_crop
+    engine = load_engine("lite_medsam", cache=lite.cache)
+    cfg = tiny_config()
+    views = collect_views(engine, [img], [lab])
+    pairs = [(0, int(o)) for o in views[0].ids[:12]]
+    before = evaluate(engine.sam, views, pairs, cfg, engine.policy.device)
+    losses = []
+    out = tmp_path / "decoder.pt"
+    res = finetune_sam([img], [lab], model=engine, config=cfg, out_path=out,
+                       on_event=lambda ev: losses.append(ev.loss))
+    assert res.stopped == "done" and len(losses) == 10 and np.isfinite(losses).all()
+    after = evaluate(engine.sam, views, pairs, cfg, engine.policy.device)
+    assert after["iou_1click"] > before["iou_1click"] + 0.2, (before, after)
+    assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
+    # the file holds only the decoder (fp16), names its base, and loads with weights_only
+    assert out.stat().st_size < 10 * 2**20
+    doc = torch.load(out, map_location="cpu", weights_only=True)
+    assert doc["base"] == "lite_medsam" and doc["base_sha256"] == registry.MODELS["lite_medsam"].sha256
+    assert {k.split(".")[0] for k in doc["state"]} == {"prompt_encoder", "mask_decoder"}
+    reloaded = load_engine(str(out), cache=lite.cache)
+    assert reloaded.info.encoder == "lite_medsam" and not reloaded.info.box_trained
+    for name, p in engine.sam.mask_decoder.state_dict().items():
+        q = reloaded.sam.mask_decoder.state_dict()[name]
+        assert torch.allclose(p, q, atol=2e-3, rtol=2e-3), name
+    again = evaluate(reloaded.sam, views, pairs, cfg, reloaded.policy.device)
+    assert abs(again["iou_1click"] - after["iou_1click"]) < 0.05
+
+
+def test_a_decoder_that_does_not_fit_names_the_keys(lite, tmp_path):
+    doc = read_decoder(registry.WEIGHTS_DIR / "nuclei_sam_decoder.pt")
+    state = dict(doc["state"])
+    state.pop("mask_decoder.iou_token.weight")
+    state["mask_decoder.bogus"] = torch.zeros(1)
+    with pytest.raises(CheckpointError, match="iou_token.*bogus|bogus.*iou_token|missing.*iou_token"):
+        apply_decoder(lite.sam, {**doc, "state": state})
+
+
+def test_cancel_stops_and_writes_nothing(lite, train_crop, tmp_path):
+    img, lab = train_crop
+    token = CancelToken()
+    out = tmp_path / "never.pt"
+    res = finetune_sam([img], [lab], model=load_engine("lite_medsam", cache=lite.cache),
+                       config=tiny_config(max_steps=50), out_path=out, cancel=token,
+                       on_event=lambda ev: token.cancel())
+    assert res.stopped == "cancelled" and res.path is None and not out.exists()
+
+
+def test_bad_training_labels_are_refused():
+    img = np.zeros((64, 64), np.uint16)
+    with pytest.raises(ValueError, match="non-integer"):
+        check_pair(img, np.full((64, 64), 0.5, np.float32), "image 0")
+    with pytest.raises(ValueError, match="differ in size"):
+        check_pair(img, np.zeros((32, 64), np.int32), "image 0")
+    with pytest.raises(ValueError, match="no training images"):
+        finetune_sam([], [], model="lite_medsam")
+
+
+def test_shipped_decoder_is_the_default_and_clicks_work(lite, val_crop):
+    spec = registry.MODELS["nuclei_sam"]
+    path = registry.WEIGHTS_DIR / spec.filename
+    assert registry.DEFAULT_MODEL == "nuclei_sam" and path.stat().st_size < 10 * 2**20
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == spec.sha256
+    tuned = load_engine(cache=lite.cache)  # the public API's default
+    assert tuned.info.name == "nuclei_sam" and not tuned.info.box_trained
+    img, lab = val_crop
+    ours = click_ious(tuned, img, lab, clicks=2, max_objects=30)
+    base = click_ious(lite, img, lab, clicks=2, max_objects=30)
+    assert ours["n"] == 30
+    one_ours, one_base = ours["clicks"][:, 0].mean(), base["clicks"][:, 0].mean()
+    assert one_ours >= 0.8 and one_base < 0.4, (one_ours, one_base)
+    assert ours["box"].mean() >= 0.8
+
+
+def test_a_second_click_feeds_the_first_masks_logits_back(lite, val_crop, monkeypatch):
+    from napari_gpuseg.engine.sam.predictor import Prompt
+    from napari_gpuseg.widgets._prompts import follow_up
+
+    img, lab = val_crop
+    engine = load_engine(cache=lite.cache)
+    first_prompt = Prompt(points=[[120, 130]], labels=[1])
+    first = engine.predict(img, [first_prompt], multimask=True)[0]
+    # the annotator rebuilds the prompt from its layers (positives first, then negatives)
+    rebuilt = Prompt(points=[[120, 130], [90, 90]], labels=[1, 0])
+    second = follow_up(rebuilt, first_prompt, first)
+    assert second.mask_input is first and second.points.tolist() == [[120, 130], [90, 90]]
+    seen = {}
+    encode = engine.sam.prompt_encoder.forward
+
+    def spy(points, boxes, masks):
+        seen["masks"] = masks
+        return encode(points, boxes, masks)
+
+    monkeypatch.setattr(engine.sam.prompt_encoder, "forward", spy)
+    engine.predict(img, [second])
+    assert seen["masks"] is not None
+    assert torch.equal(seen["masks"][0, 0].cpu(), first.low_res.cpu())
+    # a moved or deleted point starts over; so does a box prompt before it
+    assert follow_up(Prompt(points=[[121, 130], [90, 90]], labels=[1, 0]), first_prompt, first).mask_input is None
+    assert follow_up(rebuilt, Prompt(box=[100, 100, 140, 150]), first).mask_input is None
+
+
+def test_train_sam_cli_errors_are_one_line(tmp_path, capsys, shared_data):
+    from napari_gpuseg.cli.main import main
+
+    d = shared_data / "bbbc039"
+    cases = [
+        (["--images", str(tmp_path / "nope"), "--labels", str(tmp_path)], "images folder not found"),
+        (["--images", str(d / "images"), "--labels", str(d / "masks"), "--labels", str(d / "masks")],
+         "1 --images but 2 --labels"),
+        (["--images", str(d / "images"), "--labels", str(d / "masks"), "--max-steps", "0"], "max-steps"),
+        (["--images", str(d / "images"), "--labels", str(d / "masks"), "--limit", "1", "--limit", "2"],
+         "--limit"),
+        (["--images", str(d / "images"), "--labels", str(d / "masks"), "--model", str(tmp_path / "x.pt"),
+          "--limit", "1"], "not found"),
+    ]
+    for args, text in cases:
+        rc = main(["train-sam", *args, "--out", str(tmp_path / "o.pt"), "--quiet"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and text in err and len(err.splitlines()) == 1, (args, err)
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_views_are_embedded_once_across_runs(lite, train_crop, tmp_path, monkeypatch):
+    from napari_gpuseg.engine.sam.predictor import SamEngine
+
+    img, lab = train_crop
+    calls = []
+    encode = SamEngine.encode
+    monkeypatch.setattr(SamEngine, "encode", lambda self, x: calls.append(len(x)) or encode(self, x))
+    cfg = tiny_config(max_steps=1)
+    finetune_sam([img], [lab], model="lite_medsam", config=cfg, cache_dir=tmp_path / "emb")
+    assert sum(calls) == 1  # one view
+    calls.clear()
+    finetune_sam([img], [lab], model="lite_medsam", config=cfg, cache_dir=tmp_path / "emb")
+    assert calls == []  # the second run reads the embedding from disk
+
+
+def test_out_of_memory_halves_the_objects_per_step(lite, train_crop, monkeypatch):
+    from napari_gpuseg.engine.sam import finetune
+
+    img, lab = train_crop
+    sizes = []
+    real = finetune.episode
+
+    def episode(sam, emb, gt, *a, **kw):
+        sizes.append(len(gt))
+        if len(sizes) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(sam, emb, gt, *a, **kw)
+
+    monkeypatch.setattr(finetune, "episode", episode)
+    cfg = tiny_config(max_steps=1, objects_per_view=4, box_fraction=0.0)
+    res = finetune_sam([img], [lab], model=load_engine("lite_medsam", cache=lite.cache), config=cfg)
+    assert res.stopped == "done" and sizes == [4, 2]
