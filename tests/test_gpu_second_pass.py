@@ -128,6 +128,23 @@ def test_a_non_finite_embedding_is_never_cached(lite_sam, worker_bf16):
     assert torch.isfinite(worker_bf16.submit(eng.embedding, img, view).result(timeout=60)).all()
 
 
+def test_nan_unet_window_in_a_worker_job_reruns_in_fp32(worker_bf16):
+    from napari_gpuseg.engine.unet.tiling import sliding_window_inference
+    from napari_gpuseg.models.unet import UNetConfig, build_unet
+
+    torch.manual_seed(0)
+    net = build_unet(UNetConfig(spatial_dims=2, depth=2, base=8)).eval()
+    x = torch.from_numpy(_image(1, (1, 1, 96, 80)))
+    with torch.inference_mode():
+        ref = sliding_window_inference(x, (64, 64), 2, net, mode="gaussian", policy=FP32)
+    real = net.forward
+    net.forward = lambda t: real(t) * float("nan") if _cpu_autocast() else real(t)
+    with pytest.warns(RuntimeWarning, match="non-finite U-Net output"):
+        got = worker_bf16.submit(sliding_window_inference, x, (64, 64), 2, net, mode="gaussian",
+                                 policy=BF16).result(timeout=60)
+    torch.testing.assert_close(got, ref, atol=0, rtol=0)
+
+
 # ------------------------------------------------------------------ 2: TU117 cards
 @pytest.fixture
 def fake_cuda(monkeypatch):
