@@ -16,6 +16,12 @@ would still take both cores from it: :meth:`InferenceWorker.hold_background` par
 ``BACKGROUND`` and ``IDLE`` jobs at their next pause point or step, sleeping (the GIL and
 the cores free) until :meth:`~InferenceWorker.release_background` or a deadline, while
 higher-priority jobs queued meanwhile still run at once.
+
+A worker on the CPU applies the allocator set-up (``allocator.py``) with its first job and
+trims the heap whenever it goes idle. A failed job keeps its exception but not the locals of
+its frames (no tensors held after an out-of-memory error). Every worker still running is
+stopped at interpreter exit; :meth:`InferenceWorker.submit` after
+:meth:`~InferenceWorker.shutdown` raises ``RuntimeError("worker is shut down")``.
 """
 from __future__ import annotations
 
