@@ -6,8 +6,8 @@ each in a fresh process, taking turns (A B C A B C ...) so all see the same mach
 
 Scoping (``--setups at-import,scoped``, workload ``embed-worker``):
 
-* ``at-import``: the set-up applied when the package is imported, before anything else (what
-  the program did until the set-up was scoped);
+* ``at-import``: the set-up applied when the package is imported, before anything else, and
+  no trim (what the program did until the set-up was scoped);
 * ``scoped``: nothing at import; the inference worker applies it when it runs its first CPU
   job and trims the heap (``malloc_trim``) when it goes idle (what the program does now).
 
@@ -67,8 +67,10 @@ def child(work: str) -> dict:
     from napari_gpuseg.engine.runtime import allocator
     from napari_gpuseg.engine.runtime.allocator import configure_allocator
 
-    scoped = os.environ.get("NAPARI_GPUSEG_BENCH_SETUP") == "scoped"
-    state = None if scoped else configure_allocator()  # at start, as an import-time set-up did
+    setup = os.environ.get("NAPARI_GPUSEG_BENCH_SETUP")
+    state = None if setup == "scoped" else configure_allocator()  # at start, as an import-time set-up did
+    if setup == "at-import":  # and never trimmed, as before the set-up was scoped
+        allocator.trim = lambda *_a, **_k: False
     if work == "embed-worker":
         import psutil
 
