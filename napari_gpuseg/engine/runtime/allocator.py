@@ -102,11 +102,6 @@ def configure_allocator(environ=None) -> str:
     return result
 
 
-def configured() -> bool:
-    """True once :func:`configure_allocator` changed glibc's settings in this process."""
-    return "libc" in _state
-
-
 def free_heap_bytes() -> int | None:
     """Free bytes inside glibc's heap (``mallinfo2().fordblks``); None where unknown."""
     libc = _state.get("libc")
