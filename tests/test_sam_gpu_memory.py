@@ -145,6 +145,23 @@ def test_a_memoised_embedding_is_not_copied_to_the_device_again(lite_sam, monkey
     assert np.array_equal(again.mask, first.mask)
 
 
+def test_box_mode_does_not_copy_a_memoised_embedding_again(lite_sam, monkeypatch):
+    from napari_gpuseg.engine.sam.boxes import segment_boxes
+
+    eng = _engine(lite_sam)
+    boxes = np.array([[80.0, 60, 150, 120], [20, 20, 60, 50]])
+    first = segment_boxes(eng, _image(), boxes)
+    real_get = eng.cache.get
+
+    def meta_get(key):  # every embedding: one that cannot be read or copied
+        emb = real_get(key)
+        return None if emb is None else torch.empty(emb.shape, dtype=emb.dtype, device="meta")
+
+    monkeypatch.setattr(eng.cache, "get", meta_get)
+    again = segment_boxes(eng, _image(), boxes)
+    assert np.array_equal(again.labels, first.labels)
+
+
 # ------------------------------------------------------------------ 9: short background steps on a GPU
 def test_background_embedding_steps_are_one_or_two_views_on_a_gpu(lite_sam, monkeypatch):
     eng = _engine(lite_sam)
