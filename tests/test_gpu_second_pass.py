@@ -282,7 +282,7 @@ def test_a_cpu_worker_sets_the_allocator_up_and_trims_when_idle(monkeypatch):
         first = w.submit(gate.wait, 10)
         second = w.submit(lambda: None)
         time.sleep(0.1)
-        assert allocator._state.get("result") == "configured"  # the first CPU job set it up
+        assert allocator._state.get("result") == "configured"  # set up for the CPU worker
         assert ("trim",) not in libc.calls  # not between queued jobs
         gate.set()
         first.result(timeout=10), second.result(timeout=10)
@@ -298,8 +298,7 @@ def test_a_gpu_worker_leaves_the_allocator_alone(monkeypatch):
     monkeypatch.setattr(allocator, "_state", {})
     libc = _FakeLibc()
     monkeypatch.setattr(allocator, "_glibc", lambda: libc)
-    w = InferenceWorker(FP32, name="test-gpu-worker")
-    monkeypatch.setattr(w, "_policy", Policy(torch.device("meta"), "fp32"))  # not the CPU
+    w = InferenceWorker(Policy(torch.device("meta"), "fp32"), name="test-gpu-worker")  # not the CPU
     try:
         w.submit(lambda: None, inference=False).result(timeout=10)
         w.submit(lambda: None, inference=False).result(timeout=10)

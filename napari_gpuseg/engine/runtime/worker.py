@@ -17,8 +17,9 @@ would still take both cores from it: :meth:`InferenceWorker.hold_background` par
 the cores free) until :meth:`~InferenceWorker.release_background` or a deadline, while
 higher-priority jobs queued meanwhile still run at once.
 
-A worker on the CPU applies the allocator set-up (``allocator.py``) with its first job and
-trims the heap whenever it goes idle. A failed job keeps its exception but not the locals of
+A worker on the CPU applies the allocator set-up (``allocator.py``) before its thread starts
+(so the thread allocates from the main heap; again with the first job if the policy changed to
+the CPU) and trims the heap whenever it goes idle. A failed job keeps its exception but not the locals of
 its frames (no tensors held after an out-of-memory error). Every worker still running is
 stopped at interpreter exit; :meth:`InferenceWorker.submit` after
 :meth:`~InferenceWorker.shutdown` raises ``RuntimeError("worker is shut down")``.
@@ -151,9 +152,17 @@ class InferenceWorker:
         # (event, job id, tag): "start", "pause" (a stepped job gave way), "resume", "end",
         # "held" / "unheld" (background work waited for a hold, and went on)
         self.log: collections.deque[tuple[str, int, Hashable]] = collections.deque(maxlen=self.LOG)
+        if self._device_type() == "cpu":  # before the thread exists: it allocates from the main heap
+            allocator.configure_allocator()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
         _live.add(self)
+
+    def _device_type(self) -> str | None:
+        try:
+            return self.policy.device.type
+        except Exception:  # noqa: BLE001 - a bad device setting: the first job reports it
+            return None
 
     @property
     def policy(self) -> Policy:
