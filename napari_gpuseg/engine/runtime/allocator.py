@@ -21,7 +21,7 @@ thing more (measured in ``benchmarks/allocator.py``):
 
 The set-up is process-wide and cannot be undone, so it is applied only where it was
 measured to help: by the command-line programs at start, and by the inference and training
-workers when they first run a job on the CPU (``worker.py``); importing the package changes
+workers on the CPU, before their thread starts (``worker.py``); importing the package changes
 nothing, and napari on a GPU machine keeps glibc's defaults. Memory is still returned after
 large work: :func:`trim` (``malloc_trim``) runs when a worker goes idle, once the set-up is
 on and more than :data:`TRIM_MIN_FREE` bytes lie free in the heap. It does nothing off
