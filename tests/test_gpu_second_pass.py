@@ -308,6 +308,16 @@ def test_a_gpu_worker_leaves_the_allocator_alone(monkeypatch):
     assert libc.calls == [] and allocator._state == {}
 
 
+def test_the_viewer_command_leaves_the_allocator_to_the_worker(monkeypatch, capsys):
+    from napari_gpuseg.cli.main import main as napari_gpuseg_command
+
+    monkeypatch.setattr(allocator, "_state", {})
+    libc = _FakeLibc()
+    monkeypatch.setattr(allocator, "_glibc", lambda: libc)
+    assert napari_gpuseg_command(["info", "--device", "cpu"]) == 0  # napari-gpuseg without batch / train
+    assert libc.calls == [] and allocator._state == {}
+
+
 # ------------------------------------------------------------------ 14: no spawned DataLoader workers
 @pytest.mark.parametrize("platform, expected", [("darwin", 0), ("win32", 0), ("linux", None)])
 def test_no_dataloader_workers_on_spawn_platforms(monkeypatch, platform, expected):
