@@ -20,9 +20,9 @@ thing more (measured in ``benchmarks/allocator.py``):
   as with the ``MALLOC_*`` variables, next to none with one arena; docs/benchmarks.md).
 
 The set-up is process-wide and cannot be undone, so it is applied only where it was
-measured to help: by ``napari-gpuseg batch`` and ``train`` at start, and by the inference and training
-workers on the CPU, before their thread starts (``worker.py``); importing the package changes
-nothing, and napari on a GPU machine keeps glibc's defaults. Memory is still returned after
+measured to help: by ``napari-gpuseg batch`` and ``train`` at start, and by the inference
+and training workers on the CPU, before their thread starts (``worker.py``); importing the
+package changes nothing, and napari on a GPU machine keeps glibc's defaults. Memory is still returned after
 large work: :func:`trim` (``malloc_trim``) runs when a worker goes idle, once the set-up is
 on and more than :data:`TRIM_MIN_FREE` bytes lie free in the heap. It does nothing off
 Linux, off glibc, when the user set any ``MALLOC_*`` variable or a ``glibc.malloc`` tunable
