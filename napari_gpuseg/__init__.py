@@ -2,7 +2,6 @@
 
 __version__ = "0.1.0"
 
-# CPU inference keeps glibc's freed memory instead of page-faulting it back (engine/runtime/allocator.py)
-from .engine.runtime.allocator import configure_allocator as _configure_allocator  # noqa: E402
-
-_configure_allocator()
+# Importing the package changes no process-wide setting: the allocator set-up for CPU work
+# (engine/runtime/allocator.py) is applied by the command-line programs and by the workers
+# when they first run on the CPU.

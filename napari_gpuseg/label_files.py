@@ -169,13 +169,15 @@ def temp_owner(temp: str | os.PathLike) -> int | None:
 
 
 def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (owned by anyone). ``psutil.pid_exists``, never
+    ``os.kill(pid, 0)``: on Windows signal 0 is ``CTRL_C_EVENT``, which would say "alive"
+    for every id and could send Ctrl-C to a console process."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # exists, owned by someone else
-    return True
+        return bool(psutil.pid_exists(pid))
+    except Exception:  # noqa: BLE001 - cannot tell: keep the file (it may be a write in progress)
+        return True
 
 
 def temp_target(temp: str | os.PathLike) -> Path:

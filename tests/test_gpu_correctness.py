@@ -476,8 +476,8 @@ def test_remembered_encoder_batch_is_per_device(lite_sam):
 
     eng = SamEngine(lite_sam, SamModelInfo("lite", 256, "minmax"), FP32)
     eng.embed([_image()], batch_size=None)
-    keys = list(batching._memory)
-    assert keys and all("cpu" in k for k in keys if k[0] == "sam-encoder")
+    encoder_keys = [k for k in batching._memory if k[0] == "sam-encoder"]
+    assert encoder_keys and all("cpu" in k for k in encoder_keys)  # never vacuously true
 
 
 # ------------------------------------------------------------------ 11: precision vs device

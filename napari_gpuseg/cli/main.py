@@ -12,7 +12,6 @@ import argparse
 import importlib
 import sys
 
-from ..engine.runtime.allocator import configure_allocator
 from ..engine.runtime.device import PRECISIONS
 
 # (module, add-parser function, run function) for each optional subcommand
@@ -79,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    configure_allocator()
+    # no allocator set-up here: batch and train apply it, the viewer's worker does on a CPU
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in _SUBCOMMANDS:
         mod_name, add_name, run_name = _SUBCOMMANDS[argv[0]]

@@ -16,7 +16,8 @@ def predict_job(image, model_path, rgb, outputs, batch_size, overlap, tile, prog
 
     worker = default_worker()
     key = ("unet", str(model_path or unet.bundled_model_path()))
-    loaded = worker.model(key, lambda: unet.load_model(model_path, device=worker.policy.device))
+    # one U-Net at a time: another checkpoint releases the one loaded before (GPU memory)
+    loaded = worker.model(key, lambda: unet.load_model(model_path, device=worker.policy.device), replace=True)
     d = loaded.config.spatial_dims
     probs = unet.predict_probabilities(loaded, image, rgb=rgb, tile=tile or None, overlap=overlap,
                                        sw_batch_size=batch_size, policy=worker.policy,

@@ -271,8 +271,9 @@ class SamAutomaticWidget(DockWidget):
             return segment_box_planes(engine, planes, boxes, policy=policy, padding=padding,
                                       batch_size=prompt_bs, embed_batch_size=embed_bs,
                                       min_area=min_area, progress=progress, cancel=cancel)
-        return segment_everything_batch(engine, planes, params, batch_size=prompt_bs,
-                                        embed_batch_size=embed_bs, progress=progress, cancel=cancel)
+        return segment_everything_batch(engine, planes, params, batch_size=prompt_bs,  # kept: no logits
+                                        embed_batch_size=embed_bs, progress=progress, cancel=cancel,
+                                        keep_logits=False)
 
     def _labels_for(self, layer: Image):
         shape = tuple(layer.data.shape[:-1] if layer.rgb else layer.data.shape)

@@ -221,6 +221,7 @@ class UNetAdaptWidget(QWidget):
                             "(region: whole image).")
 
     def _failed(self, exc: BaseException) -> None:
+        self.job = None  # a failed job is not kept (its error, its inputs): a retry gets the memory
         self._busy(False)
         self.status.setText(f"Failed: {exc}")
 

@@ -19,7 +19,12 @@ thing more (measured in ``benchmarks/allocator.py``):
   help the GUI's worker thread (embedding in a second thread: kernel time as high with them
   as with the ``MALLOC_*`` variables, next to none with one arena; docs/benchmarks.md).
 
-Called once at start-up by the plugin and the command-line programs. It does nothing off
+The set-up is process-wide and cannot be undone, so it is applied only where it was
+measured to help: by ``napari-gpuseg batch`` and ``train`` at start, and by the inference
+and training workers on the CPU, before their thread starts (``worker.py``); importing the
+package changes nothing, and napari on a GPU machine keeps glibc's defaults. Memory is still returned after
+large work: :func:`trim` (``malloc_trim``) runs when a worker goes idle, once the set-up is
+on and more than :data:`TRIM_MIN_FREE` bytes lie free in the heap. It does nothing off
 Linux, off glibc, when the user set any ``MALLOC_*`` variable or a ``glibc.malloc`` tunable
 (their choice wins), or with ``NAPARI_GPUSEG_MALLOC=0``. Idempotent.
 """
@@ -37,7 +42,15 @@ TOP_PAD = 2**30
 SETTINGS = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
             (M_TOP_PAD, TOP_PAD), (M_MMAP_MAX, 0), (M_ARENA_MAX, 1))
 
-_state: dict = {}  # "result": what the first call decided
+TRIM_MIN_FREE = 64 * 2**20  # free heap bytes worth a malloc_trim when a worker goes idle
+
+_state: dict = {}  # "result": what the first call decided; "libc": glibc once configured
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
 
 
 def _user_choice(environ) -> str | None:
@@ -84,5 +97,31 @@ def configure_allocator(environ=None) -> str:
     else:
         failed = [param for param, value in SETTINGS if libc.mallopt(param, value) != 1]
         result = "configured" if not failed else f"configured (mallopt refused {failed})"
+        _state["libc"] = libc
     _state["result"] = result
     return result
+
+
+def free_heap_bytes() -> int | None:
+    """Free bytes inside glibc's heap (``mallinfo2().fordblks``); None where unknown."""
+    libc = _state.get("libc")
+    fn = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if fn is None:
+        return None
+    fn.restype = _Mallinfo2
+    fn.argtypes = []
+    return int(fn().fordblks)
+
+
+def trim(min_free: int = TRIM_MIN_FREE) -> bool:
+    """Give freed heap memory back to the OS (``malloc_trim(0)``) when the set-up is on and
+    at least ``min_free`` bytes are free (always where glibc cannot say). Returns whether
+    it trimmed. Without the set-up glibc trims by itself and this does nothing."""
+    libc = _state.get("libc")
+    if libc is None:
+        return False
+    free = free_heap_bytes()
+    if free is not None and free < min_free:
+        return False
+    libc.malloc_trim(ctypes.c_size_t(0))
+    return True

@@ -56,9 +56,33 @@ def wide_float(device: torch.device | str) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
 
-def _no_tensor_cores(name: str) -> bool:
-    """Turing cards without tensor cores (GTX 16xx, e.g. "NVIDIA GeForce GTX 1660 Ti")."""
-    return re.search(r"GTX\s*16\d\d", name, re.IGNORECASE) is not None
+# Turing GPUs without tensor cores (TU116, TU117): the GeForce GTX 16xx, the laptop MX450 /
+# MX550 and the workstation T400, T500, T550, T600, T1000, T1200 and T2000 (also "Quadro ...")
+_NO_TENSOR_CORE_NAMES = re.compile(
+    r"GTX\s*16\d\d|\bMX\s*[45]50\b|\bT(400|500|550|600|1000|1200|2000)\b", re.IGNORECASE)
+TURING_TENSOR_CORE_MIN_SMS = 30  # the smallest Turing chip with tensor cores (TU106) has 30 or more
+
+
+def _no_tensor_cores(name: str, capability: tuple[int, int] | None = None,
+                     sm_count: int | None = None) -> bool:
+    """Turing (compute capability 7.5) cards without tensor cores, where fp16 convolutions
+    give NaN: named in :data:`_NO_TENSOR_CORE_NAMES`, or (for names not listed) a 7.5 card
+    with fewer multiprocessors than any Turing chip with tensor cores has."""
+    if _NO_TENSOR_CORE_NAMES.search(name) is not None:
+        return True
+    return (capability == (7, 5) and sm_count is not None and sm_count < TURING_TENSOR_CORE_MIN_SMS
+            and "RTX" not in name.upper())
+
+
+def cuda_no_tensor_cores(device: torch.device) -> bool:
+    """:func:`_no_tensor_cores` for a CUDA ``device`` (its name, capability and SM count)."""
+    name = torch.cuda.get_device_name(device)
+    cc = tuple(torch.cuda.get_device_capability(device))
+    try:
+        sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
+    except Exception:  # noqa: BLE001 - a probe that fails: decide by the name alone
+        sms = None
+    return _no_tensor_cores(name, cc, sms)
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -126,7 +150,7 @@ def pick_precision(device: torch.device, requested: str | None = None) -> str:
         major, _minor = torch.cuda.get_device_capability(device)
         if major >= 8:
             return "bf16"
-        if major >= 7 and not _no_tensor_cores(torch.cuda.get_device_name(device)):
+        if major >= 7 and not cuda_no_tensor_cores(device):
             return "fp16"
         return "fp32"
     if device.type == "mps":
@@ -152,7 +176,7 @@ def check_precision(device: torch.device, precision: str) -> None:
         if precision == "bf16" and major < 8:
             raise ValueError(f"bf16 needs compute capability >= 8.0 (Ampere); {name} is "
                              f"{major}.{minor}: use fp16 or fp32")
-        if precision == "fp16" and (major < 7 or _no_tensor_cores(name)):
+        if precision == "fp16" and (major < 7 or cuda_no_tensor_cores(device)):
             raise ValueError(f"fp16 on {name} (compute capability {major}.{minor}, no tensor "
                              "cores) is slow or gives NaN in convolutions: use fp32")
 
@@ -204,7 +228,25 @@ def guard_finite(policy: "Policy", compute, what: str = "network output"):
     return out
 
 
-_flags_lock = threading.RLock()
+_flags_lock = threading.Lock()
+_flags_saved: tuple | None = None  # the process's flags before the first open scope
+_flags_scopes: list[tuple[int, bool, bool]] = []  # (thread, benchmark, tf32) of every open scope
+
+
+def _apply_scopes() -> None:
+    """Set the flags for the open scopes (under ``_flags_lock``): a thread wants what its
+    innermost scope asks for; TF32 and autotuning are on only while every thread with an
+    open scope wants them; the saved flags come back once the last scope closes."""
+    global _flags_saved
+    mm, cd = torch.backends.cuda.matmul, torch.backends.cudnn
+    if _flags_scopes:
+        wants = {t: (b, f) for t, b, f in _flags_scopes}  # the last (innermost) per thread
+        bench = all(b for b, _f in wants.values())
+        tf32 = all(f for _b, f in wants.values())
+        mm.allow_tf32, cd.allow_tf32, cd.benchmark = tf32, tf32, bench
+    elif _flags_saved is not None:
+        mm.allow_tf32, cd.allow_tf32, cd.benchmark = _flags_saved
+        _flags_saved = None
 
 
 @contextlib.contextmanager
@@ -214,19 +256,30 @@ def scoped_backends(device: torch.device, benchmark: bool = False, tf32: bool = 
     Defaults: no TF32 ("fp32" means fp32, also on A100/H100) and no autotuning (every
     new U-Net window shape would re-tune every convolution); the SAM encoder, which
     always sees one input shape, asks for ``benchmark=True``. No-op off CUDA.
+
+    The flags are process-wide and scopes overlap across threads (the inference worker,
+    the training worker, one thread per GPU in folder jobs): open scopes are counted under
+    a lock, the flags are saved when the first opens and restored when the last closes;
+    nested scopes of one thread: the innermost decides; several threads: TF32 and
+    autotuning are on only while all of them ask for it.
     """
+    global _flags_saved
     if device.type != "cuda":
         yield
         return
-    mm, cd = torch.backends.cuda.matmul, torch.backends.cudnn
+    entry = (threading.get_ident(), bool(benchmark), bool(tf32))
     with _flags_lock:
-        saved = (mm.allow_tf32, cd.allow_tf32, cd.benchmark)
-        mm.allow_tf32, cd.allow_tf32, cd.benchmark = tf32, tf32, benchmark
+        if not _flags_scopes:
+            mm, cd = torch.backends.cuda.matmul, torch.backends.cudnn
+            _flags_saved = (mm.allow_tf32, cd.allow_tf32, cd.benchmark)
+        _flags_scopes.append(entry)
+        _apply_scopes()
     try:
         yield
     finally:
         with _flags_lock:
-            mm.allow_tf32, cd.allow_tf32, cd.benchmark = saved
+            del _flags_scopes[len(_flags_scopes) - 1 - _flags_scopes[::-1].index(entry)]  # the innermost
+            _apply_scopes()
 
 
 @dataclass(frozen=True)
@@ -255,7 +308,9 @@ class Policy:
         """Autocast context for this policy; enter it *inside* the thread that runs the net.
 
         Also scopes TF32 (off) and ``cudnn.benchmark`` (``benchmark``) to the block, and
-        makes the thread's current CUDA device the policy's. Autocast keeps LayerNorm,
+        makes the thread's current CUDA device the policy's. In fp32 (or once fp32 is
+        pinned) it turns autocast *off*, so an fp32 re-run inside a job's outer autocast
+        (the worker enters one per job) really runs in fp32. Autocast keeps LayerNorm,
         softmax and reductions in fp32 on CUDA (fp16 and bf16).
         """
         stack = contextlib.ExitStack()
@@ -264,6 +319,8 @@ class Policy:
         stack.enter_context(scoped_backends(self.device, benchmark=benchmark))
         if self.uses_autocast and (self.device.type != "mps" or mps_autocast_ok()):
             stack.enter_context(torch.autocast(self.device.type, dtype=_DTYPES[self.active_precision]))
+        else:  # fp32 (chosen, or pinned after a non-finite output): off, also inside an outer autocast
+            stack.enter_context(autocast_off(self.device))
         return stack
 
     def describe(self) -> str:
@@ -299,7 +356,7 @@ def make_policy(device: str | None = None, precision: str | None = None) -> Poli
     if dev.type == "cuda":
         cc = torch.cuda.get_device_capability(dev)
         reason = f"compute capability {cc[0]}.{cc[1]}"
-        if cc[0] == 7 and _no_tensor_cores(torch.cuda.get_device_name(dev)):
+        if cc[0] == 7 and cuda_no_tensor_cores(dev):
             reason += ", no tensor cores (fp32)"
     elif dev.type == "cpu":
         reason = "CPU with fast bf16" if cpu_has_fast_bf16() else "CPU without fast bf16"

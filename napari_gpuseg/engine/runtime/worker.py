@@ -16,6 +16,13 @@ would still take both cores from it: :meth:`InferenceWorker.hold_background` par
 ``BACKGROUND`` and ``IDLE`` jobs at their next pause point or step, sleeping (the GIL and
 the cores free) until :meth:`~InferenceWorker.release_background` or a deadline, while
 higher-priority jobs queued meanwhile still run at once.
+
+A worker on the CPU applies the allocator set-up (``allocator.py``) before its thread starts
+(so the thread allocates from the main heap; again with the first job if the policy changed to
+the CPU) and trims the heap whenever it goes idle. A failed job keeps its exception but not the locals of
+its frames (no tensors held after an out-of-memory error). Every worker still running is
+stopped at interpreter exit; :meth:`InferenceWorker.submit` after
+:meth:`~InferenceWorker.shutdown` raises ``RuntimeError("worker is shut down")``.
 """
 from __future__ import annotations
 
@@ -28,10 +35,13 @@ import itertools
 import logging
 import threading
 import time
+import traceback
+import weakref
 from typing import Any, Callable, Hashable
 
 import torch
 
+from . import allocator
 from .device import Policy, get_policy
 from .cancel import Cancelled, CancelToken
 
@@ -45,6 +55,7 @@ INTERACTIVE, NORMAL, BACKGROUND, IDLE = 0, 10, 20, 30
 user-started work, the rest of an image's views and decoder warm-ups, stack precompute."""
 
 _local = threading.local()
+_live: "weakref.WeakSet[InferenceWorker]" = weakref.WeakSet()  # every started worker, for exit
 
 
 class Job:
@@ -141,8 +152,17 @@ class InferenceWorker:
         # (event, job id, tag): "start", "pause" (a stepped job gave way), "resume", "end",
         # "held" / "unheld" (background work waited for a hold, and went on)
         self.log: collections.deque[tuple[str, int, Hashable]] = collections.deque(maxlen=self.LOG)
+        if self._device_type() == "cpu":  # before the thread exists: it allocates from the main heap
+            allocator.configure_allocator()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        _live.add(self)
+
+    def _device_type(self) -> str | None:
+        try:
+            return self.policy.device.type
+        except Exception:  # noqa: BLE001 - a bad device setting: the first job reports it
+            return None
 
     @property
     def policy(self) -> Policy:
@@ -196,6 +216,8 @@ class InferenceWorker:
         the job ends, background work is held that long (:meth:`hold_background`) before
         its callbacks run, so the GUI can show the result on free cores and release the
         hold (:meth:`release_background`) once it has."""
+        if self._stopping or not self._thread.is_alive():
+            raise RuntimeError("worker is shut down")
         if replace and tag is not None:
             self.cancel(tag)
         job = Job(fn, args, kwargs, tag, inference, on_result, on_error, on_progress, on_cancelled,
@@ -206,6 +228,8 @@ class InferenceWorker:
 
     def _push(self, job: Job, seq: int) -> None:
         with self._cond:
+            if self._stopping and job._gen is None:  # shut down between the check and here
+                raise RuntimeError("worker is shut down")
             heapq.heappush(self._heap, (job.priority, seq, job))
             self._cond.notify()
 
@@ -327,6 +351,8 @@ class InferenceWorker:
             if job is None:
                 return
             self._execute(job)
+            if not self.busy:  # idle: large work is over, give its freed host memory back
+                allocator.trim()
 
     def _serve_above(self, priority: int) -> None:
         while True:
@@ -343,6 +369,8 @@ class InferenceWorker:
         finally:
             with self._cond:
                 self._stack.remove(job)
+        if job.error is not None:  # the frames are finished now: their locals can go
+            _release_frames(job.error)
 
     def _should_yield(self, job: Job) -> bool:
         with self._cond:
@@ -357,6 +385,8 @@ class InferenceWorker:
             job.token.check()
             job.status = RUNNING
             dev = self.policy.device  # this thread's current CUDA device is the policy's
+            if dev.type == "cpu":  # CPU inference and training: keep freed memory (allocator.py)
+                allocator.configure_allocator()
             while True:
                 self._wait_hold(job)  # before a background job starts, and before each step
                 on_dev = torch.cuda.device(dev) if dev.type == "cuda" and dev.index is not None \
@@ -388,6 +418,7 @@ class InferenceWorker:
             callback = (job.on_cancelled,)
         except BaseException as exc:  # noqa: BLE001 - delivered to the caller
             job.error, job.status = exc, FAILED
+            logger.debug("job %s (%r) failed", job.id, job.tag, exc_info=exc)
             callback = (job.on_error, exc)
         finally:
             job.seconds = (job.seconds or 0.0) + time.perf_counter() - t0
@@ -413,17 +444,32 @@ class InferenceWorker:
         return kwargs
 
 
+def _release_frames(exc: BaseException) -> None:
+    """Drop the local variables of the finished frames in ``exc``'s traceback (and in those
+    of the exceptions it was raised from). A failed job keeps its exception for
+    :meth:`Job.result` and the docks keep the job; without this its frames would keep the
+    job's tensors (weights, optimizer state, activations: GPU memory after an OOM) alive,
+    and a retry would run out of memory too. File, line and function names stay."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+
+
 _default: InferenceWorker | None = None
 _default_lock = threading.Lock()
 
 
 @atexit.register
-def _shutdown_default() -> None:
-    """Stop the shared worker before the interpreter tears down (a thread still inside
-    torch at exit aborts the process)."""
-    worker = _default
-    if worker is not None and worker.alive:
-        worker.shutdown(timeout=10.0)
+def _shutdown_all() -> None:
+    """Stop every worker still running (the shared one, the training worker, any other)
+    before the interpreter tears down: a thread still inside torch at exit aborts the
+    process (closing napari during training)."""
+    for worker in list(_live):
+        if worker.alive:
+            worker.shutdown(timeout=10.0)
 
 
 def default_worker() -> InferenceWorker:

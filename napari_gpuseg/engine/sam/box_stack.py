@@ -30,7 +30,8 @@ def segment_box_planes(engine, planes: Sequence[np.ndarray], boxes: BoxSource = 
     with ``detector_options`` and ``policy``. ``padding`` (px around each box),
     ``batch_size`` (boxes per decoder call), ``embed_batch_size`` (views per encoder call)
     and ``min_area`` (px) go to :func:`~napari_gpuseg.engine.sam.boxes.segment_boxes_batch`.
-    ``cancel`` is checked before each plane's detection and inside SAM.
+    ``cancel`` is checked before each plane's detection and inside SAM. The results keep
+    no low-res logits (``low_res`` None): a stack of many boxes would hold gigabytes of them.
     """
     from ..detect import detect_boxes
     from .boxes import segment_boxes_batch
@@ -45,4 +46,4 @@ def segment_box_planes(engine, planes: Sequence[np.ndarray], boxes: BoxSource = 
         raise ValueError(f"{len(boxes)} box arrays for {len(planes)} planes")
     return segment_boxes_batch(engine, planes, boxes, padding=float(padding), batch_size=batch_size,
                                embed_batch_size=embed_batch_size, min_area=int(min_area),
-                               progress=progress, cancel=cancel)
+                               progress=progress, cancel=cancel, keep_logits=False)

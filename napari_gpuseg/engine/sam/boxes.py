@@ -49,6 +49,22 @@ def prepare_boxes(boxes, shape: tuple[int, int], padding: float = 0.0) -> np.nda
     return np.clip(b, 0, [w - 1, h - 1, w - 1, h - 1])
 
 
+def box_array(boxes) -> np.ndarray:
+    """``boxes`` as a float (N, 4) array: (N, 4) as given, one box of 4 numbers as (1, 4);
+    ``ValueError`` saying so for any other shape (checked before any work is done)."""
+    try:
+        b = np.asarray(boxes, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"boxes must be (N, 4) numbers x0, y0, x1, y1, got {boxes!r:.80}") from exc
+    if b.ndim == 1 and b.shape[0] == 4:
+        return b[None]
+    if b.size == 0:
+        return b.reshape(0, 4)
+    if b.ndim != 2 or b.shape[1] != 4:
+        raise ValueError(f"boxes must be (N, 4) x0, y0, x1, y1 (or one box of 4 numbers), got shape {b.shape}")
+    return b
+
+
 # -- boxes -> views ----------------------------------------------------------------------
 def per_box_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: np.ndarray,
                   zoom_below: float | None) -> list[View]:
@@ -167,7 +183,7 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
                         min_area: int = 0, zoom_small: bool = True, mask_choice: str = "box-fit",
                         progress: ProgressFn = None, cancel: CancelToken | None = None,
                         routing: str = "shared", field: bool = True, one_piece: bool = True,
-                        ) -> list[AutomaticResult]:
+                        keep_logits: bool = True) -> list[AutomaticResult]:
     """One :class:`AutomaticResult` per image from its boxes (several images per call).
 
     ``batch_size``: boxes per decoder call (default 64 or what worked before; halved on
@@ -188,12 +204,17 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     where that needs fewer encoder passes: about a third less encoder work on a 520 x 696
     field; ``field=False`` embeds every view on its own. ``one_piece``: each box's mask
     keeps only its largest connected piece (a box holds one object; stray pieces beside it
-    are dropped). Label ``i + 1`` is the mask of box ``i`` (where visible).
+    are dropped). ``keep_logits``: each mask keeps its low-res logits (``low_res``, on the
+    host, for refinement); ``False`` drops them (``low_res`` None), which a stack of many
+    boxes needs to stay small. Label ``i + 1`` is the mask of box ``i`` (where visible).
+    Each box list is (N, 4), or one box of 4 numbers; anything else is a ``ValueError``
+    before any work.
     """
     t0 = time.perf_counter()
+    if len(boxes) != len(images):
+        raise ValueError(f"{len(images)} images but {len(boxes)} box lists")
+    boxes = [box_array(b) for b in boxes]
     prepared: list[PreparedImage] = [engine.prepare(im) for im in images]
-    if len(boxes) != len(prepared):
-        raise ValueError(f"{len(prepared)} images but {len(boxes)} box lists")
     zoom_below = engine.input_size / 16 if zoom_small else None
     if mask_choice not in ("box-fit", "single"):
         raise ValueError(f"mask_choice must be 'box-fit' or 'single', got {mask_choice!r}")
@@ -258,17 +279,15 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
         for (i, view), positions in groups.items():
             fmap = field_of(i) if cut_from_field[i] and fieldmap.holds(view, strides[i]) else None
             cut = fmap is not None
-            if cut:
-                emb = fieldmap.view_embedding(fmap, view, strides[i]).to(dev)
-            else:
-                emb = engine.embedding(prepared[i], view).to(dev)
+            # host embeddings: decode_sparse copies one to the device only when its memo is new
+            emb = fieldmap.view_embedding(fmap, view, strides[i]) if cut else engine.embedding(prepared[i], view)
             bx = np.stack([view.to_input(items[idx[p]][3]) for p in positions])
             roi = torch.as_tensor(mask_region(bx, engine.input_size, emb.shape[-1]), device=dev)
             with torch.inference_mode(), engine.policy.autocast():
                 sparse, _dense = sam.prompt_encoder(points=None, masks=None,
                                                     boxes=torch.as_tensor(bx, dtype=torch.float32, device=dev))
-                iou, _sel, low = decode_sparse(sam, emb, sparse, "all" if fit else "single",
-                                               memo=engine.decoder_memo(prepared[i], view, "field" if cut else "view"), roi=roi)
+                iou, _sel, low = decode_sparse(sam, emb, sparse, "all" if fit else "single", roi=roi, device=dev,
+                                               memo=engine.decoder_memo(prepared[i], view, "field" if cut else "view"))
             score, c = iou[:, 0], low.shape[1]
             per = max(1, RENDER_BYTES // (view.h * view.w * 4 * c))
             for s in range(0, len(positions), per):
@@ -281,8 +300,11 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
                     pick = _best_fit(masks, torch.as_tensor(target, dtype=torch.float32, device=dev))
                 ar = torch.arange(len(pos), device=dev)
                 scores = score[sub].tolist()  # one device->host copy per block, not one per box
-                for k, (p, j, crop) in enumerate(zip(pos, pick.tolist(), _crop_to_mask(masks[ar, pick], view))):
-                    out[p] = (crop, scores[k], low[s + k, j].detach().half(), view)
+                # the chosen low-res logits go to the host in the same block copy (or not at
+                # all): kept on the device, a stack's boxes would hold gigabytes there
+                lows = low[sub][ar, pick].detach().half().cpu().unbind(0) if keep_logits else [None] * len(pos)
+                for k, (p, crop) in enumerate(zip(pos, _crop_to_mask(masks[ar, pick], view))):
+                    out[p] = (crop, scores[k], lows[k], view)
         return out
 
     key = ("sam-boxes", engine.info.name, engine.input_size, engine.policy.precision, str(dev))
@@ -308,7 +330,7 @@ def _assemble(shape, decoded: list, boxes: np.ndarray, min_area: int, seconds: f
             m, y0, x0, _changed = ops.clean_mask(m, y0, x0, shape, min_area)
         if one_piece and m.size:
             m, _changed = ops.largest_piece(m)
-        masks.append(MaskResult(m, int(y0), int(x0), score, low.float(), view))
+        masks.append(MaskResult(m, int(y0), int(x0), score, None if low is None else low.float(), view))
         scores[i] = score
     for i in np.argsort(scores, kind="stable"):
         r = masks[i]
@@ -333,10 +355,11 @@ def segment_boxes(engine: SamEngine, image, boxes, padding: float = 0.0, batch_s
                   embed_batch_size: int | None = None, min_area: int = 0, zoom_small: bool = True,
                   mask_choice: str = "box-fit", progress: ProgressFn = None,
                   cancel: CancelToken | None = None, routing: str = "shared",
-                  field: bool = True, one_piece: bool = True) -> AutomaticResult:
-    """Masks for ``boxes`` (N, 4) ``x0, y0, x1, y1`` (end exclusive) in one 2D image; see
-    :func:`segment_boxes_batch`."""
+                  field: bool = True, one_piece: bool = True, keep_logits: bool = True) -> AutomaticResult:
+    """Masks for ``boxes`` (N, 4) ``x0, y0, x1, y1`` (end exclusive; or one box of 4
+    numbers) in one 2D image; see :func:`segment_boxes_batch`."""
     return segment_boxes_batch(engine, [image], [boxes], padding=padding, batch_size=batch_size,
                                embed_batch_size=embed_batch_size, min_area=min_area,
                                zoom_small=zoom_small, mask_choice=mask_choice, progress=progress,
-                               cancel=cancel, routing=routing, field=field, one_piece=one_piece)[0]
+                               cancel=cancel, routing=routing, field=field, one_piece=one_piece,
+                               keep_logits=keep_logits)[0]

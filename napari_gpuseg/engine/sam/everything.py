@@ -147,7 +147,7 @@ class _Masks:
     """Candidate masks: bool crops on the host, scores and boxes on the device."""
 
     crops: list  # (mask (h, w) bool numpy, y0, x0)
-    low: list  # low-res logits (L, L) float16 per mask
+    low: list  # low-res logits (L, L) float16 per mask, on the host (None: not kept)
     iou: torch.Tensor
     stab: torch.Tensor
     boxes: torch.Tensor  # (N, 4) int64 inclusive ends, image coordinates
@@ -208,7 +208,8 @@ def _render_filter(logits: torch.Tensor, view: View, crop: Crop, shape, params: 
 
 
 def _crop_masks(engine: SamEngine, image: PreparedImage, crop: Crop, ci: int, grid: np.ndarray,
-                params: AutomaticParams, batch_size: int | None, progress, cancel) -> _Masks:
+                params: AutomaticParams, batch_size: int | None, progress, cancel,
+                keep_logits: bool = True) -> _Masks:
     """All candidate masks of one crop after IoU/stability/edge filtering and NMS."""
     view, dev, sam = crop.view, engine.policy.device, engine.sam
     emb = engine.embedding(image, view).to(dev)
@@ -239,7 +240,10 @@ def _crop_masks(engine: SamEngine, image: PreparedImage, crop: Crop, ci: int, gr
         if len(logits):
             keep, stab, boxes, crops = _render_filter(logits, view, crop, image.shape, params)
             k = torch.nonzero(keep).flatten()
-            found.append(_Masks(crops, list(logits[k].half().unbind(0)), scores[k], stab[k], boxes[k],
+            # the low-res logits go to the host in one copy per block (or are dropped): kept
+            # on the device, every mask of a stack would hold its logits there to the end
+            low_host = list(logits[k].half().cpu().unbind(0)) if keep_logits else [None] * len(k)
+            found.append(_Masks(crops, low_host, scores[k], stab[k], boxes[k],
                                 pts_img[pidx[k]], torch.full((len(k),), ci, device=dev)))
         return [None] * len(idx)
 
@@ -317,13 +321,14 @@ def _paint(masks: _Masks, shape, order: str, min_visible: int) -> tuple[np.ndarr
 
 def segment_everything(engine: SamEngine, image, params: AutomaticParams | None = None,
                        batch_size: int | None = None, progress: ProgressFn = None,
-                       cancel: CancelToken | None = None, embed_batch_size: int | None = None
-                       ) -> AutomaticResult:
+                       cancel: CancelToken | None = None, embed_batch_size: int | None = None,
+                       keep_logits: bool = True) -> AutomaticResult:
     """Instance labels of everything SAM finds from a grid of point prompts.
 
     ``image``: a 2D gray or colour image (or a :class:`PreparedImage`); ``batch_size``:
     point prompts per decoder call (default ``params.points_per_batch``, halved on OOM);
-    ``progress(done, total)`` counts embedded crops and decoded prompts.
+    ``progress(done, total)`` counts embedded crops and decoded prompts. ``keep_logits``:
+    each mask keeps its low-res logits (on the host); ``False``: ``low_res`` is None.
     """
     params = params or AutomaticParams.for_model(engine.info.box_trained)
     t0 = time.perf_counter()
@@ -347,7 +352,7 @@ def segment_everything(engine: SamEngine, image, params: AutomaticParams | None 
         check(cancel)
         grid = grids[crop.layer]
         per_crop.append(_crop_masks(engine, prepared, crop, ci, grid, params, batch_size,
-                                    sub(done[0]), cancel))
+                                    sub(done[0]), cancel, keep_logits))
         done[0] += len(grid)
     masks = _Masks.cat(per_crop, dev)
     if len(crops) > 1 and len(masks) > 1:  # duplicates between crops: prefer smaller crops
@@ -363,8 +368,8 @@ def segment_everything(engine: SamEngine, image, params: AutomaticParams | None 
 
 def segment_everything_batch(engine: SamEngine, images: Sequence, params: AutomaticParams | None = None,
                              batch_size: int | None = None, embed_batch_size: int | None = None,
-                             progress: ProgressFn = None, cancel: CancelToken | None = None
-                             ) -> list[AutomaticResult]:
+                             progress: ProgressFn = None, cancel: CancelToken | None = None,
+                             keep_logits: bool = True) -> list[AutomaticResult]:
     """:func:`segment_everything` for several 2D images (the planes of a stack, a folder
     batch): the crops of all images are embedded first in shared encoder batches."""
     params = params or AutomaticParams.for_model(engine.info.box_trained)
@@ -379,7 +384,8 @@ def segment_everything_batch(engine: SamEngine, images: Sequence, params: Automa
 
     engine.embed(prepared, views, batch_size=embed_batch_size, progress=sub(0), cancel=cancel)
     return [segment_everything(engine, im, params, batch_size=batch_size, progress=sub(k + 1), cancel=cancel,
-                               embed_batch_size=embed_batch_size) for k, im in enumerate(prepared)]
+                               embed_batch_size=embed_batch_size, keep_logits=keep_logits)
+            for k, im in enumerate(prepared)]
 
 
 def _result(masks: _Masks, crops: list[Crop], labels, ids, n_prompts: int, seconds: float) -> AutomaticResult:
@@ -389,7 +395,8 @@ def _result(masks: _Masks, crops: list[Crop], labels, ids, n_prompts: int, secon
     out = []
     for i in order:
         m, y0, x0 = masks.crops[i]
-        out.append(MaskResult(m, int(y0), int(x0), float(iou[i]), masks.low[i].float(),
+        low = masks.low[i]
+        out.append(MaskResult(m, int(y0), int(x0), float(iou[i]), None if low is None else low.float(),
                               crops[int(crop_idx[i])].view))
     boxes = masks.boxes.cpu().numpy()[order].astype(np.float64).reshape(-1, 4)
     boxes[:, 2:] += 1  # exclusive ends

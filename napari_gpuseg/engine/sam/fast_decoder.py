@@ -267,7 +267,8 @@ def _factored(sam, emb: torch.Tensor, sparse: torch.Tensor, sl: slice, iou_thres
     n = sparse.shape[0]
     memo = {} if memo is None else memo
     if "src" not in memo or "pe" not in memo:
-        emb = emb.float()  # (a bf16 embedding is converted once per memo, not per call)
+        # to the device (and a bf16 embedding to fp32) once per memo, not per call
+        emb = emb.to(sparse.device).float()
         src = (emb + sam.prompt_encoder.no_mask_embed.weight.reshape(c, 1, 1)).flatten(1).T  # P C
         pe = sam.prompt_encoder.get_dense_pe()[0].flatten(1).T.float()  # P C
         memo.update(src=src, pe=pe)  # both or neither: an OOM above leaves the memo empty
@@ -320,6 +321,7 @@ _OUTPUTS = {"multi": slice(1, None), "single": slice(0, 1), "all": slice(0, None
 def decode_sparse(sam, emb: torch.Tensor, sparse: torch.Tensor, outputs: str = "multi",
                   iou_thresh: float = float("-inf"), factored: bool | None = None,
                   memo: dict | None = None, roi: torch.Tensor | None = None,
+                  device: torch.device | str | None = None,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decode N prompts (sparse embeddings (N, T, C), no mask input) against one embedding.
 
@@ -335,11 +337,15 @@ def decode_sparse(sam, emb: torch.Tensor, sparse: torch.Tensor, outputs: str = "
     ``r0, c0, r1, c1`` (rows, columns of the embedding grid, end exclusive): the factored
     decoder computes each prompt's mask logits in that rectangle only (the same numbers
     there; ``ROI_FILL`` outside), which a box prompt needs near its box alone.
+    ``device``: where the decoder runs (default: ``emb``'s device); the factored decoder
+    copies a host ``emb`` there only when ``memo`` does not hold its products yet.
     """
     sl = _OUTPUTS[outputs]
     if factored is None:
         factored = supports_factored(sam)
-    dev = emb.device
+    dev = emb.device if device is None else torch.device(device)
+    if not factored:
+        emb = emb.to(dev)
     if factored:
         memo = {} if memo is None else memo
         # on a CPU, a few prompts at a time keep the attention maps in cache (measured
@@ -348,7 +354,7 @@ def decode_sparse(sam, emb: torch.Tensor, sparse: torch.Tensor, outputs: str = "
         parts = []
         with autocast_off(dev):
             for a in range(0, max(1, sparse.shape[0]), step):
-                iou, sel, low = _factored(sam, emb, sparse[a:a + step].float(), sl, iou_thresh, memo,
+                iou, sel, low = _factored(sam, emb, sparse[a:a + step].float().to(dev), sl, iou_thresh, memo,
                                           None if roi is None else roi[a:a + step])
                 parts.append((iou, sel + a, low))
         if len(parts) == 1:

@@ -31,6 +31,7 @@ from scipy import ndimage as ndi
 
 from ..runtime.batching import is_oom
 from ..runtime.cancel import CancelToken, check
+from ..runtime.device import all_finite
 from ..runtime.memory import empty_cache
 from .inputs import PreparedImage, normalize_input
 from .views import View
@@ -134,11 +135,12 @@ def embed_field(engine, image: PreparedImage, cancel: CancelToken | None = None)
     x = F.pad(x, (0, -w % stride, 0, -h % stride))  # zeros after normalisation, as a view's padding
     hp, wp = x.shape[1:]
     out = None
+    oom = None
     try:
         for ys, ye, yk0, yk1 in spans(hp, stride):
             for xs, xe, xk0, xk1 in spans(wp, stride):
                 check(cancel)
-                e = engine.encode(x[None, :, ys:ye, xs:xe].contiguous())[0]
+                e = engine.encode(x[None, :, ys:ye, xs:xe].contiguous())[0]  # not autotuned: see encode
                 if out is None:
                     out = torch.empty(e.shape[0], hp // stride, wp // stride, dtype=e.dtype)
                 out[:, yk0 // stride:yk1 // stride, xk0 // stride:xk1 // stride] = e[
@@ -147,8 +149,14 @@ def embed_field(engine, image: PreparedImage, cancel: CancelToken | None = None)
     except RuntimeError as exc:
         if not is_oom(exc):
             raise
-        log.warning("field embedding ran out of memory (%s); embedding views one by one", exc)
+        oom = str(exc)
+    if oom is not None:  # outside the except block: the traceback (and the failed block) is gone
+        out = e = None
+        log.warning("field embedding ran out of memory (%s); embedding views one by one", oom)
         empty_cache(engine.policy.device)
+        return None
+    if not all_finite(out):  # never cached (as view embeddings): the views are embedded one by one
+        log.warning("field embedding is not finite (NaN or inf); embedding views one by one")
         return None
     engine.cache.put(key, out)
     return out

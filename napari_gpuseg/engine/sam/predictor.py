@@ -18,13 +18,16 @@ import numpy as np
 import torch
 
 from .fast_decoder import decode_sparse, mask_region, supports_factored
-from ..runtime.batching import initial_batch_size, run_batched, to_device
-from ..runtime.device import Policy, resolve_policy, guard_finite
+from ..runtime.batching import run_batched, to_device
+from ..runtime.device import Policy, all_finite, resolve_policy, guard_finite
 from .cache import EmbeddingCache
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from .inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
 from .views import View, grid_views, prompt_box, route_box
 from ..runtime.worker import pause_point
+
+
+GPU_EMBED_STEP = 2  # views per background encoder step on a GPU (embed_steps)
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class MaskResult:
     y0: int
     x0: int
     score: float  # predicted IoU
-    low_res: torch.Tensor = field(repr=False)  # (L, L) logits, for refinement
+    low_res: torch.Tensor | None = field(repr=False)  # (L, L) logits, for refinement (None: not kept)
     view: View = field(repr=False)
     all_scores: np.ndarray | None = None
 
@@ -128,12 +131,14 @@ class SamEngine:
         self._extra_views: dict[str, list[View]] = {}  # ad-hoc views made per image digest
         # per embedding: the decoder's work that depends on the image alone (see fast_decoder)
         self._memos: OrderedDict[tuple, dict] = OrderedDict()
+        self._nonfinite: set = set()  # keys of views whose embedding was not finite (never cached)
         self._factored = supports_factored(self.sam)
         encoder = getattr(self.sam, "image_encoder", None)
         if isinstance(encoder, torch.nn.Module):  # stand-in models in tests may have none
             _add_pause_points(encoder)
 
     MEMOS = 4  # embeddings whose decoder products are kept (~35 MB each at 64 x 64)
+    MASK_RENDER_BYTES = 64 * 2**20  # full-size mask logits of one decoder call rendered at once
 
     def decoder_memo(self, image: PreparedImage, view: View, source: str = "view") -> dict:
         """The dict :func:`fast_decoder.decode_sparse` keeps for the embedding of ``view``:
@@ -207,14 +212,14 @@ class SamEngine:
         Views already embedded (by a prompt that needed one, say) are skipped when their
         turn comes. ``focus()`` (x, y), asked before each batch, puts the views nearest it
         first. ``step`` is the views per batch (default: one on CPU, where a batch is no
-        faster per view and a shorter step answers a prompt sooner)."""
+        faster per view and a shorter step answers a prompt sooner; :data:`GPU_EMBED_STEP` on
+        a GPU, where a prompt's decode queues behind the step's kernels on the same stream
+        and pause points cannot cut that wait short)."""
         image = self.prepare(image)
         views = list(views) if views is not None else self.views(image)
         total = len(views)
         if step is None:
-            dev = self.policy.device
-            s = self.input_size
-            step = 1 if dev.type == "cpu" else initial_batch_size(total, dev, 40 * 3 * s * s * 4)
+            step = 1 if self.policy.device.type == "cpu" else GPU_EMBED_STEP
         while True:
             check(cancel)
             todo = [v for v in views if self._key(image, v) not in self.cache]
@@ -232,11 +237,14 @@ class SamEngine:
     # -- encoder --------------------------------------------------------------
     def encode(self, batch: torch.Tensor) -> torch.Tensor:
         """The image encoder on a (B, 3, H, W) input batch, under the device policy (a
-        non-finite result under autocast re-runs in fp32)."""
+        non-finite result under autocast re-runs in fp32). cuDNN autotunes only inputs of the
+        model's own size (views), never the field map's blocks, whose shapes change with
+        every image size (each new shape would be tuned again)."""
         x = to_device(batch, self.policy.device)
+        benchmark = tuple(x.shape[-2:]) == (self.input_size, self.input_size)
 
         def run():
-            with torch.inference_mode(), self.policy.autocast(benchmark=True):  # one input shape
+            with torch.inference_mode(), self.policy.autocast(benchmark=benchmark):
                 return self.sam.image_encoder(x)
 
         # a non-finite embedding under autocast re-runs in fp32 (and pins fp32 for the device)
@@ -266,9 +274,14 @@ class SamEngine:
             x = torch.stack([view_input(img, v, self.info.normalization) for img, v in pairs])
             out = self.encode(x)
             # each embedding to its own host copy, inside the OOM back-off; the batch output
-            # is dropped here, so the peak is the embeddings plus one batch, not twice them
+            # is dropped here, so the peak is the embeddings plus one batch, not twice them.
+            # A non-finite one (even after the fp32 re-run) is never cached: the next call
+            # embeds the view again instead of serving empty masks from it for good
             for (img, v), emb in zip(pairs, out):
-                self.cache.put(self._key(img, v), emb.to("cpu", copy=True))
+                if all_finite(emb):
+                    self.cache.put(self._key(img, v), emb.to("cpu", copy=True))
+                else:
+                    self._nonfinite.add(self._key(img, v))
             return [None] * len(pairs)
 
         key = ("sam-encoder", self.info.name, s, self.policy.precision, str(self.policy.device))
@@ -282,6 +295,10 @@ class SamEngine:
         if emb is None:
             self.embed([image], [[view]])
             emb = self.cache.get(self._key(image, view))
+            if emb is None and self._key(image, view) in self._nonfinite:
+                self._nonfinite.discard(self._key(image, view))
+                raise FloatingPointError(f"the image embedding of view {view} is not finite (NaN or "
+                                         "inf) even in fp32: check the image values")
             if emb is None:  # cache too small to hold even one entry
                 raise MemoryError("embedding cache is too small for one embedding")
         return emb
@@ -354,8 +371,8 @@ class SamEngine:
         with torch.inference_mode(), self.policy.autocast():
             sparse, dense = self.sam.prompt_encoder(points=points, boxes=boxes, masks=masks)
             if masks is None and self._factored:
-                iou, _sel, low_res = decode_sparse(self.sam, emb.to(dev), sparse,
-                                                   "multi" if multimask else "single", memo=memo, roi=roi)
+                iou, _sel, low_res = decode_sparse(self.sam, emb, sparse, "multi" if multimask else "single",
+                                                   memo=memo, roi=roi, device=dev)  # emb copied once per memo
             else:
                 low_res, iou = self.sam.mask_decoder(
                     image_embeddings=emb[None].to(dev),
@@ -371,12 +388,22 @@ class SamEngine:
             chosen, scores = low_res[ar, best], iou[ar, best]
         else:
             chosen, scores = low_res[:, 0], iou[:, 0]
-        full = logits_to_view_mask(chosen, view) > 0
-        full_np = full.cpu().numpy()
+        full_np = self._render_masks(chosen, view)
         scores_np = scores.cpu().numpy()
         all_scores = iou.cpu().numpy()
         return [MaskResult(full_np[i], view.y0, view.x0, float(scores_np[i]), chosen[i].detach(),
                            view, all_scores[i]) for i in range(len(prompts))]
+
+    def _render_masks(self, low_res: torch.Tensor, view: View) -> np.ndarray:
+        """Native-resolution bool masks (N, h, w) of ``low_res`` logits (N, L, L), rendered
+        a block of prompts at a time (:attr:`MASK_RENDER_BYTES` of full-size logits) and
+        copied to the host block by block, so many prompts never hold all their full-size
+        logits on the device at once."""
+        per = max(1, self.MASK_RENDER_BYTES // (4 * view.input_size ** 2))
+        out = np.empty((low_res.shape[0], view.h, view.w), dtype=bool)
+        for a in range(0, low_res.shape[0], per):
+            out[a:a + per] = (logits_to_view_mask(low_res[a:a + per], view) > 0).cpu().numpy()
+        return out
 
     # -- conveniences -----------------------------------------------------------
     def predict_boxes(self, image, boxes: np.ndarray, cancel: CancelToken | None = None,

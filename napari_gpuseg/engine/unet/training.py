@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -144,11 +145,34 @@ def _time_fraction(config: TrainConfig, t0: float) -> float:
 
 
 def _workers(config: TrainConfig, device: torch.device) -> int:
+    """DataLoader workers: ``config.num_workers``, else none on the CPU and off Linux (macOS
+    and Windows start workers by spawning, which imports torch again in each of them at
+    every Train / Adapt start), else up to 4."""
     if config.num_workers is not None:
         return config.num_workers
-    if device.type == "cpu":
+    if device.type == "cpu" or not sys.platform.startswith("linux"):
         return 0
     return max(0, min(4, (os.cpu_count() or 1) // 2))
+
+
+SYNC_FREE_DEVICES = ("cpu",)  # devices where reading a loss back costs no wait (no queued kernels)
+
+
+def amp_setup(policy: Policy) -> tuple[bool, "torch.amp.GradScaler"]:
+    """(autocast on?, gradient scaler) for training under ``policy``.
+
+    CUDA: autocast in the policy's precision, with an enabled scaler (fp16: the usual
+    loss scaling; bf16: scale 1, kept only so that a step with non-finite gradients is
+    skipped on the device, by the fused optimizer, without a host sync). MPS: fp32 and no
+    scaler (the MPS scaler's ``unscale_`` fails on torch 2.5-2.7, and fp16 without one
+    loses small gradients). CPU: bf16 autocast where the policy has it, no scaler."""
+    device = policy.device
+    use_amp = policy.uses_autocast and device.type != "mps"
+    if device.type == "cuda" and use_amp:
+        if policy.active_precision == "fp16":
+            return True, torch.amp.GradScaler("cuda")
+        return True, torch.amp.GradScaler("cuda", init_scale=1.0, growth_interval=2**30)
+    return use_amp, torch.amp.GradScaler(device.type if device.type == "cuda" else "cpu", enabled=False)
 
 
 def evaluate(model: UNet, xs: list, ys: list, config: TrainConfig, policy: Policy) -> tuple[float, float]:
@@ -253,8 +277,8 @@ def train_unet(
     compile_pending = fwd is not model  # compilation happens (and can fail) on the first call
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=fused)
-    use_amp = policy.uses_autocast
-    scaler = torch.amp.GradScaler(device.type, enabled=use_amp and policy.precision == "fp16")
+    use_amp, scaler = amp_setup(policy)
+    check_each_step = device.type in SYNC_FREE_DEVICES  # elsewhere: checked when losses are read back
     workers = _workers(config, device)
     dataset = CropDataset(tx, targets, config.crop_size, config.iters_per_epoch * config.batch_size)
     notes = []
@@ -274,7 +298,8 @@ def train_unet(
     summary = {
         "n_images": len(images), "n_train": len(tx), "n_val": len(vx),
         "train_shapes": [list(x.shape[1:]) for x in tx], "n_objects": int(sum(len(np.unique(y)) - 1 for y in ty)),
-        "parameters": count_parameters(model), "device": str(device), "precision": policy.precision,
+        "parameters": count_parameters(model), "device": str(device),
+        "precision": policy.active_precision if use_amp else "fp32",
         "torch": str(torch.__version__), "val_image_indices": val_indices(len(xs), config.val_fraction, config.seed),
         **(data_summary or {}),
     }
@@ -309,7 +334,7 @@ def train_unet(
                 compile_pending = False
             else:
                 loss = step_loss()
-            if use_amp and not bool(torch.isfinite(loss)):  # one sync per step, only under autocast
+            if use_amp and check_each_step and not bool(torch.isfinite(loss)):  # free on a CPU
                 pin_fp32(device, f"non-finite training loss in {policy.precision}")
                 use_amp = False  # this batch and every later one in fp32
                 loss = step_loss()
@@ -320,13 +345,19 @@ def train_unet(
             it += 1
             pending.append((it, loss.detach(), opt.param_groups[0]["lr"]))
             if len(pending) >= LOSS_SYNC_EVERY:
-                losses += _flush_losses(pending, on_event, epoch, total, best_score)
+                flushed = _flush_losses(pending, on_event, epoch, total, best_score)
+                losses += flushed
+                if use_amp and not np.isfinite(flushed).all():
+                    # on a GPU the scaler skipped those steps on the device: fp32 from here on
+                    pin_fp32(device, f"non-finite training loss in {policy.precision}")
+                    use_amp, scaler = False, torch.amp.GradScaler("cuda", enabled=False)
             report(progress, it, total)
             if config.max_time_s and time.perf_counter() - t0 > config.max_time_s:
                 stopped = "time_limit"
                 break
         losses += _flush_losses(pending, on_event, epoch, total, best_score)
-        mean_loss = float(np.mean(losses)) if losses else float("nan")
+        finite = [v for v in losses if math.isfinite(v)]  # skipped (non-finite) steps left out
+        mean_loss = float(np.mean(finite)) if finite else float("nan")
         entry = {"epoch": epoch, "iteration": it, "train_loss": mean_loss}
         if vx:
             check(cancel)
