@@ -87,7 +87,8 @@ def follow_up(prompt: Prompt, previous: Prompt | None, result) -> Prompt:
     ``previous``) goes back as mask input, so the click corrects that mask instead of
     starting over. Any other change (a point moved or deleted, a new box) starts over.
     A previous mask from a box prompt is not fed back (it was decoded near its box only)."""
-    if previous is None or result is None or prompt.points is None or previous.box is not None:
+    if (previous is None or result is None or getattr(result, "low_res", None) is None
+            or prompt.points is None or previous.box is not None):
         return prompt
     if prompt.box is not None:
         return prompt

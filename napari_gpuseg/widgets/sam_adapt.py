@@ -133,9 +133,11 @@ class SamAdaptWidget(DockWidget):
             self._set_status(f"Saved {self.model_path} ({result['steps']} steps, {result['seconds']:.0f} s){where}.")
 
     def _failed(self, exc: BaseException) -> None:
+        self.job = None  # a failed job's memory (weights, optimizer state) is not kept
         self._set_busy(False)
         self._report_error(exc)
 
     def _cancelled(self) -> None:
+        self.job = None
         self._set_busy(False)
         self._set_status("Cancelled: nothing was saved.")
