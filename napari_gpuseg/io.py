@@ -180,7 +180,8 @@ def _channel_axis(path: Path, data: np.ndarray, raw: _Raw) -> tuple[int | None, 
 
     The file's axes decide where it has them (TIFF/OME/ImageJ metadata: ``S`` samples,
     ``C`` channels); without them a last axis of at most 4 values is one: 3 = RGB colour,
-    and for colour formats (PNG, JPEG, ...) 4 = RGBA and 2 = gray + alpha."""
+    and for colour formats (PNG, JPEG, ...) 4 = RGBA and 2 = gray + alpha. (An RGBA image
+    whose alpha varies is taken as 4 channels by :func:`load_image`.)"""
     axes = raw.axes
     if axes is not None and ("S" in axes or "C" in axes):
         if "S" in axes and "C" in axes:
@@ -272,6 +273,8 @@ def load_image(path: str | os.PathLike, max_bytes: int | None = None,
             f"unsupported shape {tuple(raw.data.shape)}: {raw.data.ndim}-D; expected YX, YXC (RGB or "
             "channels), ZYX or TZYX",
         )
+    if rgb and data.shape[-1] == 4 and data[..., 3].min() != data[..., 3].max():
+        rgb, kind = False, "channels"  # a varying 4th "alpha" is data (np.stack of 4 channels)
     if (rgb and data.shape[-1] == 4) or kind == "alpha":
         data = data[..., :-1] if rgb else data[..., 0]
         notes.append("alpha channel dropped")
