@@ -187,8 +187,8 @@ def test_uint64_ids_above_2_63_keep_their_objects(tmp_path):
 
 
 # ----------------------------------------------------------------------------- 7: fine-tuning
-def test_finetune_refuses_non_integer_labels_and_normalises_rectangles(field, tmp_path):
-    from napari_gpuseg.engine.unet.finetune import check_labels, finetune_unet, region_mask
+def test_finetune_refuses_non_integer_labels(field, tmp_path):
+    from napari_gpuseg.engine.unet.finetune import finetune_unet
     from napari_gpuseg.engine.unet.training import TrainConfig
 
     labels = np.zeros(field.shape, np.int32)
@@ -200,9 +200,15 @@ def test_finetune_refuses_non_integer_labels_and_normalises_rectangles(field, tm
         with pytest.raises(ValueError, match=why):
             finetune_unet(field, bad, config=quick, out_path=tmp_path / "x.pt")
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_finetune_label_ids_and_inverted_rectangles(field):
+    from napari_gpuseg.engine.unet.finetune import check_labels, region_mask
+
+    labels = np.zeros(field.shape, np.int32)
+    labels[20:40, 20:40] = 1
     # whole-number float labels and uint64 ids >= 2**63 are label images
-    as_float = check_labels(labels.astype(np.float32))
-    np.testing.assert_array_equal(as_float, labels)
+    np.testing.assert_array_equal(check_labels(labels.astype(np.float32)), labels)
     huge = np.where(labels > 0, np.uint64(2**63 + 3), np.uint64(0))
     np.testing.assert_array_equal(check_labels(huge), labels)
     # an inverted rectangle (corners given the other way round) is the same region
@@ -223,7 +229,8 @@ def test_box_csv_with_a_doubled_column_names_it(tmp_path):
     assert read_csv_boxes(p, (40, 50))[0].tolist() == [[1, 3, 10, 12]]
 
 
-@pytest.mark.parametrize("value", ["1_0", "0x10", "nan", "\u0661\u0660"])
+@pytest.mark.parametrize("value", ["1_0", "0x10", "nan", "\u0661\u0660"],
+                         ids=["underscore", "hex", "nan", "arabic-digits"])
 def test_box_csv_numbers_are_plain_decimals(tmp_path, value):
     p = tmp_path / "a.csv"
     p.write_text(f"x0,y0,x1,y1\n2,3,{value},12\n")
