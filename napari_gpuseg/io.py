@@ -178,21 +178,23 @@ def _squeeze(data: np.ndarray, axes: str | None = None) -> tuple[np.ndarray, str
 def _channel_axis(path: Path, data: np.ndarray, raw: _Raw) -> tuple[int | None, str]:
     """(index of the colour or channel axis or None, ``"colour"``/``"channels"``/``"alpha"``).
 
-    The file's axes decide where it has them (TIFF/OME/ImageJ metadata: ``S`` samples,
-    ``C`` channels); without them a last axis of at most 4 values is one: 3 = RGB colour,
+    The file's axes decide where it has them (TIFF/OME/ImageJ metadata: ``S`` samples
+    last, ``C`` channels); without them a last axis of at most 4 values is one: 3 = RGB colour,
     and for colour formats (PNG, JPEG, ...) 4 = RGBA and 2 = gray + alpha. (An RGBA image
     whose alpha varies is taken as 4 channels by :func:`load_image`.)"""
     axes = raw.axes
-    if axes is not None and ("S" in axes or "C" in axes):
-        if "S" in axes and "C" in axes:
+    if axes is not None:
+        if "C" in axes and axes.endswith("S"):
             raise UnsupportedDimensionsError(
                 path, f"two channel axes (axes {axes}, shape {_shape_text(data.shape)}); "
                       "save one channel axis per file")
-        ax = axes.index("S" if "S" in axes else "C")
-        colour = bool(raw.colour) and data.shape[ax] in (3, 4)
-        return ax, "colour" if colour else "channels"
-    if axes is not None and not set(axes) & set("QI"):
-        return None, ""  # the metadata names every axis, and none is a channel axis
+        if axes.endswith("S"):  # samples of each pixel: RGB(A) when the file says RGB
+            colour = bool(raw.colour) and data.shape[-1] in (3, 4)
+            return data.ndim - 1, "colour" if colour else "channels"
+        if "C" in axes:
+            return axes.index("C"), "channels"
+        if not set(axes) & set("QI"):  # every axis named and none a channel axis (planar
+            return None, ""            # RGB, S first, stays planes as it always was)
     if data.ndim >= 3 and data.shape[-1] <= 4:
         n = data.shape[-1]
         colour_format = path.suffix.lower() not in TIFF_SUFFIXES

@@ -135,6 +135,13 @@ def detect_boxes(image: np.ndarray, detector="threshold", rgb: bool | None = Non
 _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def _number(text: str) -> float | None:
     """A plain decimal number (``12``, ``-3.5``, ``1e3``); not ``1_0`` (Python's digit
     grouping), ``nan``, ``inf``, hexadecimal or non-ASCII digits, which ``float()`` takes."""
@@ -180,7 +187,7 @@ def read_box_csv(path) -> CsvBoxes:
 
         values = [_number(f) for f in fields]
         if cols is None:
-            if any(v is None for v in values):  # the header line
+            if any(_float(f) is None for f in fields):  # the header line (``nan``, ``1_0``: data)
                 names = [f.lower() for f in fields]
                 known = [n for n in names if n in BOX_COLUMNS + PLANE_COLUMNS]
                 twice = sorted({n for n in known if known.count(n) > 1})
