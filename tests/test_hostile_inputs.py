@@ -48,6 +48,7 @@ def test_file_name_not_valid_utf8_gets_a_report(tmp_path, field):
         text = (out_dir / "report.csv").read_text(encoding="utf-8")
         assert "bad\\xff\\xfeutf8.tif" in text and "good.tif" in text
         assert text.count("skipped" if run == 2 else ",ok,") == 2
+        assert len(text.splitlines()) == 3  # one row per file: the rerun matched the escaped name
     assert (out_dir / "report.json").is_file()
     assert os.path.isfile(os.fsdecode(os.fsencode(str(out_dir)) + b"/bad\xff\xfeutf8_labels.tif"))
 
