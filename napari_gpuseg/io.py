@@ -54,18 +54,27 @@ class TooLargeError(ImageReadError):
     kind = "too-large"
 
 
+class ChannelError(ImageReadError):
+    """A multichannel image without a chosen channel, or a channel it does not have."""
+
+    kind = "channels"
+
+
 @dataclass
 class LoadedImage:
     """An image as read from disk, validated and cleaned.
 
     ``data`` is YX, YXC (``rgb`` True, C == 3), ZYX or TZYX with a numeric real dtype and
-    no NaN/inf; ``notes`` says what was changed on the way (NaNs replaced, alpha dropped).
+    no NaN/inf, or one of these with a trailing axis of ``channels`` (> 0) non-colour
+    channels (see :func:`select_channel`); ``notes`` says what was changed on the way
+    (NaNs replaced, alpha dropped, series not read).
     """
 
     data: np.ndarray
     path: str
     rgb: bool = False
     notes: list[str] = field(default_factory=list)
+    channels: int = 0  # > 0: the last axis holds this many channels (not colour)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -103,12 +112,45 @@ def _check_memory(path: Path, values: int, nbytes: int, max_bytes: int,
         )
 
 
-def _read_raw(path: Path) -> np.ndarray:
-    if path.suffix.lower() in TIFF_SUFFIXES:
-        import tifffile
+@dataclass
+class _Raw:
+    data: np.ndarray
+    axes: str | None = None  # TIFF/OME metadata axes (tifffile codes), None when unknown
+    colour: bool | None = None  # the file says colour (RGB photometric; PNG/JPEG)
+    notes: list[str] = field(default_factory=list)
 
+
+def _shape_text(shape, dtype=None) -> str:
+    return "x".join(str(int(s)) for s in shape) + (f" {np.dtype(dtype)}" if dtype is not None else "")
+
+
+def _read_tiff(path: Path) -> _Raw:
+    """Series 0 of a TIFF with its axes; a note names the other series (not read)."""
+    import tifffile
+
+    with tifffile.TiffFile(path) as tf:
+        series = tf.series
+        first = series[0]
+        data = np.asarray(first.asarray())
+        axes = first.axes if len(first.axes) == data.ndim else None  # Q, I: unknown axes
+        photometric = getattr(tf.pages[0], "photometric", None)
+        colour = getattr(photometric, "name", "") in ("RGB", "YCBCR")
+        notes = []
+        if len(series) > 1:
+            others = ", ".join(f"{k} ({_shape_text(s.shape, s.dtype)})" for k, s in enumerate(series)
+                               if k > 0)
+            notes.append(f"the file holds {len(series)} image series: series 0 "
+                         f"({_shape_text(first.shape, first.dtype)}) was read; series {others} "
+                         "not (save each series as its own file to segment it)")
+    return _Raw(data, axes, colour, notes)
+
+
+def _read_raw(path: Path) -> _Raw:
+    if path.suffix.lower() in TIFF_SUFFIXES:
         try:
-            return np.asarray(tifffile.imread(path))
+            return _read_tiff(path)
+        except MemoryError:
+            raise
         except Exception as exc:  # noqa: BLE001 - tifffile raises many types
             raise NotAnImageError(
                 path, f"not a readable TIFF (corrupt, truncated or not a TIFF): {exc}"
@@ -116,17 +158,52 @@ def _read_raw(path: Path) -> np.ndarray:
     try:
         import imageio.v3 as iio
 
-        return np.asarray(iio.imread(path))
+        return _Raw(np.asarray(iio.imread(path)), None, True)
+    except MemoryError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise NotAnImageError(path, f"not a readable image: {exc}") from exc
 
 
-def _squeeze(data: np.ndarray) -> np.ndarray:
-    """Drop length-1 axes, keeping at least 2 dimensions."""
-    shape = [s for s in data.shape if s != 1]
-    if len(shape) < 2:
-        shape = list(data.shape[-2:])
-    return data.reshape(shape)
+def _squeeze(data: np.ndarray, axes: str | None = None) -> tuple[np.ndarray, str | None]:
+    """Drop length-1 axes (and their names), keeping at least 2 dimensions."""
+    keep = [i for i, s in enumerate(data.shape) if s != 1]
+    if len(keep) < 2:
+        keep = list(range(data.ndim))[-2:]
+    if axes is not None:
+        axes = "".join(axes[i] for i in keep)
+    return data.reshape([data.shape[i] for i in keep]), axes
+
+
+def _channel_axis(path: Path, data: np.ndarray, raw: _Raw) -> tuple[int | None, str]:
+    """(index of the colour or channel axis or None, ``"colour"``/``"channels"``/``"alpha"``).
+
+    The file's axes decide where it has them (TIFF/OME/ImageJ metadata: ``S`` samples
+    last, ``C`` channels); without them a last axis of at most 4 values is one: 3 = RGB colour,
+    and for colour formats (PNG, JPEG, ...) 4 = RGBA and 2 = gray + alpha. (An RGBA image
+    whose alpha varies is taken as 4 channels by :func:`load_image`.)"""
+    axes = raw.axes
+    if axes is not None:
+        if "C" in axes and axes.endswith("S"):
+            raise UnsupportedDimensionsError(
+                path, f"two channel axes (axes {axes}, shape {_shape_text(data.shape)}); "
+                      "save one channel axis per file")
+        if axes.endswith("S"):  # samples of each pixel: RGB(A) when the file says RGB
+            colour = bool(raw.colour) and data.shape[-1] in (3, 4)
+            return data.ndim - 1, "colour" if colour else "channels"
+        if "C" in axes:
+            return axes.index("C"), "channels"
+        if not set(axes) & set("QI"):  # every axis named and none a channel axis (planar
+            return None, ""            # RGB, S first, stays planes as it always was)
+    if data.ndim >= 3 and data.shape[-1] <= 4:
+        n = data.shape[-1]
+        colour_format = path.suffix.lower() not in TIFF_SUFFIXES
+        if n == 3 or (n == 4 and colour_format):
+            return data.ndim - 1, "colour"
+        if n == 2 and colour_format:
+            return data.ndim - 1, "alpha"
+        return data.ndim - 1, "channels"
+    return None, ""
 
 
 def _clean_dtype(path: Path, data: np.ndarray, notes: list[str]) -> np.ndarray:
@@ -177,33 +254,83 @@ def load_image(path: str | os.PathLike, max_bytes: int | None = None,
         if size is not None:
             _check_memory(path, *size, max_bytes, bytes_per_value)
     try:
-        data = _read_raw(path)
+        raw = _read_raw(path)
     except MemoryError as exc:
         raise TooLargeError(path, "too large to load into memory; split it into tiles first") from exc
+    data = raw.data
     if max_bytes is not None and path.suffix.lower() not in TIFF_SUFFIXES:
         _check_memory(path, int(data.size), int(data.nbytes), max_bytes, bytes_per_value)
     if data.dtype == object or data.size == 0:
         raise NotAnImageError(path, f"no pixel data (shape {data.shape}, dtype {data.dtype})")
-    notes: list[str] = []
-    data = _squeeze(data)
-    rgb = data.ndim >= 3 and data.shape[-1] in (3, 4)
-    spatial = data.ndim - 1 if rgb else data.ndim
-    if spatial > MAX_NDIM or (rgb and spatial > 3):
+    notes: list[str] = list(raw.notes)
+    data, raw.axes = _squeeze(data, raw.axes)
+    ax, kind = _channel_axis(path, data, raw)
+    if ax is not None:
+        data = np.moveaxis(data, ax, -1)
+    rgb = kind == "colour"
+    spatial = data.ndim - 1 if ax is not None else data.ndim
+    if spatial > MAX_NDIM or (ax is not None and spatial > 3) or spatial < 2:
         raise UnsupportedDimensionsError(
             path,
-            f"unsupported shape {tuple(data.shape)}: {data.ndim}-D; expected YX, YXC (RGB), "
-            "ZYX or TZYX",
+            f"unsupported shape {tuple(raw.data.shape)}: {raw.data.ndim}-D; expected YX, YXC (RGB or "
+            "channels), ZYX or TZYX",
         )
-    if rgb and data.shape[-1] == 4:
-        data = data[..., :3]
+    if rgb and data.shape[-1] == 4 and data[..., 3].min() != data[..., 3].max():
+        rgb, kind = False, "channels"  # a varying 4th "alpha" is data (np.stack of 4 channels)
+    if (rgb and data.shape[-1] == 4) or kind == "alpha":
+        data = data[..., :-1] if rgb else data[..., 0]
         notes.append("alpha channel dropped")
     data = _clean_dtype(path, data, notes)
-    return LoadedImage(np.ascontiguousarray(data), str(path), rgb, notes)
+    channels = int(data.shape[-1]) if kind == "channels" else 0
+    return LoadedImage(np.ascontiguousarray(data), str(path), rgb, notes, channels)
 
 
-def read_image(path: str | os.PathLike, max_bytes: int | None = None) -> np.ndarray:
-    """The pixel array of :func:`load_image`."""
-    return load_image(path, max_bytes=max_bytes).data
+def select_channel(loaded: LoadedImage, channel: int | None) -> LoadedImage:
+    """The image to segment: ``loaded`` itself, or its channel ``channel`` (0-based) as a
+    gray image. A multichannel image needs a channel (:class:`ChannelError` otherwise);
+    colour images may name one too (R, G, B = 0, 1, 2), gray images only 0."""
+    n = loaded.channels or (loaded.data.shape[-1] if loaded.rgb else 1)
+    if channel is None:
+        if loaded.channels:
+            shape = _shape_text(loaded.data.shape)
+            raise ChannelError(
+                loaded.path, f"{n} channels (shape {shape}, channels last): choose the one to "
+                f"segment with the option channel=N (0..{n - 1}), e.g. --set channel=0")
+        return loaded
+    if isinstance(channel, bool) or not isinstance(channel, (int, np.integer)) or not 0 <= channel < n:
+        raise ChannelError(loaded.path, f"channel {channel!r} does not exist: the image has {n} "
+                                        f"channel(s) (0..{n - 1})")
+    if n == 1:
+        return loaded
+    kind = "colour channel" if loaded.rgb else "channel"
+    return LoadedImage(np.ascontiguousarray(loaded.data[..., int(channel)]), loaded.path, False,
+                       loaded.notes + [f"{kind} {int(channel)} of {n} segmented"])
+
+
+def read_image(path: str | os.PathLike, max_bytes: int | None = None,
+               channel: int | None = None) -> np.ndarray:
+    """The pixel array of :func:`load_image` (of ``channel`` with :func:`select_channel`)."""
+    return select_channel(load_image(path, max_bytes=max_bytes), channel).data
+
+
+def peek_shape(path: str | os.PathLike) -> str:
+    """``"YxX dtype"`` of an image file from its header (a TIFF's first series; without
+    length-1 axes), or "" when unknown: the report rows of skipped files use it when no
+    earlier row has it."""
+    try:
+        if Path(path).suffix.lower() in TIFF_SUFFIXES:
+            import tifffile
+
+            with tifffile.TiffFile(path) as tf:
+                shape, dtype = tf.series[0].shape, tf.series[0].dtype
+        else:
+            import imageio.v3 as iio
+
+            props = iio.improps(path)
+            shape, dtype = props.shape, props.dtype
+        return _shape_text([s for s in shape if s != 1] or list(shape[-2:]), dtype)
+    except Exception:  # noqa: BLE001 - only a hint for the report
+        return ""
 
 
 def is_rgb(image: np.ndarray) -> bool:

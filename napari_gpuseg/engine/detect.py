@@ -33,13 +33,28 @@ def _as_boxes(rows) -> np.ndarray:
     return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
 
 
+def sequential_labels(labels: np.ndarray) -> np.ndarray:
+    """``labels`` with its ids renumbered 1..N in increasing order (0 stays background),
+    as int64: ids of any size (uint64 >= 2**63 too) keep their objects and their order.
+    Returned as they are when the ids are already small."""
+    labels = np.asarray(labels)
+    if labels.size == 0:
+        return labels.astype(np.int64)
+    if int(labels.max()) <= max(labels.size, 2**16):  # find_objects: one slot per id value
+        return labels.astype(np.int64, copy=False)
+    ids, inverse = np.unique(labels, return_inverse=True)
+    if ids[0] != 0:
+        inverse = inverse + 1
+    return inverse.reshape(labels.shape).astype(np.int64, copy=False)
+
+
 def boxes_from_labels(labels: np.ndarray) -> np.ndarray:
-    """Boxes of the objects of a 2D label image, in increasing label order."""
+    """Boxes of the objects of a 2D label image, in increasing label order (any ids: a
+    large or uint64 id costs no memory per id value)."""
     from scipy import ndimage as ndi
 
-    labels = np.asarray(labels)
     return _as_boxes([(s[1].start, s[0].start, s[1].stop, s[0].stop)
-                      for s in ndi.find_objects(labels.astype(np.int64, copy=False)) if s is not None])
+                      for s in ndi.find_objects(sequential_labels(labels)) if s is not None])
 
 
 def threshold_boxes(image: np.ndarray, **kwargs) -> np.ndarray:
@@ -117,11 +132,20 @@ def detect_boxes(image: np.ndarray, detector="threshold", rgb: bool | None = Non
     return threshold_boxes(gray, **kwargs)
 
 
-def _number(text: str) -> float | None:
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def _float(text: str) -> float | None:
     try:
         return float(text)
     except ValueError:
         return None
+
+
+def _number(text: str) -> float | None:
+    """A plain decimal number (``12``, ``-3.5``, ``1e3``); not ``1_0`` (Python's digit
+    grouping), ``nan``, ``inf``, hexadecimal or non-ASCII digits, which ``float()`` takes."""
+    return float(text) if _NUMBER.fullmatch(text) else None
 
 
 class CsvBoxes(NamedTuple):
@@ -163,8 +187,15 @@ def read_box_csv(path) -> CsvBoxes:
 
         values = [_number(f) for f in fields]
         if cols is None:
-            if any(v is None for v in values):  # the header line
+            if any(_float(f) is None for f in fields):  # the header line (``nan``, ``1_0``: data)
                 names = [f.lower() for f in fields]
+                known = [n for n in names if n in BOX_COLUMNS + PLANE_COLUMNS]
+                twice = sorted({n for n in known if known.count(n) > 1})
+                if twice:
+                    raise bad(f"column {', '.join(twice)} appears more than once in the header")
+                planes_named = [n for n in known if n in PLANE_COLUMNS]
+                if len(planes_named) > 1:
+                    raise bad(f"two plane columns ({', '.join(planes_named)}); keep one")
                 missing = [c for c in BOX_COLUMNS if c not in names]
                 if missing:
                     raise bad(f"not four numbers x0,y0,x1,y1 and not a header naming x0, y0, x1, y1 "

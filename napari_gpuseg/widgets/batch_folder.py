@@ -72,7 +72,7 @@ class BatchFolderWidget(DockWidget):
         self.model = QLineEdit()
         self.model.setPlaceholderText("default model of the method (or a file)")
         self.options = QLineEdit()
-        self.options.setPlaceholderText("method options, e.g. detector=unet, min_size=20")
+        self.options.setPlaceholderText("method options, e.g. detector=unet, min_size=20, channel=1")
         self.boxes = QLineEdit()  # sam-boxes: boxes from files (<stem>.csv or <stem>_labels.tif)
         self.boxes.setPlaceholderText("sam-boxes: folder of <name>.csv / <name>_labels.tif (else a detector)")
         self.image_batch = QSpinBox(minimum=1, maximum=256, value=4)

@@ -35,6 +35,12 @@ class BoxFileError(ValueError):
     """A box file that is missing, ambiguous or malformed (the message names the file)."""
 
 
+class PlaneBoxes(list):
+    """Boxes ``(N, 4)`` per plane, with ``notes`` for the report (duplicates dropped)."""
+
+    notes: str = ""
+
+
 def box_file_candidates(box_dir: str | os.PathLike, rel: str) -> tuple[Path, Path]:
     """``(DIR/sub/a.csv, DIR/sub/a_labels.tif)`` for the input ``rel`` = ``"sub/a.tif"``."""
     root = Path(box_dir)
@@ -53,13 +59,13 @@ def find_box_file(box_dir: str | os.PathLike, rel: str) -> Path:
     return found[0]
 
 
-def boxes_for_image(box_dir: str | os.PathLike, rel: str, spatial_shape: tuple) -> list[np.ndarray]:
+def boxes_for_image(box_dir: str | os.PathLike, rel: str, spatial_shape: tuple) -> PlaneBoxes:
     """Boxes ``(N, 4)`` (``x0, y0, x1, y1``, end exclusive) per plane of an image of spatial
     shape ``(Y, X)`` (one plane) or ``(Z, Y, X)``, read from its box file in ``box_dir``."""
     path = find_box_file(box_dir, rel)
     if path.name.endswith(CSV_SUFFIX):
         return read_csv_boxes(path, spatial_shape)
-    return read_label_boxes(path, spatial_shape)
+    return PlaneBoxes(read_label_boxes(path, spatial_shape))
 
 
 def _planes_and_size(spatial_shape: tuple) -> tuple[int, int, int]:
@@ -69,10 +75,11 @@ def _planes_and_size(spatial_shape: tuple) -> tuple[int, int, int]:
     return (shape[0] if len(shape) == 3 else 1), shape[-2], shape[-1]
 
 
-def read_csv_boxes(path: str | os.PathLike, spatial_shape: tuple) -> list[np.ndarray]:
+def read_csv_boxes(path: str | os.PathLike, spatial_shape: tuple) -> PlaneBoxes:
     """Boxes per plane from a CSV box file (format in the module docstring, read by
     :func:`napari_gpuseg.engine.detect.read_box_csv`); every line is checked: numbers,
-    ``x0 < x1``, ``y0 < y1``, inside the image, a plane that exists."""
+    ``x0 < x1``, ``y0 < y1``, inside the image, a plane that exists. Exact copies of an
+    earlier box (same plane and corners) are dropped; ``notes`` says how many."""
     path = Path(path)
     n_planes, h, w = _planes_and_size(spatial_shape)
     stack = len(spatial_shape) == 3
@@ -81,6 +88,8 @@ def read_csv_boxes(path: str | os.PathLike, spatial_shape: tuple) -> list[np.nda
     except ValueError as exc:
         raise BoxFileError(str(exc)) from exc
     planes: list[list[list[float]]] = [[] for _ in range(n_planes)]
+    seen: set[tuple] = set()
+    copies = 0
     for k, (x0, y0, x1, y1) in enumerate(found.boxes.tolist()):
 
         def bad(why: str) -> BoxFileError:
@@ -101,8 +110,15 @@ def read_csv_boxes(path: str | os.PathLike, spatial_shape: tuple) -> list[np.nda
             raise bad(f"no z/frame column, but the image is a stack of {n_planes} planes")
         else:
             z = 0
+        if (z, x0, y0, x1, y1) in seen:
+            copies += 1
+            continue
+        seen.add((z, x0, y0, x1, y1))
         planes[z].append([x0, y0, x1, y1])
-    return [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in planes]
+    out = PlaneBoxes(np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in planes)
+    if copies:
+        out.notes = f"{copies} duplicate box(es) dropped (exact copies of an earlier line of {path.name})"
+    return out
 
 
 def read_label_boxes(path: str | os.PathLike, spatial_shape: tuple) -> list[np.ndarray]:

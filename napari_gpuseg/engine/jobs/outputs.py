@@ -117,9 +117,10 @@ def describe_method(method: str, model: str) -> str:
 
 def skipped_row(rel: str, labels_rel: str, labels: np.ndarray, info: dict | None,
                 table_path: Path, earlier: ImageStatus | None, header: dict,
-                current: tuple[str, str]) -> tuple[ImageStatus, tuple[str, str] | None]:
+                current: tuple[str, str], image_path=None) -> tuple[ImageStatus, tuple[str, str] | None]:
     """The row of a file whose output is complete: what the earlier run measured (shape,
-    objects, seconds, device) is kept; a missing object table is rebuilt from the labels.
+    objects, seconds, device) is kept (without an earlier row, the shape is read from the
+    header of ``image_path``); a missing object table is rebuilt from the labels.
     Also returns the (method, model) that wrote it when that is not ``current``."""
     notes = ["existing valid output"]
     ids = np.unique(labels)
@@ -135,7 +136,8 @@ def skipped_row(rel: str, labels_rel: str, labels: np.ndarray, info: dict | None
     if other is not None:
         notes.append(f"written by method {describe_method(*other)}")
     old = earlier
-    return ImageStatus(rel, shape=old.shape if old else "", objects=n_obj,
+    shape = old.shape if old and old.shape else (gio.peek_shape(image_path) if image_path else "")
+    return ImageStatus(rel, shape=shape, objects=n_obj,
                        seconds=old.seconds if old else 0.0, status="skipped",
                        labels=labels_rel, notes="; ".join(notes),
                        device=old.device if old else ""), other

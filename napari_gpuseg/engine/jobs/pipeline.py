@@ -31,7 +31,7 @@ from ... import label_files
 from ..runtime.cancel import Cancelled, CancelToken
 from .registry import Segmenter, method_factory
 from .outputs import describe_method, foreign_output, list_inputs, output_paths, read_earlier, rel_name, same_folder
-from .report import ImageStatus, Progress, RunReport, report_names, write_report  # noqa: F401 - re-exported
+from .report import ImageStatus, Progress, RunReport, report_names, safe_row, safe_text, write_report  # noqa: F401 - re-exported
 from .sharding import resolve_shard, shard_files  # noqa: F401 - re-exported
 from .stages import POLL_S, FolderRun, Item
 
@@ -135,9 +135,10 @@ def run_folder(
     items, seen, foreign = [], {}, []
     listed = {r.labels for r in earlier.values() if r.labels}
     for i, f in enumerate(found):
-        rel = rel_name(f, in_dir)
+        src_rel = rel_name(f, in_dir)
+        rel = safe_text(src_rel)  # a name that is not valid UTF-8 is escaped in the report
         lp, tp = output_paths(in_dir, out_dir, f)
-        item = Item(i, Path(f), rel, lp, tp, lp.relative_to(out_dir).as_posix())
+        item = Item(i, Path(f), rel, lp, tp, safe_text(lp.relative_to(out_dir).as_posix()), src_rel=src_rel)
         if lp in seen:
             report.rows.append(ImageStatus(rel, status="error",
                                            error=f"output name {lp.name} already used by {seen[lp]}"))
@@ -155,7 +156,7 @@ def run_folder(
         raise PipelineError(
             f"the output folder is the input folder and {len(foreign)} output name(s) are taken by "
             f"files napari-gpuseg did not write (e.g. {foreign[0].name}); choose another output folder")
-    this_run = {rel_name(x, in_dir) for x in found}
+    this_run = {safe_text(rel_name(x, in_dir)) for x in found}
     report.kept = [r for f, r in sorted(earlier.items()) if f not in this_run]
 
     ours = [p for it in items for p in (it.labels_path, it.table_path)]
@@ -188,7 +189,7 @@ def run_folder(
             if run.fatal is not None or run.disk_error is not None:
                 break
             try:
-                row = run.rows.get(timeout=POLL_S)
+                row = safe_row(run.rows.get(timeout=POLL_S))
             except queue.Empty:
                 if not run.alive() and run.rows.empty():
                     break
@@ -207,7 +208,7 @@ def run_folder(
             run.join()  # every stage ends after its current step; no thread outlives the run
         except KeyboardInterrupt:  # interrupted again while waiting: report what is known
             report.cancelled = aborted = True
-        for row in run.drain():  # rows of files finished while stopping: every output has one
+        for row in map(safe_row, run.drain()):  # rows of files finished while stopping: every output has one
             report.rows.append(row)
             counts[row.status] += 1
         label_files.remove_temp_files(out_dir, targets=ours)
@@ -229,7 +230,7 @@ def run_folder(
             f"{n} existing output(s) were written by method {describe_method(m, model)}, not "
             f"{describe_method(method_name, run_info['model'])}; they were skipped as they are "
             "(use --overwrite to redo them)")
-    report.rows.sort(key=lambda r: r.file)
+    report.rows = sorted(map(safe_row, report.rows), key=lambda r: r.file)
     try:
         write_report(report, out_dir, shard_t)
     except OSError as exc:  # e.g. the disk filled up: the outputs written stay; say why

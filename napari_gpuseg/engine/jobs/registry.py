@@ -126,6 +126,10 @@ class Segmenter:
     - ``spatial_ndims``: spatial dimensionalities handled (2 = YX, 3 = ZYX);
     - ``accepts_rgb``: True to receive YXC RGB images as they are (SAM); False to get
       them converted to gray by :meth:`prepare` (U-Net, threshold).
+
+    Every method takes the option ``channel`` (kept as ``self.channel``): folder jobs
+    segment that channel of multichannel (and colour) images
+    (:func:`napari_gpuseg.io.select_channel`).
     """
 
     name = "segmenter"
@@ -140,6 +144,12 @@ class Segmenter:
     def __init__(self, model: str | None = None, batch_size: int | None = None, **options: Any):
         self.model = model
         self.batch_size = batch_size
+        # every method takes ``channel``: the channel of multichannel images to segment
+        self.channel = options.pop("channel", None)
+        if self.channel is not None and not (isinstance(self.channel, int)
+                                             and not isinstance(self.channel, bool) and self.channel >= 0):
+            raise OptionError(f"{self.name} method: option channel={self.channel!r} must be an "
+                              "integer >= 0 (the 0-based channel of multichannel images to segment)")
         self.options = options
         spec = self.option_spec()
         if spec is not None:

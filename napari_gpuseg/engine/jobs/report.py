@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from ... import label_files, tables
@@ -21,6 +22,23 @@ class ImageStatus:
     labels: str = ""  # output label file (relative to out_dir)
     notes: str = ""
     device: str = ""
+
+
+def safe_text(text: str) -> str:
+    """``text`` as valid Unicode: the bytes of a file name that is not valid UTF-8 (held as
+    surrogates in a ``str``) are written as ``\\xff`` escapes; other text is unchanged."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return os.fsencode(text).decode("utf-8", "backslashreplace")
+
+
+def safe_row(row: ImageStatus) -> ImageStatus:
+    """``row`` with every text field :func:`safe_text` (reports, terminals and tables take it)."""
+    changed = {f.name: safe_text(v) for f in fields(row)
+               if isinstance(v := getattr(row, f.name), str) and safe_text(v) is not v}
+    return replace(row, **changed) if changed else row
 
 
 @dataclass

@@ -120,6 +120,7 @@ class SamBoxSegmenter(_SamSegmenter):
                     "embed_batch_size": Option("int", 1, none_ok=True),
                     "detector_options": Option("dict", none_ok=True), "boxes": _Folder("str")}
     _given = None  # boxes per plane from box files, for the current segment() call
+    _missed: list = []  # per plane of that call: the given boxes that gave no object
 
     def __init__(self, model=None, batch_size=None, **options):
         super().__init__(model, batch_size, **options)
@@ -140,19 +141,43 @@ class SamBoxSegmenter(_SamSegmenter):
         if self.options.get("boxes") is not None and inputs is None:
             raise ValueError("option boxes: box files are read per image file by folder jobs")
         self._given = None if inputs is None else [b for per_image in inputs for b in per_image]
-        return super().segment(images)
+        out = super().segment(images)
+        if inputs is not None:  # say which given boxes gave no object (a 1-px box, ...)
+            missed, k = self._missed, 0
+            for res, per_image in zip(out, inputs):
+                note = _missed_note(per_image, missed[k:k + len(per_image)], self.options.get("min_area", 15))
+                k += len(per_image)
+                res.notes = "; ".join(n for n in (res.notes, note) if n)
+        return out
 
     def _segment_planes(self, planes):
         from ..sam.box_stack import segment_box_planes
 
         given, self._given = self._given, None
         opts = self.options
-        return segment_box_planes(
+        results = segment_box_planes(
             self.engine, planes, given if given is not None else opts.get("detector", "auto"),
             detector_options=opts.get("detector_options"), policy=self.policy,
             padding=opts.get("padding", 2.0), batch_size=self.batch_size,
             embed_batch_size=opts.get("embed_batch_size"), min_area=opts.get("min_area", 15),
             cancel=self.cancel)
+        if given is not None:  # label i + 1 is the mask of box i, where one was found
+            self._missed = [np.asarray(b).reshape(-1, 4)[~np.isin(np.arange(1, len(b) + 1), r.labels)]
+                            for b, r in zip(given, results)]
+        return results
+
+
+def _missed_note(boxes_per_plane, missed_per_plane, min_area) -> str:
+    """"2 of 9 boxes gave no object, e.g. 10,10,11,11 (1 x 1 px) ..." or ""."""
+    n_all = sum(len(b) for b in boxes_per_plane)
+    missed = [b for m in missed_per_plane for b in np.asarray(m).reshape(-1, 4)]
+    if not missed:
+        return ""
+    small = min(missed, key=lambda b: (b[2] - b[0]) * (b[3] - b[1]))
+    corners = ",".join(f"{v:g}" for v in small)
+    return (f"{len(missed)} of {n_all} given box(es) gave no object, e.g. {corners} "
+            f"({small[2] - small[0]:g} x {small[3] - small[1]:g} px): nothing found in them, or "
+            f"less than min_area={min_area} px")
 
 
 class SamEverythingSegmenter(_SamSegmenter):

@@ -41,6 +41,7 @@ class Item:
     result: object = None
     device: str = ""
     inputs: object = None  # per-image inputs the method reads beside the image (box files)
+    src_rel: str = ""  # ``rel`` as the file system spells it (``rel`` is the report's text)
 
 
 def _shape_str(a: np.ndarray) -> str:
@@ -129,11 +130,14 @@ class FolderRun:
                 try:
                     loaded = gio.load_image(item.path, max_bytes=self.max_image_bytes,
                                             bytes_per_value=self.prep.bytes_per_value)
+                    loaded = gio.select_channel(loaded, getattr(self.prep, "channel", None))
                     item.notes = "; ".join(loaded.notes)
                     item.data = self.prep.prepare(loaded.data, loaded.rgb)
                     file_inputs = getattr(self.prep, "file_inputs", None)  # e.g. sam-boxes boxes=DIR
                     if file_inputs is not None:
-                        item.inputs = file_inputs(item.path, item.rel, item.data)
+                        item.inputs = file_inputs(item.path, item.src_rel or item.rel, item.data)
+                        extra = getattr(item.inputs, "notes", "")  # e.g. duplicate boxes dropped
+                        item.notes = "; ".join(n for n in (item.notes, extra) if n)
                 except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
                     item.seconds = time.perf_counter() - t0
                     if isinstance(exc, gio.ImageReadError) and exc.path == "image":
@@ -149,7 +153,7 @@ class FolderRun:
     def _skip(self, item: Item, labels, info) -> None:
         current = (self.run_info["method"], self.run_info["model"])
         row, other = skipped_row(item.rel, item.labels_rel, labels, info, item.table_path,
-                                 self.earlier.get(item.rel), self.header, current)
+                                 self.earlier.get(item.rel), self.header, current, item.path)
         if other is not None:
             with self._alive_lock:
                 self.other_method[other] = self.other_method.get(other, 0) + 1

@@ -63,6 +63,30 @@ def region_mask(shape, region: str = "labels", labels=None, rectangle=None, marg
     raise ValueError(f"unknown region {region!r}; use one of {', '.join(REGIONS)}")
 
 
+def check_labels(labels) -> np.ndarray:
+    """An instance label image as int64 with ids 1..N (0 = background), or ValueError: a
+    float image must hold whole numbers (a probability map or ``labels + 0.5`` is not a
+    label image), and ids must not be negative; any id size is kept (uint64 too)."""
+    from ..detect import sequential_labels
+
+    labels = np.asarray(labels)
+    if labels.dtype.kind == "f":
+        finite = np.isfinite(labels)
+        if not finite.all():
+            raise ValueError("the labels are not a label image: they hold NaN or infinite values")
+        frac = labels != np.round(labels)
+        if frac.any():
+            raise ValueError(f"the labels are not a label image: non-integer values such as "
+                             f"{float(labels[frac].flat[0]):g} (use whole-number object ids, 0 = background)")
+    elif labels.dtype.kind not in "uib":
+        raise ValueError(f"the labels are not a label image (dtype {labels.dtype})")
+    if labels.dtype.kind in "if" and labels.size and labels.min() < 0:
+        raise ValueError("the labels are not a label image: negative values (0 = background, objects > 0)")
+    if labels.dtype.kind == "f":
+        labels = labels.astype(np.int64)
+    return sequential_labels(labels)
+
+
 def training_pair(image, labels, mask: np.ndarray, context: int = CONTEXT):
     """(image crop, labels crop) around ``mask`` with ``context`` pixels of image kept
     around it; labels outside the mask become -1 (ignored in the loss). ``image`` is
@@ -108,6 +132,7 @@ def finetune_unet(image, labels, *, region: str = "labels", rectangle=None, init
     image, labels = np.asarray(image), np.asarray(labels)
     if labels.ndim != 2:
         raise ValueError(f"fine-tuning takes one 2D labels image, got shape {labels.shape}")
+    labels = check_labels(labels)
     if image.shape[:2] != labels.shape and image.shape[-2:] != labels.shape:
         raise ValueError(f"image {image.shape} and labels {labels.shape} differ in shape")
     if image.shape[-2:] != labels.shape and image.ndim == 3:  # YXC (RGB) -> CYX
