@@ -267,7 +267,8 @@ def run_train(args) -> int:
             print(f"epoch {ev.epoch + 1:3d} it {ev.iteration:5d}/{ev.total_iterations} loss {ev.train_loss:.4f}"
                   f"{val} lr {ev.lr:.2e} [{time.perf_counter() - t0:.0f} s]", flush=True)
 
-    summary = {"train_files": [f"{a.parent.parent.name}/{a.name}" for a, _ in pairs], "command": " ".join(["napari-gpuseg"] + sys.argv[1:])}
+    several = len(args.images) > 1  # then names carry their data set (the folder above images/)
+    summary = {"train_files": [f"{a.parent.parent.name}/{a.name}" if several else a.name for a, _ in pairs], "command": " ".join(["napari-gpuseg"] + sys.argv[1:])}
     result = train_unet(images, labels, config, out_path=args.out, policy=policy, on_event=on_event,
                         data_summary=summary, sample_weights=sample_weights)
     for note in result.notes:
