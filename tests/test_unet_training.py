@@ -180,3 +180,14 @@ def test_cli_train_several_folders_colour_and_augmentation(shared_data, tmp_path
         "bbbc039/IXMtest_A02_s1.tif", "bbbc039/IXMtest_A09_s1.tif", f"dsb/{colour}"]
     assert ckpt["training"]["config"]["scale_range"] == [0.5, 2.0]
     assert ckpt["training"]["config"]["strong_intensity"] is True
+
+
+def test_sample_weights_follow_the_validation_split():
+    from napari_gpuseg.engine.unet.train_data import train_weights, val_indices
+
+    w = [1.0, 2.0, 3.0, 4.0, 5.0]
+    (v,) = val_indices(5, 0.2, seed=3)
+    assert train_weights(w, 5, 4, 0.2, seed=3).tolist() == [x for i, x in enumerate(w) if i != v]
+    assert train_weights(None, 5, 4, 0.2) is None
+    with pytest.raises(ValueError, match="4 values for 5 images"):
+        train_weights(w[:4], 5, 4, 0.2)

@@ -103,6 +103,20 @@ def split_train_val(xs: list, ys: list, val_fraction: float, seed: int = 0):
     return [tx], [ty], [vx], [vy]
 
 
+def train_weights(sample_weights, n_all: int, n_train: int, val_fraction: float, seed: int = 0):
+    """The crop-sampling weights of the images :func:`split_train_val` left for training
+    (None: sample by pixel count)."""
+    if sample_weights is None:
+        return None
+    w = np.asarray(sample_weights, dtype=np.float64)
+    if w.shape != (n_all,):
+        raise ValueError(f"sample_weights: {w.shape[0] if w.ndim == 1 else w.shape} values for {n_all} images")
+    if n_train == n_all:
+        return w
+    val = set(val_indices(n_all, val_fraction, seed))
+    return np.array([v for i, v in enumerate(w) if i not in val])
+
+
 def crop_tuple(crop, d: int) -> tuple[int, ...]:
     return tuple(int(c) for c in crop) if isinstance(crop, (tuple, list)) else (int(crop),) * d
 

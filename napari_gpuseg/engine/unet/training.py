@@ -29,7 +29,8 @@ from ..metrics import foreground_iou, object_f1
 from ..normalize import normalization_spec
 from .predict import predict_probabilities, probabilities_to_labels, save_checkpoint
 from .loss import dice_ce_loss
-from .train_data import IGNORE, CropDataset, crop_tuple, make_targets, prepare_pairs, split_train_val, val_indices
+from .train_data import (IGNORE, CropDataset, crop_tuple, make_targets, prepare_pairs, split_train_val,
+                         train_weights, val_indices)
 from .train_output import SaveTarget, check_output_path, fallback_checkpoint_path  # noqa: F401
 
 
@@ -245,7 +246,7 @@ def train_unet(
     if not any(int(y.max()) > 0 for y in ys):
         raise ValueError("the labels contain no objects to learn from")
     tx, ty, vx, vy = split_train_val(xs, ys, config.val_fraction, config.seed)
-    weights = _train_weights(sample_weights, len(xs), len(tx), config)
+    weights = train_weights(sample_weights, len(xs), len(tx), config.val_fraction, config.seed)
 
     def to_targets(y):  # labels < 0: outside the annotated region
         return np.where(y < 0, IGNORE, make_targets(y, contact_width=config.contact_width,
@@ -378,19 +379,6 @@ def train_unet(
         notes.append(target.failure)
     return TrainResult(model, str(saved) if saved else None, best_score, best_epoch, history, stopped,
                        time.perf_counter() - t0, notes)
-
-
-def _train_weights(sample_weights, n_all: int, n_train: int, config: TrainConfig):
-    """The sampling weights of the images left for training (None: by pixel count)."""
-    if sample_weights is None:
-        return None
-    w = np.asarray(sample_weights, dtype=np.float64)
-    if w.shape != (n_all,):
-        raise ValueError(f"sample_weights: {w.shape[0] if w.ndim == 1 else w.shape} values for {n_all} images")
-    if n_train == n_all:
-        return w
-    val = set(val_indices(n_all, config.val_fraction, config.seed))
-    return np.array([v for i, v in enumerate(w) if i not in val])
 
 
 def _emit(fn, event: TrainEvent) -> None:
