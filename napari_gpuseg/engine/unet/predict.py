@@ -4,9 +4,9 @@ Images enter as numpy arrays of any dtype. A 2D model takes YX, a stack or time 
 (..., Y, X) as a batch of slices, or YXC / RGB with ``rgb=True``; a 3D model takes ZYX or
 a batch (..., Z, Y, X). A 1-channel model sees every image through the one input
 conversion, :func:`~napari_gpuseg.engine.normalize.model_input` (RGB -> luminance, bright
-backgrounds inverted), as in training and folder jobs. Probabilities are (3, *spatial) per image: background, interior,
-boundary. Labels come from connected interior components grown by watershed into the
-foreground.
+backgrounds inverted), as in training and folder jobs. Probabilities are (3, *spatial) per
+image: background, interior, boundary. Labels come from connected interior components grown
+by watershed into the foreground.
 """
 from __future__ import annotations
 
@@ -182,7 +182,8 @@ def default_roi(config: UNetConfig, spatial_shape, tile: int | None = None,
     return tuple(_window(int(s), candidates, whole_max, overlap) for s in spatial_shape)
 
 
-def _as_batch(image: np.ndarray, config: UNetConfig, rgb: bool, convert: bool = True) -> tuple[np.ndarray, tuple]:
+def _as_batch(image: np.ndarray, config: UNetConfig, rgb: bool,
+              convert: bool = True) -> tuple[np.ndarray, tuple]:
     """-> (B, C, *spatial) float array and the leading batch shape."""
     img = np.asarray(image)
     d = config.spatial_dims
