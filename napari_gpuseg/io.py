@@ -338,11 +338,13 @@ def is_rgb(image: np.ndarray) -> bool:
 
 
 def to_gray(image: np.ndarray) -> np.ndarray:
-    """Luminance (ITU-R 601) of a YXC RGB(A) image as float32; other images unchanged."""
+    """Luminance of a YXC RGB(A) image as float32 (the shared conversion,
+    :func:`napari_gpuseg.engine.normalize.to_gray`); other images unchanged."""
     if not is_rgb(image):
         return image
-    weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)
-    return image[..., :3].astype(np.float32) @ weights
+    from .engine.normalize import to_gray as luminance  # numpy only: no import cycle
+
+    return luminance(image)
 
 
 # ----------------------------------------------------------------------------- scans

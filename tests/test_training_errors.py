@@ -39,13 +39,17 @@ def folders(tmp_path_factory, shared_data):
 
 
 def _train(root, *extra, out=None):
-    args = ["train", "--images", str(root / "img"), "--labels", str(root / "lab"),
-            "--out", str(out or root / "m.pt"), "--depth", "2", "--base", "4", "--crop", "64",
-            "--batch-size", "1", "--epochs", "1", "--iters-per-epoch", "1", "--device", "cpu",
-            "--precision", "fp32"]
-    for a in extra:  # later options win in argparse
-        args += a.split(" ", 1) if a.startswith("--") and " " in a else [a]
-    return main(args)
+    opts = {"--images": str(root / "img"), "--labels": str(root / "lab"), "--out": str(out or root / "m.pt"),
+            "--depth": "2", "--base": "4", "--crop": "64", "--batch-size": "1", "--epochs": "1",
+            "--iters-per-epoch": "1", "--device": "cpu", "--precision": "fp32"}
+    flags = []
+    for a in extra:  # an option given here replaces the default (--images/--labels repeat otherwise)
+        key, _, value = a.partition(" ")
+        if value:
+            opts[key] = value
+        else:
+            flags.append(a)
+    return main(["train", *[x for kv in opts.items() for x in kv], *flags])
 
 
 @pytest.mark.parametrize("extra, expect", [
@@ -174,3 +178,18 @@ def test_engine_names_the_pair_that_does_not_fit():
         train_unet(imgs, labs, _tiny(), policy=FP32)
     with pytest.raises(ValueError, match="2 images but 1 label"):
         train_unet(imgs, labs[:1], _tiny(), policy=FP32)
+
+
+@pytest.mark.parametrize("extra, expect", [
+    (["--images", "{root}/img"], "2 --images but 1 --labels folders"),
+    (["--limit", "1", "--limit", "1"], "--limit given 2 times for 1 --images folders"),
+    (["--weight", "0"], "--weight must be a positive number"),
+    (["--scale-aug", "2", "1"], "--scale-aug must be two positive numbers, low <= high"),
+])
+def test_several_folder_options_one_line_exit_2(folders, capsys, extra, expect):
+    args = ["train", "--images", str(folders / "img"), "--labels", str(folders / "lab"),
+            "--out", str(folders / "m.pt"), "--device", "cpu"] + [a.format(root=folders) for a in extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("napari-gpuseg train: error: ") and expect in err and "\n" not in err, err
+    assert not (folders / "m.pt").exists()

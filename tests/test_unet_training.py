@@ -132,3 +132,62 @@ def test_cli_train_twin(shared_data, tmp_path):
     assert rc == 0
     ckpt = torch.load(out, map_location="cpu", weights_only=True)
     assert ckpt["training"]["data"]["train_files"] == ["IXMtest_A02_s1.tif", "IXMtest_A09_s1.tif"]
+
+
+def test_scaled_crops_make_fresh_targets_and_follow_the_weights():
+    from napari_gpuseg.engine.unet.train_data import CropDataset
+
+    lab = np.zeros((80, 90), np.int32)
+    lab[10:30, 10:30], lab[30:50, 10:30], lab[50:70, 40:80] = 1, 2, 3  # 1 and 2 touch
+    img = (lab > 0).astype(np.float32)[None]
+    empty = np.zeros_like(lab)
+    torch.manual_seed(0)
+    ds = CropDataset([img * 0, img], [empty, lab], 48, 40, weights=[0, 1], scale=(0.5, 2.0),
+                     target_fn=lambda y: make_targets(y, mark_contacts=True), strong_intensity=True)
+    seen = set()
+    for k in range(len(ds)):
+        x, y = ds[k]
+        assert x.shape == (1, 48, 48) and y.shape == (48, 48) and torch.isfinite(x).all()
+        seen |= set(torch.unique(y).tolist())
+    assert seen == {0, 1, 2, 3}  # interiors, rims and contacts: only the weighted image is drawn
+    with pytest.raises(ValueError, match="target_fn"):
+        CropDataset([img], [lab], 48, 4, scale=(0.5, 2.0))
+    with pytest.raises(ValueError, match="weights"):
+        CropDataset([img], [lab], 48, 4, weights=[-1])
+
+
+def test_cli_train_several_folders_colour_and_augmentation(shared_data, tmp_path):
+    """Two data sets (gray BBBC039 crops, one colour H&E field), per-folder limits and
+    weights, scale and intensity augmentation: the checkpoint names every file with its set."""
+    from napari_gpuseg.cli.main import main
+
+    bb, dsb = shared_data / "bbbc039", shared_data / "dsb2018_more"
+    colour = "9f17aea854db1301.tif"
+    for sub in ("c_img", "c_lab"):
+        (tmp_path / "dsb" / sub).mkdir(parents=True)
+    tifffile.imwrite(tmp_path / "dsb" / "c_img" / colour, tifffile.imread(dsb / "images" / colour)[:200, :240])
+    tifffile.imwrite(tmp_path / "dsb" / "c_lab" / colour, tifffile.imread(dsb / "masks" / colour)[:200, :240])
+    out = tmp_path / "multi.pt"
+    rc = main(["train", "--images", str(bb / "images"), "--labels", str(bb / "masks"), "--limit", "2",
+               "--images", str(tmp_path / "dsb" / "c_img"), "--labels", str(tmp_path / "dsb" / "c_lab"),
+               "--limit", "all", "--weight", "1", "--weight", "3", "--scale-aug", "0.5", "2",
+               "--strong-intensity", "--out", str(out), "--depth", "2", "--base", "4", "--crop", "64",
+               "--batch-size", "2", "--epochs", "1", "--iters-per-epoch", "2", "--val-fraction", "0",
+               "--device", "cpu", "--precision", "fp32"])
+    assert rc == 0
+    ckpt = torch.load(out, map_location="cpu", weights_only=True)
+    assert ckpt["training"]["data"]["train_files"] == [
+        "bbbc039/IXMtest_A02_s1.tif", "bbbc039/IXMtest_A09_s1.tif", f"dsb/{colour}"]
+    assert ckpt["training"]["config"]["scale_range"] == [0.5, 2.0]
+    assert ckpt["training"]["config"]["strong_intensity"] is True
+
+
+def test_sample_weights_follow_the_validation_split():
+    from napari_gpuseg.engine.unet.train_data import train_weights, val_indices
+
+    w = [1.0, 2.0, 3.0, 4.0, 5.0]
+    (v,) = val_indices(5, 0.2, seed=3)
+    assert train_weights(w, 5, 4, 0.2, seed=3).tolist() == [x for i, x in enumerate(w) if i != v]
+    assert train_weights(None, 5, 4, 0.2) is None
+    with pytest.raises(ValueError, match="4 values for 5 images"):
+        train_weights(w[:4], 5, 4, 0.2)

@@ -37,6 +37,31 @@ def test_predict_dock_adds_labels_and_probabilities(make_napari_viewer, qtbot, f
     assert widget.run_button.isEnabled() and "objects" in widget.status.text()
 
 
+def test_predict_dock_and_folder_job_give_the_same_labels_on_colour(make_napari_viewer, qtbot, shared_data,
+                                                                   tmp_path):
+    """One input conversion: an RGB H&E field in the predict dock (an RGB layer) and in a
+    U-Net folder job (the file) gives identical labels."""
+    from napari_gpuseg.engine.jobs.pipeline import output_paths, run_folder
+
+    name = "9f17aea854db1301.tif"
+    img = tifffile.imread(shared_data / "dsb2018_more" / "images" / name)
+    assert img.ndim == 3 and img.shape[-1] == 3
+    (tmp_path / "in").mkdir()
+    tifffile.imwrite(tmp_path / "in" / name, img)
+    report = run_folder(tmp_path / "in", tmp_path / "out", "unet", devices="cpu")
+    assert report.ok == 1
+    from_job = tifffile.imread(output_paths(tmp_path / "in", tmp_path / "out", tmp_path / "in" / name)[0])
+    viewer = make_napari_viewer()
+    viewer.add_image(img, name="he", rgb=True)
+    _dock, widget = viewer.window.add_plugin_dock_widget("napari-gpuseg", "U-Net predict")
+    assert widget.image_combo.currentText() == "he"
+    assert widget.run() is not None
+    qtbot.waitUntil(lambda: "he U-Net labels" in viewer.layers, timeout=60000)
+    from_dock = viewer.layers["he U-Net labels"].data
+    assert from_dock.shape == img.shape[:2] and from_job.max() > 10
+    np.testing.assert_array_equal(from_dock, from_job)
+
+
 def test_predict_dock_reports_missing_file(qtbot, make_napari_viewer):
     viewer = make_napari_viewer()
     viewer.add_image(np.zeros((32, 32), np.uint16), name="x")

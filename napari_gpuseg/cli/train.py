@@ -2,6 +2,11 @@
 
     napari-gpuseg train --images DIR --labels DIR --out model.pt [--limit 16] [options]
 
+Several data sets: repeat ``--images DIR --labels DIR``; ``--limit``, ``--skip`` and
+``--weight`` then go once (for every folder) or once per folder, in the same order
+(``--limit all`` takes every pair). ``--weight`` sets each folder's share of the training
+crops (default: by pixel count). Colour images (RGB/RGBA) become one channel by the same
+conversion as prediction (``engine.normalize.model_input``).
 Image and label files are paired by file name (labels may carry a ``_mask``, ``_masks``,
 ``_label`` or ``_labels`` suffix). ``--eval-images/--eval-labels`` measure the final
 model on held-out pairs after training (never used for model selection) and store the
@@ -55,15 +60,18 @@ def find_pairs(images_dir, labels_dir, pattern: str = "*.tif*,*.png,*.npy", limi
 
 
 def _read_pairs(pairs):
-    """Images (gray) and labels; a file that cannot be read or a pair whose shapes differ
-    raises :class:`TrainInputError` naming the file(s)."""
-    from ..io import ImageReadError, read_image, to_gray
+    """Images (gray: colour through the shared conversion's luminance) and labels; a file
+    that cannot be read or a pair whose shapes differ raises :class:`TrainInputError`
+    naming the file(s)."""
+    from ..engine.normalize import is_color, to_gray
+    from ..io import ImageReadError, read_image
     from ..label_files import read_labels
 
     images, labels = [], []
     for a, b in pairs:
         try:
-            img = to_gray(read_image(a))
+            img = read_image(a)
+            img = to_gray(img) if is_color(img) else img
         except ImageReadError as exc:
             raise TrainInputError(f"image {a}: {exc.message}") from exc
         try:
@@ -84,12 +92,20 @@ def _read_pairs(pairs):
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("train", help="train a U-Net on image/label folders",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", required=True, help="folder of images")
-    p.add_argument("--labels", required=True, help="folder of instance label images")
+    p.add_argument("--images", required=True, action="append", help="folder of images (repeatable)")
+    p.add_argument("--labels", required=True, action="append",
+                   help="folder of instance label images (one per --images)")
     p.add_argument("--out", required=True, help="checkpoint to write (best epoch)")
     p.add_argument("--pattern", default="*.tif*,*.png,*.npy", help="file name globs (comma-separated)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N pairs (sorted)")
-    p.add_argument("--skip", type=int, default=0, help="skip the first N pairs (sorted)")
+    p.add_argument("--limit", type=_count, action="append",
+                   help="use only the first N pairs (sorted) of a folder; 'all' for every pair")
+    p.add_argument("--skip", type=int, action="append", help="skip the first N pairs (sorted) of a folder")
+    p.add_argument("--weight", type=float, action="append",
+                   help="a folder's relative share of the training crops")
+    p.add_argument("--scale-aug", type=float, nargs=2, metavar=("LOW", "HIGH"), default=None,
+                   help="random zoom of training crops, e.g. 0.5 2")
+    p.add_argument("--strong-intensity", action="store_true",
+                   help="gamma, blur and noise augmentation besides the scale/shift jitter")
     p.add_argument("--eval-images", help="held-out images to report metrics on after training")
     p.add_argument("--eval-labels", help="labels of the held-out images")
     p.add_argument("--eval-skip", type=int, default=0, help="skip the first N held-out pairs")
@@ -121,7 +137,8 @@ def _config(args):
 
     model = UNetConfig(spatial_dims=args.spatial_dims, depth=args.depth, base=args.base, norm=args.norm)
     return TrainConfig(
-        model=model.to_dict(), crop_size=args.crop, batch_size=args.batch_size, epochs=args.epochs,
+        model=model.to_dict(), crop_size=args.crop, scale_range=tuple(args.scale_aug) if args.scale_aug else None,
+        strong_intensity=args.strong_intensity, batch_size=args.batch_size, epochs=args.epochs,
         iters_per_epoch=args.iters_per_epoch, lr=args.lr, weight_decay=args.weight_decay,
         val_fraction=args.val_fraction, patience=args.patience, seed=args.seed,
         num_workers=args.workers, compile=args.compile, gradient_checkpointing=args.grad_checkpointing,
@@ -133,7 +150,39 @@ def _config(args):
 _FLAGS = {"crop_size": "--crop", "batch_size": "--batch-size", "epochs": "--epochs",
           "iters_per_epoch": "--iters-per-epoch", "lr": "--lr", "weight_decay": "--weight-decay",
           "val_fraction": "--val-fraction", "patience": "--patience", "num_workers": "--workers",
-          "max_time_s": "--max-time"}
+          "max_time_s": "--max-time", "scale_range": "--scale-aug"}
+
+
+def _count(text: str) -> int | None:
+    """``--limit`` value: a positive integer, or ``all`` (None)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'all', got {text!r}") from None
+
+
+def _per_folder(args, name: str, default):
+    """``args.<name>`` as one value per ``--images`` folder (given once = for every folder)."""
+    values, n = getattr(args, name), len(args.images)
+    if not values:
+        return [default] * n
+    if len(values) == 1:
+        return values * n
+    if len(values) != n:
+        raise TrainInputError(f"--{name} given {len(values)} times for {n} --images folders "
+                              "(give it once, or once per folder)")
+    return list(values)
+
+
+def folder_sets(args) -> list[dict]:
+    """One dict per data folder: images, labels, limit, skip, weight."""
+    if len(args.images) != len(args.labels):
+        raise TrainInputError(f"{len(args.images)} --images but {len(args.labels)} --labels folders")
+    rows = zip(args.images, args.labels, _per_folder(args, "limit", None), _per_folder(args, "skip", 0),
+               _per_folder(args, "weight", None))
+    return [dict(images=i, labels=lab, limit=n, skip=k, weight=w) for i, lab, n, k, w in rows]
 
 
 def _fail(message: str) -> int:
@@ -146,11 +195,15 @@ def _check_inputs(args):
     Returns (config, pairs, images, labels); raises TrainInputError / OSError."""
     from ..engine.unet.training import TrainConfigError, check_output_path
 
-    for flag, value, low in (("--limit", args.limit, 1), ("--skip", args.skip, 0),
-                             ("--eval-skip", args.eval_skip, 0), ("--depth", args.depth, 1),
-                             ("--base", args.base, 1)):
+    checks = [("--limit", v, 1) for v in args.limit or []] + [("--skip", v, 0) for v in args.skip or []]
+    checks += [("--eval-skip", args.eval_skip, 0), ("--depth", args.depth, 1), ("--base", args.base, 1)]
+    for flag, value, low in checks:
         if value is not None and value < low:
             raise TrainInputError(f"{flag} must be >= {low}, got {value}")
+    for w in args.weight or []:
+        if not (w > 0 and w < float("inf")):
+            raise TrainInputError(f"--weight must be a positive number, got {w}")
+    sets = folder_sets(args)
     if bool(args.eval_images) != bool(args.eval_labels):
         raise TrainInputError("--eval-images and --eval-labels go together")
     config = _config(args)
@@ -160,8 +213,13 @@ def _check_inputs(args):
         flag = _FLAGS.get(exc.name, exc.name)
         raise TrainInputError(str(exc).replace(exc.name, flag, 1)) from exc
     check_output_path(args.out)
-    pairs = find_pairs(args.images, args.labels, args.pattern, args.limit, args.skip)
+    pairs, weights = [], []
+    for fs in sets:
+        found = find_pairs(fs["images"], fs["labels"], args.pattern, fs["limit"], fs["skip"])
+        pairs += found
+        weights.append((len(found), fs["weight"]))
     images, labels = _read_pairs(pairs)
+    sample_weights = _sample_weights(weights, images)
     flat = [im for im in images if im.ndim < args.spatial_dims]
     if flat:
         raise TrainInputError(f"--spatial-dims {args.spatial_dims} needs ZYX volumes, "
@@ -170,7 +228,20 @@ def _check_inputs(args):
         raise TrainInputError("the labels contain no objects to learn from")
     if args.eval_images:  # checked now, not after hours of training
         _read_pairs(find_pairs(args.eval_images, args.eval_labels, args.pattern, skip=args.eval_skip))
-    return config, pairs, images, labels
+    return config, pairs, images, labels, sample_weights
+
+
+def _sample_weights(counts_weights, images):
+    """Per-image crop weights: a folder's ``--weight`` shared by its images in proportion to
+    their pixel counts; None (by pixel count overall) when no folder has a weight."""
+    if all(w is None for _, w in counts_weights):
+        return None
+    out, start = [], 0
+    for n, w in counts_weights:
+        sizes = [float(images[i].size) for i in range(start, start + n)]
+        out += [(1.0 if w is None else w) * s / sum(sizes) for s in sizes]
+        start += n
+    return out
 
 
 def run_train(args) -> int:
@@ -181,7 +252,7 @@ def run_train(args) -> int:
     from ..engine.unet.training import train_unet
 
     try:
-        config, pairs, images, labels = _check_inputs(args)
+        config, pairs, images, labels, sample_weights = _check_inputs(args)
         policy = make_policy(args.device, args.precision)
     except (TrainInputError, OSError, ValueError) as exc:
         return _fail(str(exc))
@@ -196,9 +267,10 @@ def run_train(args) -> int:
             print(f"epoch {ev.epoch + 1:3d} it {ev.iteration:5d}/{ev.total_iterations} loss {ev.train_loss:.4f}"
                   f"{val} lr {ev.lr:.2e} [{time.perf_counter() - t0:.0f} s]", flush=True)
 
-    summary = {"train_files": [a.name for a, _ in pairs], "command": " ".join(["napari-gpuseg"] + sys.argv[1:])}
+    several = len(args.images) > 1  # then names carry their data set (the folder above images/)
+    summary = {"train_files": [f"{a.parent.parent.name}/{a.name}" if several else a.name for a, _ in pairs], "command": " ".join(["napari-gpuseg"] + sys.argv[1:])}
     result = train_unet(images, labels, config, out_path=args.out, policy=policy, on_event=on_event,
-                        data_summary=summary)
+                        data_summary=summary, sample_weights=sample_weights)
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
     if not result.checkpoint:

@@ -57,3 +57,64 @@ def apply_normalization(img, spec: dict | None, axis=None) -> np.ndarray:
     if kind == "none":
         return np.nan_to_num(np.asarray(img, dtype=np.float32))
     raise ValueError(f"unknown normalisation {kind!r}")
+
+
+# -- the model's 1-channel input ---------------------------------------------------------
+LUMINANCE = (0.299, 0.587, 0.114)  # ITU-R BT.601
+BRIGHT_BACKGROUND = 0.5  # median above this fraction of the 1-99.8 % range: dark objects
+
+
+def is_color(image, labels_shape=None) -> bool:
+    """Whether the last axis of ``image`` holds RGB(A) channels: 3 or 4 values and, when
+    ``labels_shape`` is given, one more axis than the labels."""
+    image = np.asarray(image)
+    if labels_shape is not None and image.ndim != len(labels_shape) + 1:
+        return False
+    return image.ndim >= 3 and image.shape[-1] in (3, 4)
+
+
+def to_gray(image) -> np.ndarray:
+    """Luminance (ITU-R BT.601) of a (..., 3|4) RGB(A) image as float32; alpha is ignored."""
+    x = np.asarray(image)
+    return x[..., :3].astype(np.float32) @ np.asarray(LUMINANCE, dtype=np.float32)
+
+
+def bright_background(gray, axis=(-2, -1), lo: float = 0.1, hi: float = 99.9) -> np.ndarray:
+    """True where a plane's median lies above the middle of its ``lo``-``hi`` percentile
+    range: a bright background (brightfield, H&E), whose nuclei are darker than it.
+    Symmetric percentiles make the inversion of :func:`model_input` final: an inverted
+    plane's median lies below the middle, so a second pass leaves it alone.
+
+    Far percentiles keep a sparse fluorescence field (a few nuclei on noise) dark: its
+    nuclei set the top of the range. Fluorescence with nuclei puts its median near the
+    dark end (all BBBC039 and DSB2018 fluorescence fields here: at most 0.30 of the
+    range), every stained or brightfield DSB2018 field near the bright end (at least
+    0.61); noise-only fields fall near the middle, either way (nothing to find in them).
+    See ``weights/MODEL_CARD.md``."""
+    x = np.asarray(gray, dtype=np.float32)
+    p_lo, med, p_hi = np.percentile(x, [lo, 50.0, hi], axis=axis, keepdims=True)
+    span = p_hi - p_lo
+    return (span > 0) & (med - p_lo > BRIGHT_BACKGROUND * span)
+
+
+def model_input(image, rgb: bool | None = None, axis=(-2, -1)) -> np.ndarray:
+    """The one conversion of any image to a 1-channel model input (float32).
+
+    RGB(A) (``rgb``, or detected by :func:`is_color` when None) becomes luminance
+    (:func:`to_gray`). Then every plane over ``axis`` whose background is bright
+    (:func:`bright_background`) is inverted within its own range, so that nuclei are
+    bright on a dark background as in fluorescence; other planes pass unchanged.
+    Percentile normalisation (:func:`apply_normalization`) comes after this step.
+    Used by U-Net prediction, folder jobs, training and the training docks alike.
+    """
+    x = np.asarray(image)
+    if is_color(x) if rgb is None else rgb:
+        x = to_gray(x)
+    x = x.astype(np.float32, copy=False)
+    if x.ndim < len(axis) or x.size == 0 or not np.isfinite(x).all():
+        return x
+    flip = bright_background(x, axis)
+    if not flip.any():
+        return x
+    top = x.max(axis=axis, keepdims=True) + x.min(axis=axis, keepdims=True)
+    return np.where(flip, top - x, x).astype(np.float32, copy=False)

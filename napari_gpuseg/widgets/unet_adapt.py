@@ -128,9 +128,9 @@ class UNetAdaptWidget(QWidget):
         layer = self.viewer.layers[img_name]
         image, labels = layer_array(layer), layer_array(self.viewer.layers[lab_name])
         if getattr(layer, "rgb", False):
-            from ..io import to_gray
+            from ..engine.normalize import model_input
 
-            image = to_gray(image)
+            image = model_input(image, rgb=True)
         if image.shape != labels.shape or labels.ndim != 2:
             self.status.setText(f"Need a 2D image and labels of one shape, got {image.shape} and {labels.shape}.")
             return None

@@ -131,9 +131,9 @@ class UNetTrainWidget(DockWidget):
         image = layer_array(self.viewer.layers[img_name])
         labels = layer_array(self.viewer.layers[lab_name])
         if getattr(self.viewer.layers[img_name], "rgb", False):
-            from ..io import to_gray
+            from ..engine.normalize import model_input
 
-            image = to_gray(image)
+            image = model_input(image, rgb=True)
         if image.shape != labels.shape:
             self.status.setText(f"Image {image.shape} and labels {labels.shape} differ in shape.")
             return None

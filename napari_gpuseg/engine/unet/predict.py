@@ -2,9 +2,11 @@
 
 Images enter as numpy arrays of any dtype. A 2D model takes YX, a stack or time series
 (..., Y, X) as a batch of slices, or YXC / RGB with ``rgb=True``; a 3D model takes ZYX or
-a batch (..., Z, Y, X). Probabilities are (3, *spatial) per image: background, interior,
-boundary. Labels come from connected interior components grown by watershed into the
-foreground.
+a batch (..., Z, Y, X). A 1-channel model sees every image through the one input
+conversion, :func:`~napari_gpuseg.engine.normalize.model_input` (RGB -> luminance, bright
+backgrounds inverted), as in training and folder jobs. Probabilities are (3, *spatial) per
+image: background, interior, boundary. Labels come from connected interior components grown
+by watershed into the foreground.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from ...models.unet import CLASS_NAMES, UNet, UNetConfig, build_unet
 from ..classical import relabel_small
 from ..runtime.device import Policy, get_policy, resolve_policy
 from ..runtime.cancel import CancelToken, ProgressFn, check
-from ..normalize import apply_normalization, normalization_spec
+from ..normalize import apply_normalization, model_input, normalization_spec, to_gray
 from ..stacks import stack_labels
 from .tiling import sliding_window_inference
 
@@ -180,12 +182,15 @@ def default_roi(config: UNetConfig, spatial_shape, tile: int | None = None,
     return tuple(_window(int(s), candidates, whole_max, overlap) for s in spatial_shape)
 
 
-def _as_batch(image: np.ndarray, config: UNetConfig, rgb: bool) -> tuple[np.ndarray, tuple]:
+def _as_batch(image: np.ndarray, config: UNetConfig, rgb: bool,
+              convert: bool = True) -> tuple[np.ndarray, tuple]:
     """-> (B, C, *spatial) float array and the leading batch shape."""
     img = np.asarray(image)
     d = config.spatial_dims
-    if rgb and config.in_channels == 1:
-        img = img[..., :3].astype(np.float32).mean(-1)
+    if config.in_channels == 1 and convert:
+        img = model_input(img, rgb=rgb, axis=tuple(range(-d, 0)))
+    elif config.in_channels == 1 and rgb:
+        img = to_gray(img)
     elif rgb:
         img = np.moveaxis(img, -1, -d - 1)
     if config.in_channels == 1:
@@ -215,8 +220,12 @@ def predict_probabilities(
     output_device=None,
     progress: ProgressFn = None,
     cancel: CancelToken | None = None,
+    convert: bool = True,
 ) -> np.ndarray:
     """Softmax probabilities, shape (*lead, 3, *spatial), float32.
+
+    ``convert=False`` skips the input conversion (inputs already converted and
+    normalised, as in training's validation).
 
     ``lead`` is the stack/time shape (empty for a single image). Normalisation follows
     the checkpoint (percentile 1-99.8 per image or slice) unless ``normalization`` is given.
@@ -228,7 +237,7 @@ def predict_probabilities(
     config = model.config
     d = config.spatial_dims
     policy = resolve_policy(policy)
-    batch, lead = _as_batch(image, config, rgb)
+    batch, lead = _as_batch(image, config, rgb, convert)
     axis = tuple(range(-d, 0))
     norm = apply_normalization(batch, normalization, axis=axis)
     device = next(model.parameters()).device

@@ -30,7 +30,8 @@ from ..metrics import foreground_iou, object_f1
 from ..normalize import normalization_spec
 from .predict import predict_probabilities, probabilities_to_labels, save_checkpoint
 from .loss import dice_ce_loss
-from .train_data import IGNORE, CropDataset, crop_tuple, make_targets, prepare_pairs, split_train_val, val_indices
+from .train_data import (IGNORE, CropDataset, crop_tuple, make_targets, prepare_pairs, split_train_val,
+                         train_weights, val_indices)
 from .train_output import SaveTarget, check_output_path, fallback_checkpoint_path  # noqa: F401
 
 
@@ -58,6 +59,8 @@ class TrainConfig:
     val_roi: int | None = None  # validation window edge (None = automatic, see engine.unet.default_roi)
     contact_width: int = 2  # boundary thickness where objects touch (pixels)
     contact_weight: float = 5.0  # cross-entropy weight of those contact pixels
+    scale_range: tuple | None = None  # (low, high) zoom of training crops, e.g. (0.5, 2.0)
+    strong_intensity: bool = False  # gamma, blur and noise on top of the scale/shift jitter
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,6 +89,11 @@ class TrainConfig:
             bad("val_fraction", self.val_fraction, "in [0, 1) (some data must be left to train on)")
         if self.max_time_s is not None and not (math.isfinite(self.max_time_s) and self.max_time_s > 0):
             bad("max_time_s", self.max_time_s, "a positive number of seconds")
+        if self.scale_range is not None:
+            lo_hi = tuple(self.scale_range) if isinstance(self.scale_range, (tuple, list)) else ()
+            if len(lo_hi) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+                                           for v in lo_hi) or lo_hi[0] > lo_hi[1]:
+                bad("scale_range", self.scale_range, "two positive numbers, low <= high")
         if self.num_workers is not None and (not isinstance(self.num_workers, int) or self.num_workers < 0):
             bad("num_workers", self.num_workers, "an integer >= 0")
 
@@ -183,7 +191,8 @@ def evaluate(model: UNet, xs: list, ys: list, config: TrainConfig, policy: Polic
     for x in xs:
         inp = x[0] if model.config.in_channels == 1 else x
         probs = predict_probabilities(model, inp, normalization={"kind": "none"}, tile=config.val_roi,
-                                      sw_batch_size=4, policy=policy, channels_last=False)
+                                      sw_batch_size=4, policy=policy, channels_last=False,
+                                      convert=False)
         preds.append(probabilities_to_labels(probs, spatial_dims=d))
     model.train()
     truth = [np.asarray(y) for y in ys]
@@ -225,6 +234,7 @@ def train_unet(
     cancel: CancelToken | None = None,
     data_summary: dict | None = None,
     init_checkpoint=None,
+    sample_weights=None,
 ) -> TrainResult:
     """Train a U-Net on ``images``/``labels`` (lists of arrays, or one pair).
 
@@ -233,6 +243,8 @@ def train_unet(
     iterations (raising ``Cancelled``; the best checkpoint so far stays on disk).
     ``init_checkpoint``: start from these weights (fine-tuning); its architecture and
     normalisation replace ``config.model`` and ``config.normalization``.
+    ``sample_weights``: relative weight of each (2D) training image when crops are drawn
+    (default: by pixel count), e.g. to balance data sets of different sizes.
     """
     t0 = time.perf_counter()
     config = config or TrainConfig()
@@ -258,8 +270,13 @@ def train_unet(
     if not any(int(y.max()) > 0 for y in ys):
         raise ValueError("the labels contain no objects to learn from")
     tx, ty, vx, vy = split_train_val(xs, ys, config.val_fraction, config.seed)
-    targets = [np.where(y < 0, IGNORE, make_targets(y, contact_width=config.contact_width, mark_contacts=True))
-               .astype(np.uint8) for y in ty]  # labels < 0: outside the annotated region
+    weights = train_weights(sample_weights, len(xs), len(tx), config.val_fraction, config.seed)
+
+    def to_targets(y):  # labels < 0: outside the annotated region
+        return np.where(y < 0, IGNORE, make_targets(y, contact_width=config.contact_width,
+                                                    mark_contacts=True)).astype(np.uint8)
+
+    targets = [to_targets(y) for y in ty]
     has_ignore = any(bool((t == IGNORE).any()) for t in targets)  # decided here: no per-step sync
 
     model = build_unet(mcfg)
@@ -280,7 +297,10 @@ def train_unet(
     use_amp, scaler = amp_setup(policy)
     check_each_step = device.type in SYNC_FREE_DEVICES  # elsewhere: checked when losses are read back
     workers = _workers(config, device)
-    dataset = CropDataset(tx, targets, config.crop_size, config.iters_per_epoch * config.batch_size)
+    dataset = CropDataset(tx, targets if config.scale_range is None else ty, config.crop_size,
+                          config.iters_per_epoch * config.batch_size, weights=weights,
+                          scale=config.scale_range, target_fn=to_targets,
+                          strong_intensity=config.strong_intensity)
     notes = []
     if dataset.crop != crop_tuple(config.crop_size, len(dataset.crop)):
         notes.append(f"crop {config.crop_size} clamped to {'x'.join(map(str, dataset.crop))} "
