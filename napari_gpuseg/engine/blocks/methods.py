@@ -28,8 +28,8 @@ def sample_stride(shape, values: int = SAMPLE_VALUES) -> int:
 def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi: float = 99.8,
                 cancel=None) -> dict:
     """Global scale of ``source`` (``.read(region)``) from a strided sample read block by
-    block: percentiles ``lo``/``hi`` and the Otsu threshold of the blurred, normalised
-    sample (raw units)."""
+    block: percentiles ``lo``/``hi`` and the Otsu threshold of the blurred image (raw
+    units; blurred per extended block, sampled in the cores)."""
     from skimage.filters import gaussian, threshold_otsu
 
     s = sample_stride(plan.shape)
@@ -37,10 +37,13 @@ def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi
     for b in plan.blocks:
         if cancel is not None:
             cancel.check()
-        region = tuple(slice(c0 + (-c0) % s, c1, s) for c0, c1 in b.core)
-        x = np.asarray(source.read(region), dtype=np.float32)
-        parts.append(x.ravel())
-        blurred.append(gaussian(x, sigma=sigma / s, preserve_range=True).ravel() if sigma else x.ravel())
+        x = np.asarray(source.read(b.ext_slices()), dtype=np.float32)
+        core = tuple(slice(c0 - e0 + (-c0) % s, c1 - e0, s) for (c0, c1), (e0, _) in zip(b.core, b.ext))
+        parts.append(x[core].ravel())
+        if sigma:  # blurred with the halo's context, as the whole image would be
+            x = gaussian(x, sigma=sigma, preserve_range=True)
+        blurred.append(x[core].ravel())
+        del x
     sample = np.concatenate(parts)
     p_lo, p_hi = (float(v) for v in np.percentile(sample, [lo, hi]))
     smooth = np.concatenate(blurred)
