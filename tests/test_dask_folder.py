@@ -148,9 +148,11 @@ def test_scheduler_unreachable_is_one_line():
     assert msg.startswith("cannot reach the Dask scheduler at tcp://127.0.0.1:9") and "\n" not in msg
 
 
-def test_cli_batch_on_the_cluster_address(cluster, images, tmp_path, capsys):
+def test_cli_batch_on_the_cluster_address(cluster, images, tmp_path, capsys, monkeypatch):
     from napari_gpuseg.cli.batch import main
+    from napari_gpuseg.engine.jobs import clusters
 
+    monkeypatch.setattr(clusters, "CONNECT_TIMEOUT_S", 1.0)
     addr = cluster.client.scheduler.address
     assert main([str(images), str(tmp_path / "c"), "--scheduler", addr, "--quiet"]) == 0
     out = capsys.readouterr()

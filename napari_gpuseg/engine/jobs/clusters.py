@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OUR_KEYS = ("gpus", "jobs")
+CONNECT_TIMEOUT_S = 20.0  # how long to try reaching a scheduler address
 
 
 class ClusterError(RuntimeError):
@@ -120,15 +121,16 @@ def local_cluster(n_workers: int | None = None, threads_per_worker: int = 1, gpu
 
 
 def connect(cluster: str | None = None, scheduler: str | None = None, config: str | None = None,
-            n_workers: int | None = None, threads_per_worker: int = 1, timeout: float = 20.0,
+            n_workers: int | None = None, threads_per_worker: int = 1, timeout: float | None = None,
             wait_workers: float = 300.0) -> ClusterHandle:
     """A client on ``scheduler`` (an address such as ``tcp://host:8786``), or on a new
     ``cluster`` ("local" or "slurm", with ``config``)."""
     from distributed import Client
 
+    timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
     if scheduler:
         try:
-            client = Client(scheduler, timeout=f"{timeout}s")
+            client = Client(scheduler, timeout=f"{timeout:g}s")
         except (OSError, TimeoutError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ClusterError(f"cannot reach the Dask scheduler at {scheduler}: {reason}") from exc
