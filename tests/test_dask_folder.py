@@ -161,3 +161,40 @@ def test_cli_batch_on_the_cluster_address(cluster, images, tmp_path, capsys, mon
     assert main([str(images), str(tmp_path / "d"), "--scheduler", "tcp://127.0.0.1:9", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("napari-gpuseg batch: cannot reach the Dask scheduler")
+
+
+def test_cancel_stops_the_cluster_run_and_keeps_what_is_written(cluster, images, tmp_path):
+    from napari_gpuseg.engine.runtime.cancel import CancelToken
+
+    token = CancelToken()
+
+    def stop_after_first(p):
+        if p.row is not None:
+            token.cancel()
+
+    rep = run_folder_dask(cluster.client, images, tmp_path / "o", "unet", device="cpu", precision="fp32",
+                          progress=stop_after_first, cancel=token)
+    assert rep.cancelled and 1 <= rep.ok < 8
+    for p in (tmp_path / "o").glob("*_labels.tif"):
+        assert label_files.read_output(p) is not None
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["cancelled"] is True
+
+
+def test_batch_dock_runs_on_the_cluster(make_napari_viewer, qtbot, cluster, images, tmp_path):
+    from napari_gpuseg.widgets.batch_folder import RUN_ON, BatchFolderWidget
+
+    viewer = make_napari_viewer()
+    w = BatchFolderWidget(viewer)
+    qtbot.addWidget(w)
+    w.in_dir.setText(str(images))
+    w.out_dir.setText(str(tmp_path / "out"))
+    w.method.setCurrentText("threshold")
+    w.run_on.setCurrentText(RUN_ON[1])
+    assert w.address.isEnabled()
+    w.address.setText(cluster.client.scheduler.address)
+    w.start()
+    qtbot.waitUntil(lambda: w.report is not None or w.error is not None, timeout=120000)
+    assert w.error is None and w.report.ok == 8
+    assert w.table.rowCount() == 8 and w.progress.value() == 8 and "done" in w.status.text()
+    assert "127.0.0.1" in w.dashboard.text() and "href" in w.dashboard.text()
+    assert w.last_progress.eta_s == 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -26,6 +27,32 @@ from .pipeline import PipelineError
 from .registry import method_factory
 from .report import ImageStatus, Progress, RunReport, report_names, write_report
 from .sharding import resolve_shard, shard_files
+
+
+def _cancel_watch(client, futures, cancel: CancelToken, finished: threading.Event) -> None:
+    """Cancel the run's tasks as soon as ``cancel`` is set (the loop over finished tasks
+    then ends), not only when the next file finishes."""
+    while not finished.wait(0.1):
+        if cancel.cancelled:
+            client.cancel(futures)
+            return
+
+
+def run_folder_on_cluster(address: str | None, in_dir, out_dir, *, n_workers: int | None = None,
+                          on_dashboard: Callable[[str], None] | None = None, **kwargs) -> RunReport:
+    """:func:`run_folder_dask` on the scheduler at ``address`` (None or "": a LocalCluster
+    started for this run and closed after it). ``on_dashboard(link)`` gets the cluster's
+    dashboard address. Keywords of ``run_folder`` that do not apply (devices, I/O threads,
+    images per call) are ignored."""
+    from .clusters import connect
+
+    for key in ("devices", "io_workers", "image_batch"):
+        kwargs.pop(key, None)
+    handle = connect(scheduler=address) if address else connect("local", n_workers=n_workers)
+    with handle:
+        if on_dashboard is not None:
+            on_dashboard(handle.dashboard)
+        return run_folder_dask(handle.client, in_dir, out_dir, **kwargs)
 
 
 def _plan(in_dir: Path, out_dir: Path, found, report: RunReport, overwrite, header, earlier, current):
@@ -127,6 +154,10 @@ def run_folder_dask(
     futures = [client.submit(process_file, job, *t, key=f"gpuseg-file-{job.run_id}-{i}", retries=retries,
                              pure=False) for i, t in enumerate(todo)]
     rel_of = {f.key: t[1] for f, t in zip(futures, todo)}
+    finished = threading.Event()
+    watcher = threading.Thread(target=_cancel_watch, args=(client, futures, cancel, finished), daemon=True,
+                               name="gpuseg-dask-cancel")
+    watcher.start()
     try:
         for fut in as_completed(futures):
             if cancel.cancelled:
@@ -135,6 +166,9 @@ def run_folder_dask(
             try:
                 row = fut.result()
             except Exception as exc:  # noqa: BLE001 - e.g. the task failed on every retry
+                if cancel.cancelled:
+                    report.cancelled = True
+                    break
                 row = ImageStatus(rel_of[fut.key], status="error", error=f"{type(exc).__name__}: {exc}")
             report.rows.append(row)
             counts[row.status] += 1
@@ -142,6 +176,7 @@ def run_folder_dask(
     except KeyboardInterrupt:
         report.cancelled = True
     finally:
+        finished.set()
         if report.cancelled:
             client.cancel(futures)
     if not report.cancelled:
