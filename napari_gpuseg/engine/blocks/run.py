@@ -50,6 +50,14 @@ class BlockReport:
     resumed: int = 0
     seconds: float = 0.0
     cancelled: bool = False
+    store: str = ""  # the zarr store and the labels array in it
+    array_path: str = ""
+
+    def open_labels(self):
+        """The labels array (read-only zarr; ``dask.array.from_zarr`` reads it lazily)."""
+        import zarr
+
+        return zarr.open_array(self.store, path=self.array_path, mode="r")
 
 
 def _stem(image) -> str:
@@ -138,7 +146,8 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
         by_block[s.lower].append((i, s))
         by_block[s.upper].append((i, s))
     resumed = sum(task.record(b.index).exists() for b in plan.blocks)
-    report = BlockReport(target.location(), str(table_path), plan.shape, len(plan.blocks), resumed=resumed)
+    report = BlockReport(target.location(), str(table_path), plan.shape, len(plan.blocks), resumed=resumed,
+                         store=target.store, array_path=target.array_path)
     calls = [(segment_block, (task, b, by_block[b.index]) + ((methods,) if client is None else ()))
              for b in plan.blocks]
     counts = _run(task, client, calls, progress, cancel, "segment")
