@@ -91,7 +91,8 @@ def _blocks(args, options: dict, handle, cancel) -> int:
     from ..engine.blocks import run_blocks
     from ..io_zarr import open_zarr
 
-    image = open_zarr(args.in_dir)
+    options = dict(options)
+    image = open_zarr(args.in_dir, channel=options.pop("channel", None))
     bars = {}
 
     def progress(phase, done, total):
