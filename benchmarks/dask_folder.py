@@ -111,6 +111,9 @@ def scaling(args, work: Path) -> dict:
         for k, h in handles.items():  # warm-up: imports and the model load on every worker
             run_folder_dask(h.client, in_dir, work / f"warm{k}", args.method, files=files[:4], device="cpu",
                             overwrite=True)
+        t0 = time.perf_counter()  # what one task costs the cluster itself (no work in it)
+        two.client.gather(two.client.map(_noop, range(500), pure=False))
+        per_task_ms = (time.perf_counter() - t0) / 500 * 1000
         for r in range(args.repeats):
             for k in ((1, 2) if r % 2 == 0 else (2, 1)):
                 t0 = time.perf_counter()
@@ -121,7 +124,12 @@ def scaling(args, work: Path) -> dict:
     t1, t2 = min(times[1]), min(times[2])
     return {"files": len(files), "method": args.method, "one_worker_s": [round(t, 1) for t in times[1]],
             "two_workers_s": [round(t, 1) for t in times[2]], "speedup": round(t1 / t2, 3),
-            "efficiency": round(t1 / (2 * t2), 3), "load_avg_after": os.getloadavg()}
+            "efficiency": round(t1 / (2 * t2), 3), "overhead_ms_per_task": round(per_task_ms, 2),
+            "load_avg_after": os.getloadavg()}
+
+
+def _noop(i):
+    return i
 
 
 def main(argv=None) -> int:
