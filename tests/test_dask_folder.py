@@ -198,3 +198,20 @@ def test_batch_dock_runs_on_the_cluster(make_napari_viewer, qtbot, cluster, imag
     assert w.table.rowCount() == 8 and w.progress.value() == 8 and "done" in w.status.text()
     assert "127.0.0.1" in w.dashboard.text() and "href" in w.dashboard.text()
     assert w.last_progress.eta_s == 0
+
+
+def test_blocks_of_a_big_image_are_cluster_tasks(cluster, shared_data, tmp_path):
+    import zarr
+
+    from napari_gpuseg.engine.blocks import run_blocks
+    from napari_gpuseg.io_zarr import open_zarr
+    from zarr_helpers import field_files, write_mosaic
+
+    path = write_mosaic(field_files(shared_data / "bbbc039" / "images")[:2], tmp_path / "m.ome.zarr",
+                        (520, 1392), chunks=256)
+    img = open_zarr(path)
+    on_cluster = run_blocks(img, tmp_path / "a", "threshold", block=256, halo=48, name="a", client=cluster.client)
+    here = run_blocks(img, tmp_path / "b", "threshold", block=256, halo=48, name="b")
+    assert on_cluster.blocks == 18 and on_cluster.objects == here.objects > 100
+    np.testing.assert_array_equal(zarr.open_array(str(path), path="labels/a/0")[:],
+                                  zarr.open_array(str(path), path="labels/b/0")[:])
