@@ -1,5 +1,6 @@
 """One loaded method per worker process: dask workers (and the in-process runner) keep
-each method they load, so a model loads once per worker, not once per task.
+each method they load, so a model loads once per worker, not once per task (the check
+that runs on every worker before a job loads it, and the tasks reuse it).
 
 GUI-free. Used by the Dask folder runner and by blocks of big images.
 """
@@ -10,16 +11,6 @@ from typing import Callable
 
 _lock = threading.Lock()
 _local: dict = {}
-
-
-def _store() -> dict:
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-    except (ImportError, ValueError):  # not inside a dask worker
-        return _local
-    return worker.__dict__.setdefault("_gpuseg_methods", {})
 
 
 def worker_device(preferred: str | None = None) -> str:
@@ -46,14 +37,13 @@ def worker_device(preferred: str | None = None) -> str:
 
 def cached_method(key: tuple, make: Callable[[], object]):
     """The object ``make()`` built for ``key`` in this process (built on first use)."""
-    store = _store()
     with _lock:
-        if key not in store:
-            store[key] = make()
-        return store[key]
+        if key not in _local:
+            _local[key] = make()
+        return _local[key]
 
 
 def clear() -> None:
     """Forget the methods of this process (tests)."""
     with _lock:
-        _store().clear()
+        _local.clear()
