@@ -76,8 +76,8 @@ class BlockMethod:
         if self.name == "unet":
             seg.options["normalization"] = {"kind": "none"}
         x = seg.prepare(x, False)
-        raw = seg.segment([x])
-        res = seg.finish(raw[0])
+        raw = seg.segment([x])[0]  # a SegResult, or raw output finish() turns into one
+        res = raw if isinstance(raw, SegResult) else seg.finish(raw)
         return res if isinstance(res, SegResult) else SegResult(np.asarray(res))
 
     def _threshold(self, block: np.ndarray, stats: dict) -> SegResult:
