@@ -65,13 +65,16 @@ def big(args) -> dict:
 
 
 def _whole(method: str, image: np.ndarray) -> np.ndarray:
-    if method == "unet":
-        from napari_gpuseg.engine.unet.predict import load_model, predict_labels
+    """The image in one piece through the folder-job method (its own normalisation; a ZYX
+    volume with the 2D U-Net: per slice, linked across slices)."""
+    from napari_gpuseg.engine.jobs.registry import SegResult, method_factory
+    from napari_gpuseg.engine.runtime.device import make_policy
 
-        return predict_labels(load_model(device="cpu"), image)
-    from napari_gpuseg.engine.classical import classical_segment
-
-    return classical_segment(image)
+    seg = method_factory(method)()
+    seg.load(make_policy("cpu", "fp32"))
+    raw = seg.segment([seg.prepare(image, False)])[0]
+    res = raw if isinstance(raw, SegResult) else seg.finish(raw)
+    return np.asarray(res.labels)
 
 
 def _against_whole(path: Path, out: Path, method: str, block, halo) -> dict:
@@ -111,7 +114,8 @@ def volume(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     path = volume_zarr(DATA, work / "volume.ome.zarr", reps=(4, 4, 4))
     out = []
-    for method, block, halo in (("threshold", (64, 128, 128), (16, 24, 24)), ("unet", (64, 128, 128), (4, 64, 64))):
+    for method, block, halo in (("threshold", (64, 128, 128), (16, 24, 24)), ("threshold", (64, 128, 128), (24, 40, 40)),
+                                ("unet", (64, 128, 128), (4, 64, 64))):
         out.append(_against_whole(path, work / "vout", method, block, halo))
     return {"volume": out}
 

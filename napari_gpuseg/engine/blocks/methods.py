@@ -25,30 +25,69 @@ def sample_stride(shape, values: int = SAMPLE_VALUES) -> int:
     return max(1, math.ceil((n / values) ** (1.0 / len(shape))))
 
 
+def _percentiles_from_counts(counts: np.ndarray, qs) -> list[float]:
+    """``np.percentile`` (linear) of the values whose histogram is ``counts`` (value i
+    counted ``counts[i]`` times): exact for integer images."""
+    cum = np.cumsum(counts)
+    n = int(cum[-1])
+    out = []
+    for q in qs:
+        rank = q / 100.0 * (n - 1)
+        lo, hi = int(np.floor(rank)), int(np.ceil(rank))
+        v_lo = float(np.searchsorted(cum, lo, side="right"))
+        v_hi = float(np.searchsorted(cum, hi, side="right"))
+        out.append(v_lo + (rank - lo) * (v_hi - v_lo))
+    return out
+
+
 def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi: float = 99.8,
-                cancel=None) -> dict:
-    """Global scale of ``source`` (``.read(region)``) from a strided sample read block by
-    block: percentiles ``lo``/``hi`` and the Otsu threshold of the blurred image (raw
-    units; blurred per extended block, sampled in the cores)."""
+                otsu: bool = False, cancel=None) -> dict:
+    """Global scale of ``source`` (``.read(region)``), read block by block: the ``lo``/``hi``
+    percentiles (exact for unsigned images up to 16 bits, from their histogram; else from a
+    strided sample) and, with ``otsu``, the Otsu threshold of the blurred image as the whole
+    image would give it (a second pass: the blur per extended block, 256 bins over the
+    blurred range, in raw units)."""
     from skimage.filters import gaussian, threshold_otsu
 
+    dtype = np.dtype(getattr(source, "dtype", "float32"))
+    exact = dtype.kind == "u" and dtype.itemsize <= 2
+    counts = np.zeros(2 ** (8 * dtype.itemsize), np.int64) if exact else None
     s = sample_stride(plan.shape)
-    parts, blurred = [], []
-    for b in plan.blocks:
-        if cancel is not None:
-            cancel.check()
-        x = np.asarray(source.read(b.ext_slices()), dtype=np.float32)
-        core = tuple(slice(c0 - e0 + (-c0) % s, c1 - e0, s) for (c0, c1), (e0, _) in zip(b.core, b.ext))
-        parts.append(x[core].ravel())
-        if sigma:  # blurred with the halo's context, as the whole image would be
-            x = gaussian(x, sigma=sigma, preserve_range=True)
-        blurred.append(x[core].ravel())
-        del x
-    sample = np.concatenate(parts)
-    p_lo, p_hi = (float(v) for v in np.percentile(sample, [lo, hi]))
-    smooth = np.concatenate(blurred)
-    otsu = float(threshold_otsu(smooth)) if float(smooth.max() - smooth.min()) > 1e-6 else p_hi
-    return {"lo": p_lo, "hi": p_hi, "otsu": otsu, "stride": s}
+    parts, b_min, b_max = [], np.inf, -np.inf
+
+    def blocks():
+        for b in plan.blocks:
+            if cancel is not None:
+                cancel.check()
+            x = np.asarray(source.read(b.ext_slices()))
+            core = tuple(slice(c0 - e0, c1 - e0) for (c0, c1), (e0, _) in zip(b.core, b.ext))
+            yield x, core
+
+    def blurred(x, core):
+        return gaussian(x.astype(np.float32), sigma=sigma, preserve_range=True)[core] if sigma else x[core]
+
+    for x, core in blocks():
+        c = x[core]
+        if exact:
+            counts += np.bincount(c.ravel(), minlength=counts.size)
+        else:
+            parts.append(c[tuple(slice((-sl.start) % s, None, s) for sl in core)].astype(np.float32).ravel())
+        if otsu:
+            bl = blurred(x, core)
+            b_min, b_max = min(b_min, float(bl.min())), max(b_max, float(bl.max()))
+    p_lo, p_hi = (_percentiles_from_counts(counts, [lo, hi]) if exact
+                  else [float(v) for v in np.percentile(np.concatenate(parts), [lo, hi])])
+    stats = {"lo": p_lo, "hi": p_hi, "stride": 1 if exact else s}
+    if otsu:
+        if b_max - b_min <= 1e-6:
+            stats["otsu"] = b_max
+        else:
+            hist = np.zeros(256, np.int64)
+            for x, core in blocks():
+                hist += np.histogram(blurred(x, core), bins=256, range=(b_min, b_max))[0]
+            edges = np.linspace(b_min, b_max, 257)
+            stats["otsu"] = float(threshold_otsu(hist=(hist, (edges[:-1] + edges[1:]) / 2)))
+    return stats
 
 
 class BlockMethod:
@@ -85,7 +124,7 @@ class BlockMethod:
         normalises each image), so the mask equals the whole image's."""
         user_t = self.options.get("threshold")
         raw_t = (stats["lo"] + float(user_t) * (stats["hi"] - stats["lo"]) if user_t is not None
-                 else stats["otsu"])
+                 else stats["otsu"])  # measured by image_stats(..., otsu=True)
         b_lo, b_hi = (float(v) for v in np.percentile(np.asarray(block, np.float32), [1.0, 99.8]))
         if b_hi - b_lo <= 1e-6:  # a flat block: nothing or everything is above the threshold
             return SegResult(np.zeros(block.shape, np.int32))
