@@ -117,32 +117,7 @@ def volume(args) -> dict:
     for method, block, halo in (("threshold", (64, 128, 128), (16, 24, 24)), ("threshold", (64, 128, 128), (24, 40, 40)),
                                 ("unet", (64, 128, 128), (4, 64, 64))):
         out.append(_against_whole(path, work / "vout", method, block, halo))
-    out.append(_same_scale(path, (64, 128, 128), (4, 64, 64)))
     return {"volume": out}
-
-
-def _same_scale(path: Path, block, halo) -> dict:
-    """The 2D U-Net's ZYX blocks (left by the run above) against the volume in one piece
-    with the blocks' intensity scale (one for the volume) instead of one per slice."""
-    import zarr
-
-    from napari_gpuseg.engine.blocks import plan_blocks
-    from napari_gpuseg.engine.blocks.check import seam_splits
-    from napari_gpuseg.engine.blocks.methods import image_stats
-    from napari_gpuseg.engine.metrics import object_f1
-    from napari_gpuseg.engine.stacks import link_slices
-    from napari_gpuseg.engine.unet.predict import load_model, predict_labels
-    from napari_gpuseg.io_zarr import open_zarr
-
-    img = open_zarr(path)
-    plan = plan_blocks(img.shape, block, halo)
-    st = image_stats(img, plan)
-    x = (img.read((slice(None),) * 3).astype(np.float32) - st["lo"]) / (st["hi"] - st["lo"])
-    whole = link_slices(np.asarray(predict_labels(load_model(device="cpu"), x, normalization={"kind": "none"})))
-    lab = zarr.open_array(str(path), path="labels/unet/0", mode="r")[:]
-    return {"method": "unet, whole volume with the blocks' single intensity scale", "block": block, "halo": halo,
-            "objects_whole": int(whole.max()), "objects_blocks": int(len(np.unique(lab)) - 1),
-            "f1_at_0.5": round(object_f1(whole, lab), 4), "seam_splits": seam_splits(whole, lab, plan)}
 
 
 def main(argv=None) -> int:

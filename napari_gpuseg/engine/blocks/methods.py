@@ -18,6 +18,7 @@ from ..jobs.registry import SegResult, method_factory
 from .plan import BlockPlan
 
 SAMPLE_VALUES = 4_000_000  # values of the strided sample the global scale is measured on
+MAX_SLICE_HISTOGRAMS = 128  # exact per-slice percentiles up to this many slices (0.5 MB each)
 
 
 def sample_stride(shape, values: int = SAMPLE_VALUES) -> int:
@@ -41,12 +42,13 @@ def _percentiles_from_counts(counts: np.ndarray, qs) -> list[float]:
 
 
 def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi: float = 99.8,
-                otsu: bool = False, cancel=None) -> dict:
+                otsu: bool = False, per_slice: bool = False, cancel=None) -> dict:
     """Global scale of ``source`` (``.read(region)``), read block by block: the ``lo``/``hi``
     percentiles (exact for unsigned images up to 16 bits, from their histogram; else from a
     strided sample) and, with ``otsu``, the Otsu threshold of the blurred image as the whole
     image would give it (a second pass: the blur per extended block, 256 bins over the
-    blurred range, in raw units)."""
+    blurred range, in raw units). ``per_slice`` (ZYX): also the percentiles of every
+    z-slice (``slice_lo``, ``slice_hi``), as a 2D model normalises a volume slice by slice."""
     from skimage.filters import gaussian, threshold_otsu
 
     dtype = np.dtype(getattr(source, "dtype", "float32"))
@@ -54,6 +56,10 @@ def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi
     counts = np.zeros(2 ** (8 * dtype.itemsize), np.int64) if exact else None
     s = sample_stride(plan.shape)
     parts, b_min, b_max = [], np.inf, -np.inf
+    n_z = plan.shape[0] if per_slice and len(plan.shape) == 3 else 0
+    z_counts = np.zeros((n_z, counts.size), np.int64) if n_z and exact and n_z <= MAX_SLICE_HISTOGRAMS else None
+    z_parts: list[list] = [[] for _ in range(n_z)]
+    z_stride = max(1, math.ceil((int(np.prod(plan.shape[1:])) / SAMPLE_VALUES) ** 0.5))
 
     def blocks():
         for b in plan.blocks:
@@ -61,13 +67,20 @@ def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi
                 cancel.check()
             x = np.asarray(source.read(b.ext_slices()))
             core = tuple(slice(c0 - e0, c1 - e0) for (c0, c1), (e0, _) in zip(b.core, b.ext))
-            yield x, core
+            yield b, x, core
 
     def blurred(x, core):
         return gaussian(x.astype(np.float32), sigma=sigma, preserve_range=True)[core] if sigma else x[core]
 
-    for x, core in blocks():
+    for b, x, core in blocks():
         c = x[core]
+        if n_z:
+            zg = b.core[0][0]
+            for k in range(c.shape[0]):
+                if z_counts is not None:
+                    z_counts[zg + k] += np.bincount(c[k].ravel(), minlength=counts.size)
+                else:
+                    z_parts[zg + k].append(c[k, ::z_stride, ::z_stride].astype(np.float32).ravel())
         if exact:
             counts += np.bincount(c.ravel(), minlength=counts.size)
         else:
@@ -78,12 +91,16 @@ def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi
     p_lo, p_hi = (_percentiles_from_counts(counts, [lo, hi]) if exact
                   else [float(v) for v in np.percentile(np.concatenate(parts), [lo, hi])])
     stats = {"lo": p_lo, "hi": p_hi, "stride": 1 if exact else s}
+    if n_z:
+        pairs = [(_percentiles_from_counts(z_counts[z], [lo, hi]) if z_counts is not None
+                  else [float(v) for v in np.percentile(np.concatenate(z_parts[z]), [lo, hi])]) for z in range(n_z)]
+        stats["slice_lo"], stats["slice_hi"] = [p[0] for p in pairs], [p[1] for p in pairs]
     if otsu:
         if b_max - b_min <= 1e-6:
             stats["otsu"] = b_max
         else:
             hist = np.zeros(256, np.int64)
-            for x, core in blocks():
+            for _b, x, core in blocks():
                 hist += np.histogram(blurred(x, core), bins=256, range=(b_min, b_max))[0]
             edges = np.linspace(b_min, b_max, 257)
             stats["otsu"] = float(threshold_otsu(hist=(hist, (edges[:-1] + edges[1:]) / 2)))
@@ -106,18 +123,30 @@ class BlockMethod:
         scale = max(stats["hi"] - stats["lo"], 1e-6)
         return ((np.asarray(x, np.float32) - stats["lo"]) / scale).astype(np.float32)
 
-    def labels(self, block: np.ndarray, stats: dict) -> SegResult:
-        """Instance labels (ids 1..n) of one block's extended region."""
+    def labels(self, block: np.ndarray, stats: dict, z0: int = 0) -> SegResult:
+        """Instance labels (ids 1..n) of one block's extended region (``z0``: its first
+        slice in the image, for a 2D model's slice-by-slice scale on a volume)."""
         seg = self.seg
         if self.name == "threshold":
             return self._threshold(block, stats)
-        x = self._global(block, stats)
+        if block.ndim == 3 and getattr(seg, "dims", None) == 2 and "slice_lo" in stats:
+            x = self._per_slice(block, stats, z0)
+        else:
+            x = self._global(block, stats)
         if self.name == "unet":
             seg.options["normalization"] = {"kind": "none"}
         x = seg.prepare(x, False)
         raw = seg.segment([x])[0]  # a SegResult, or raw output finish() turns into one
         res = raw if isinstance(raw, SegResult) else seg.finish(raw)
         return res if isinstance(res, SegResult) else SegResult(np.asarray(res))
+
+    def _per_slice(self, x: np.ndarray, stats: dict, z0: int) -> np.ndarray:
+        """Each slice on its own whole-slice 1-99.8 % scale (what the 2D U-Net does to a
+        volume in one piece)."""
+        lo = np.asarray(stats["slice_lo"][z0:z0 + x.shape[0]], np.float32)[:, None, None]
+        scale = np.asarray(stats["slice_hi"][z0:z0 + x.shape[0]], np.float32)[:, None, None] - lo
+        out = (np.asarray(x, np.float32) - lo) / np.maximum(scale, 1e-6)
+        return np.where(scale > 1e-6, out, 0).astype(np.float32)
 
     def _threshold(self, block: np.ndarray, stats: dict) -> SegResult:
         """The global threshold in this block's own 1-99.8 % scale (the classical method

@@ -126,7 +126,7 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
     work = out_dir / f"{WORK_PREFIX}{_stem(image)}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
     if overwrite and work.exists():
         shutil.rmtree(work)
-    stats = _stats(image, plan, work, cancel, otsu=method == "threshold")
+    stats = _stats(image, plan, work, cancel, otsu=method == "threshold", per_slice=method == "unet" and nd == 3)
     if stats is None:
         return BlockReport(target.location(), str(table_path), plan.shape, len(plan.blocks), cancelled=True)
     info = {"method": method, "model": str(options.get("model") or ""), "block": list(plan.block),
@@ -171,7 +171,7 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
     return report
 
 
-def _stats(image, plan: BlockPlan, work: Path, cancel, otsu: bool) -> dict | None:
+def _stats(image, plan: BlockPlan, work: Path, cancel, otsu: bool, per_slice: bool) -> dict | None:
     """The global intensity scale, kept in the work folder so a resumed run uses the same."""
     path = work / "stats.json"
     try:
@@ -179,7 +179,7 @@ def _stats(image, plan: BlockPlan, work: Path, cancel, otsu: bool) -> dict | Non
     except (OSError, ValueError):
         pass
     try:
-        stats = image_stats(image, plan, otsu=otsu, cancel=cancel)
+        stats = image_stats(image, plan, otsu=otsu, per_slice=per_slice, cancel=cancel)
     except Exception as exc:  # noqa: BLE001 - Cancelled or a read error
         if cancel.cancelled:
             return None

@@ -109,7 +109,7 @@ def segment_block(task: BlockTask, block: Block, seams: list[tuple[int, Seam]],
         return int(done["n"])
     method = _method(task, methods)
     x = task.source.read(block.ext_slices())
-    res = method.labels(x, dict(task.stats))
+    res = method.labels(x, dict(task.stats), z0=block.ext[0][0] if x.ndim == 3 else 0)
     labels = np.asarray(res.labels)
     if labels.shape != x.shape:
         raise RuntimeError(f"method returned labels of shape {labels.shape} for a block of shape {x.shape}")
