@@ -9,7 +9,8 @@ BBBC039 images.
 ``kill``: one of 2 workers is SIGKILLed after the first output; the run must still end with
 n outputs, a complete report, no temp file, and no output written twice (its inode stays).
 ``scaling``: 1 worker against 2 (one thread each), runs alternated, after a warm-up;
-efficiency = t(1 worker) / (2 * t(2 workers)). Results are printed as JSON.
+efficiency = t(1 worker) / (2 * t(2 workers)); a control task of fixed CPU time (0.25 s, no
+I/O) run the same way shows what a shared, loaded machine allows. Results are printed as JSON.
 """
 from __future__ import annotations
 
@@ -121,14 +122,32 @@ def scaling(args, work: Path) -> dict:
                                       device="cpu", overwrite=True)
                 times[k].append(time.perf_counter() - t0)
                 assert rep.ok == len(files), rep.summary()
+        control = {1: [], 2: []}  # the same clusters on pure CPU work: what the machine gives
+        for r in range(args.repeats):
+            for k in ((1, 2) if r % 2 == 0 else (2, 1)):
+                t0 = time.perf_counter()
+                handles[k].client.gather(handles[k].client.map(_busy, range(len(files)), pure=False))
+                control[k].append(time.perf_counter() - t0)
     t1, t2 = min(times[1]), min(times[2])
+    c1, c2 = min(control[1]), min(control[2])
     return {"files": len(files), "method": args.method, "one_worker_s": [round(t, 1) for t in times[1]],
             "two_workers_s": [round(t, 1) for t in times[2]], "speedup": round(t1 / t2, 3),
             "efficiency": round(t1 / (2 * t2), 3), "overhead_ms_per_task": round(per_task_ms, 2),
+            "control_one_worker_s": [round(t, 1) for t in control[1]],
+            "control_two_workers_s": [round(t, 1) for t in control[2]],
+            "control_efficiency": round(c1 / (2 * c2), 3),
             "load_avg_after": os.getloadavg()}
 
 
 def _noop(i):
+    return i
+
+
+def _busy(i, seconds: float = 0.25):
+    """Pure CPU work of a fixed CPU time: the efficiency the machine itself allows."""
+    t0, x = time.process_time(), 0
+    while time.process_time() - t0 < seconds:
+        x += 1
     return i
 
 
