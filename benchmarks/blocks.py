@@ -108,7 +108,7 @@ def compare(args) -> dict:
 
 def volume(args) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from zarr_helpers import volume_zarr
+    from zarr_inputs import volume_zarr
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

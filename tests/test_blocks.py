@@ -16,7 +16,7 @@ from napari_gpuseg.engine.metrics import object_f1  # noqa: E402
 from napari_gpuseg.engine.runtime.cancel import CancelToken  # noqa: E402
 from napari_gpuseg.io_zarr import open_zarr  # noqa: E402
 
-from zarr_helpers import field_files, volume_zarr, write_mosaic  # noqa: E402
+from zarr_inputs import field_files, volume_zarr, write_mosaic  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 ALL = (slice(None), slice(None))

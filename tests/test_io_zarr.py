@@ -6,7 +6,7 @@ zarr = pytest.importorskip("zarr")
 
 from napari_gpuseg.io_zarr import ZarrLayoutError, is_zarr, open_zarr  # noqa: E402
 
-from zarr_helpers import field_files, write_mosaic  # noqa: E402
+from zarr_inputs import field_files, write_mosaic  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
