@@ -44,6 +44,11 @@ class ClusterHandle:
         return len(self.client.scheduler_info().get("workers", {}))
 
     def close(self) -> None:
+        import logging
+
+        # workers busy in a C library take a few seconds to stop; the nanny then ends them,
+        # which is what closing asks for: no warning about it
+        logging.getLogger("distributed.nanny").setLevel(logging.ERROR)
         for obj in reversed(self.owned):
             try:
                 obj.close()
