@@ -102,7 +102,9 @@ def create_labels(target: LabelsTarget, info: dict, resume: bool = True):
 
 def _image_label(grp, target, fmt) -> dict:
     attrs = dict(grp.attrs)
-    meta = {"version": fmt.version, "source": {"image": "../../"}}
+    meta = {"version": fmt.version}
+    if target.group:  # inside the image's labels/ group: point back at the image
+        meta["source"] = {"image": "../../"}
     if target.zarr_format == 3:
         ome = dict(attrs.get("ome", {}))
         ome["image-label"] = meta
