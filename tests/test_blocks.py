@@ -73,6 +73,11 @@ def test_threshold_blocks_equal_the_whole_image(mosaic, tmp_path):
     assert attrs["image-label"]["source"]["image"] == "../../" and attrs["multiscales"][0]["datasets"][0]["path"] == "0"
     assert dict(root["labels/threshold/0"].attrs)["napari_gpuseg"]["complete"] is True
     assert not list(tmp_path.glob(".gpuseg-blocks-*"))  # the work folder is gone
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Reader
+
+    found = {n.metadata.get("name"): n.data[0].shape for n in Reader(parse_url(str(mosaic)))() if n.data}
+    assert found["threshold"] == (1040, 1392)  # what napari-ome-zarr reads
 
 
 def test_without_stitching_the_seams_split_objects(mosaic):
