@@ -16,6 +16,8 @@ import threading
 
 from ..engine.runtime.allocator import configure_allocator
 from ..engine.runtime.device import PRECISIONS
+from ._cluster import EPILOG as CLUSTER_EPILOG
+from ._cluster import add_cluster_arguments, folder_runner
 
 EPILOG = """\
 examples:
@@ -60,7 +62,7 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``batch`` subcommand to an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
         "batch", help="segment every image in a folder",
-        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__, epilog=EPILOG + CLUSTER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("in_dir", nargs="?", help="folder of input images")
     p.add_argument("out_dir", nargs="?", help="folder for label images, object tables and the report")
@@ -89,6 +91,7 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
                    help="import a module that registers extra methods (repeatable)")
     p.add_argument("--list-methods", action="store_true", help="list methods and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_cluster_arguments(p)
     p.set_defaults(func=run_batch)
     return p
 
@@ -175,13 +178,15 @@ def run_batch(args: argparse.Namespace) -> int:
     bar = _Bar(args.quiet)
     max_bytes = int(args.max_image_gb * 2**30) if args.max_image_gb else None
     try:
-        report = run_folder(
+        report = folder_runner(args, run_folder)(  # in-process, on a Dask cluster, or in blocks
             args.in_dir, args.out_dir, args.method,
             method_options=options, pattern=args.pattern, recursive=args.recursive,
             shard=shard, devices=args.devices, io_workers=args.io_workers,
             image_batch=args.image_batch, overwrite=args.overwrite, progress=bar,
             cancel=cancel, precision=args.precision, max_image_bytes=max_bytes,
         )
+        if isinstance(report, int):  # a zarr image in blocks: its summary is printed
+            return report
     except KeyboardInterrupt:
         bar.close()
         print("aborted", file=sys.stderr)

@@ -34,6 +34,13 @@ Folders, devices, background work:
 
 - ``run_folder(in_dir, out_dir, method="threshold")``: segment every image of a folder
   into label TIFFs, per-object CSVs and a report; returns the run's report.
+- ``run_folder_dask(client, in_dir, out_dir, method="threshold")``: the same folder job with
+  its files spread over a Dask cluster (``connect_cluster`` gives the client).
+- ``connect_cluster(cluster="local" | "slurm", scheduler=None, config=None)``: a Dask client
+  on a LocalCluster, an existing scheduler or SLURM (dask-jobqueue).
+- ``run_blocks(image, out_dir, method="unet")``: a big image (``napari_gpuseg.io_zarr.open_zarr(path)``, or any
+  array via ``engine.blocks.ArraySource``) segmented in blocks with a halo, seams stitched, labels written
+  block by block to OME-Zarr with the per-object table.
 - ``get_policy()``: the process-wide device and precision in use.
 - ``make_policy(device=None, precision=None)``: a device/precision policy (e.g. ``"cpu"``,
   ``"cuda:1"``; ``"fp32"``, ``"bf16"``, ``"fp16"``).
@@ -64,6 +71,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "predict_labels": (".unet.predict", "predict_labels"),
     "train_unet": (".unet.training", "train_unet"),
     "run_folder": (".jobs.pipeline", "run_folder"),
+    "run_folder_dask": (".jobs.dask_runner", "run_folder_dask"),
+    "connect_cluster": (".jobs.clusters", "connect"),
+    "run_blocks": (".blocks.run", "run_blocks"),
     "get_policy": (".runtime.device", "get_policy"),
     "make_policy": (".runtime.device", "make_policy"),
     "InferenceWorker": (".runtime.worker", "InferenceWorker"),

@@ -27,10 +27,12 @@ from ..engine.runtime.device import PRECISIONS, get_policy
 from ..engine.runtime.cancel import CancelToken
 from ..engine.jobs.registry import available_methods, method_description, parse_options
 from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
+from ..engine.jobs.dask_runner import run_folder_on_cluster
 from ._bridge import relay
 from ._dock import DockWidget, auto_spin
 
 COLUMNS = ("file", "objects", "time (s)", "status", "error")
+RUN_ON = ("this computer", "Dask cluster")
 
 
 def _eta(seconds: float | None) -> str:
@@ -82,6 +84,14 @@ class BatchFolderWidget(DockWidget):
         self.io_workers = QSpinBox(minimum=1, maximum=32, value=2)
         self.precision = QComboBox()
         self.precision.addItems(list(PRECISIONS))
+        self.run_on = QComboBox()  # this computer, or a Dask cluster (address or a local one)
+        self.run_on.addItems(list(RUN_ON))
+        self.address = QLineEdit()
+        self.address.setPlaceholderText("tcp://HOST:PORT (empty: start a local cluster)")
+        self.dashboard = QLabel("")
+        self.dashboard.setOpenExternalLinks(True)
+        self.run_on.currentTextChanged.connect(lambda t: self.address.setEnabled(t == RUN_ON[1]))
+        self.address.setEnabled(False)
 
         form = QFormLayout()
         form.addRow("Input folder", self._with_browse(self.in_dir, self._browse_in))
@@ -97,6 +107,9 @@ class BatchFolderWidget(DockWidget):
         form.addRow("Prompts/tiles per call", self.batch_size)
         form.addRow("I/O workers", self.io_workers)
         form.addRow("Precision", self.precision)
+        form.addRow("Run on", self.run_on)
+        form.addRow("Cluster address", self.address)
+        form.addRow("", self.dashboard)
 
         self.start_button, buttons = self._make_run_buttons("Start", self.start, self.cancel)
 
@@ -223,15 +236,24 @@ class BatchFolderWidget(DockWidget):
         self.progress.setRange(0, 0)  # busy until the first event gives the total
         self.status.setText("starting…")
         self._set_running(True)
+        self.dashboard.setText("")
+        if self.run_on.currentText() == RUN_ON[1]:
+            kwargs["cluster"] = self.address.text().strip()
         self.thread = threading.Thread(target=self._run, args=(in_dir, out_dir, kwargs, self.token),
                                        name="gpuseg-batch-dock", daemon=True)
         self.thread.start()
 
     def _run(self, in_dir: Path, out_dir: Path, kwargs: dict, token: CancelToken) -> None:
         """Runs in the background thread."""
+        progress = lambda p: self._deliver(self._on_run_progress, p)  # noqa: E731
         try:
-            report = run_folder(in_dir, out_dir, progress=lambda p: self._deliver(self._on_run_progress, p),
-                                cancel=token, **kwargs)
+            if "cluster" in kwargs:  # a Dask cluster: the same progress, cancel and report
+                address = kwargs.pop("cluster")
+                report = run_folder_on_cluster(address, in_dir, out_dir, progress=progress, cancel=token,
+                                               on_dashboard=lambda link: self._deliver(self._show_dashboard, link),
+                                               **kwargs)
+            else:
+                report = run_folder(in_dir, out_dir, progress=progress, cancel=token, **kwargs)
         except Exception as exc:  # noqa: BLE001 - shown to the user
             self._deliver(self._on_failed, f"{type(exc).__name__}: {exc}")
         else:
@@ -286,6 +308,9 @@ class BatchFolderWidget(DockWidget):
         where = report.report_error or f"report: {report.report_csv}"
         notes = [n for n in (report.disk_error and f"stopped: {report.disk_error}", *report.warnings) if n]
         self.status.setText(" · ".join([report.summary(), *notes, where]))
+
+    def _show_dashboard(self, link: str) -> None:
+        self.dashboard.setText(f'<a href="{link}">Dask dashboard</a> {link}' if link else "")
 
     def _on_failed(self, message: str) -> None:
         self.thread = None

@@ -22,6 +22,7 @@ from ..engine.sam.box_stack import segment_box_planes
 from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
 from ..engine.stacks import label_offsets, shift_ids
+from ._big_layer import lazy_data, run_sam_blocks
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names
 from ._dock import DockWidget, auto_spin
 from ._prompts import boxes_xyxy, plane, plane_index
@@ -244,6 +245,8 @@ class SamAutomaticWidget(DockWidget):
         if layer is None:
             self._set_status("add an image layer first")
             return
+        if lazy_data(layer) is not None and not layer.rgb:  # a big, lazily opened image: in blocks
+            return run_sam_blocks(self, layer)
         indices = self._indices(layer)
         try:
             boxes = self._boxes_for(indices) if self.mode == "boxes" else None

@@ -14,6 +14,7 @@ from qtpy.QtWidgets import (
     QPushButton, QVBoxLayout,
 )
 
+from ._big_layer import add_lazy_labels, block_source, blocks_job, lazy_data, out_folder
 from ._choices import fill_layer_combos, layer_array, watch_layers
 from ._unet_jobs import FROM_FILE, predict_job
 from ._dock import DockWidget, auto_spin
@@ -112,6 +113,8 @@ class UNetPredictWidget(DockWidget):
                 self.status.setText(f"Model file not found: {model_path or '(none)'}")
                 return None
         layer = self.viewer.layers[name]
+        if lazy_data(layer) is not None and not getattr(layer, "rgb", False):
+            return self._run_blocks(layer, model_path)
         image = layer_array(layer)
         self._set_busy(True)
         self.progress.setValue(0)
@@ -124,6 +127,33 @@ class UNetPredictWidget(DockWidget):
             on_progress=self._on_progress, on_cancelled=self._cancelled,
         )
         return self.job
+
+    def _run_blocks(self, layer, model_path):
+        """A lazily opened (dask / zarr) image: in blocks, labels read back lazily."""
+        from ..engine.runtime.worker import default_worker
+
+        data = lazy_data(layer)
+        options = {"model": model_path, "batch_size": self.batch.value() or None,
+                   "overlap": float(self.overlap.value()), "tile": int(self.tile.value()) or None}
+        self._set_busy(True)
+        self.progress.setValue(0)
+        self.status.setText(f"Predicting {layer.name} {tuple(data.shape)} in blocks…")
+        self.job = self._submit_job(
+            blocks_job, block_source(layer, data), out_folder(layer), "unet",
+            {k: v for k, v in options.items() if v is not None}, "unet", default_worker().policy,
+            tag="unet_predict", replace=True,
+            on_result=lambda r, layer=layer: self._blocks_done(r, layer), on_error=self._failed,
+            on_progress=self._on_progress, on_cancelled=self._cancelled)
+        return self.job
+
+    def _blocks_done(self, report, layer) -> None:
+        self._set_busy(False)
+        self.last_result = {"blocks": report}
+        if report.cancelled:
+            self.status.setText("Cancelled (finished blocks are kept; run again to resume).")
+            return
+        add_lazy_labels(self.viewer, report, layer, f"{layer.name} U-Net labels")
+        self.status.setText(f"Done: {report.objects} objects in {report.blocks} blocks ({report.labels}).")
 
     def cancel(self) -> None:
         if self.job is not None:

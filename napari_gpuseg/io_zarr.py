@@ -1,0 +1,186 @@
+"""Reading zarr and OME-Zarr images lazily, block by block.
+
+:func:`open_zarr` opens an OME-Zarr image (NGFF 0.4 on zarr v2 or 0.5 on zarr v3: the
+full-resolution level of its multiscales), a zarr group holding one array, or a bare zarr
+array, and returns a :class:`ZarrImage`: the spatial image (YX or ZYX, one channel, one
+time point) as a picklable reader of regions, so that dask workers reopen it themselves.
+Layouts that cannot be read as such an image (a plate, several arrays and no metadata, a
+time series, an unknown axis) raise :class:`ZarrLayoutError` with a one-line reason.
+GUI-free and torch-free.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .io import ImageReadError
+
+ZARR_MARKERS = (".zgroup", ".zarray", "zarr.json")
+
+
+class ZarrLayoutError(ImageReadError):
+    """A zarr store this program cannot read as a YX or ZYX image."""
+
+    kind = "zarr-layout"
+
+
+def is_zarr(path: str | os.PathLike) -> bool:
+    """True for a folder that is a zarr group or array (v2 or v3)."""
+    p = Path(path)
+    return p.is_dir() and any((p / m).is_file() for m in ZARR_MARKERS)
+
+
+def _axis_names(axes) -> list[str]:
+    return [a["name"] if isinstance(a, dict) else str(a) for a in axes]
+
+
+def _ome_attrs(attrs: dict) -> dict:
+    return attrs.get("ome", attrs) if isinstance(attrs.get("ome"), dict) else attrs
+
+
+@dataclass(frozen=True)
+class ZarrImage:
+    """A spatial image inside a zarr store.
+
+    ``array_path``: the array within the store (e.g. ``"0"``); ``axes``: the array's axis
+    names; ``lead``: the fixed index of each non-spatial axis (channel, time);
+    ``spatial_axes``: the positions of the z/y/x axes. ``ome``: True for OME-Zarr (labels
+    then go to its ``labels/`` group); ``zarr_format``: 2 or 3; ``ngff``: the NGFF version.
+    """
+
+    path: str
+    array_path: str
+    axes: tuple[str, ...]
+    full_shape: tuple[int, ...]
+    lead: tuple[tuple[int, int], ...]  # (axis position, index)
+    spatial_axes: tuple[int, ...]
+    dtype: str
+    ome: bool = False
+    zarr_format: int = 2
+    ngff: str = ""
+    scale: tuple[float, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.full_shape[a] for a in self.spatial_axes)
+
+    @property
+    def spatial_names(self) -> tuple[str, ...]:
+        return tuple(self.axes[a] for a in self.spatial_axes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+    def array(self):
+        """The zarr array (opened read-only)."""
+        import zarr
+
+        return zarr.open_array(self.path, path=self.array_path or None, mode="r")
+
+    def read(self, region: tuple[slice, ...], array=None) -> np.ndarray:
+        """The spatial ``region`` (slices over :attr:`shape`) as a numpy array."""
+        arr = self.array() if array is None else array
+        index: list = [slice(None)] * len(self.full_shape)
+        for pos, i in self.lead:
+            index[pos] = i
+        for pos, sl in zip(self.spatial_axes, region):
+            index[pos] = sl
+        return np.asarray(arr[tuple(index)])
+
+    def to_dask(self):
+        """The spatial image as a lazy dask array (chunks of the store)."""
+        import dask.array as da
+
+        arr = da.from_zarr(self.array())
+        index: list = [slice(None)] * len(self.full_shape)
+        for pos, i in self.lead:
+            index[pos] = i
+        return arr[tuple(index)]
+
+
+def _fail(path, reason: str):
+    raise ZarrLayoutError(path, f"unsupported zarr layout: {reason}")
+
+
+def _from_axes(path, array_path, arr, names, channel, scale, ome, fmt, ngff) -> ZarrImage:
+    names = [n.lower() for n in names]
+    if len(names) != arr.ndim:
+        _fail(path, f"{len(names)} axes in the metadata for a {arr.ndim}-D array")
+    unknown = [n for n in names if n not in ("t", "c", "z", "y", "x")]
+    if unknown:
+        _fail(path, f"axis {unknown[0]!r} (only t, c, z, y, x are read)")
+    lead = []
+    for pos, n in enumerate(names):
+        size = int(arr.shape[pos])
+        if n == "t":
+            if size > 1:
+                _fail(path, f"a time series of {size} points (open one time point as its own image)")
+            lead.append((pos, 0))
+        elif n == "c":
+            c = 0 if channel is None else int(channel)
+            if not 0 <= c < size:
+                _fail(path, f"channel {c} asked for, the image has {size}")
+            lead.append((pos, c))
+    spatial = tuple(pos for pos, n in enumerate(names) if n in ("z", "y", "x"))
+    if [names[p] for p in spatial] not in (["y", "x"], ["z", "y", "x"]):
+        _fail(path, f"spatial axes {''.join(names[p] for p in spatial)} (need yx or zyx)")
+    if np.dtype(arr.dtype).kind not in "uif":
+        _fail(path, f"data type {arr.dtype}")
+    return ZarrImage(str(path), array_path, tuple(names), tuple(int(s) for s in arr.shape), tuple(lead),
+                     spatial, str(np.dtype(arr.dtype)), ome, fmt, ngff, tuple(scale))
+
+
+def open_zarr(path: str | os.PathLike, channel: int | None = None) -> ZarrImage:
+    """Open the image in the zarr store at ``path`` (see the module docstring).
+    ``channel``: which channel of a multi-channel image (default 0)."""
+    import zarr
+
+    path = Path(path)
+    if not path.exists():
+        raise ZarrLayoutError(path, "no such zarr store")
+    if not is_zarr(path):
+        _fail(path, "not a zarr store (no .zgroup, .zarray or zarr.json)")
+    try:
+        node = zarr.open(str(path), mode="r")
+    except Exception as exc:  # noqa: BLE001 - damaged metadata
+        _fail(path, f"cannot be opened ({type(exc).__name__}: {exc})")
+    fmt = int(node.metadata.zarr_format)
+    if isinstance(node, zarr.Array):
+        names = {2: "yx", 3: "zyx"}.get(node.ndim)
+        if names is None:
+            _fail(path, f"a bare {node.ndim}-D array without axis metadata (need 2-D YX or 3-D ZYX)")
+        return _from_axes(path, "", node, list(names), channel, (1.0,) * node.ndim, False, fmt, "")
+    attrs = _ome_attrs(dict(node.attrs))
+    if "plate" in attrs or "well" in attrs:
+        _fail(path, "an HCS plate or well (open one field's image group)")
+    ms = attrs.get("multiscales")
+    if ms:
+        m = ms[0]
+        ds = m.get("datasets") or []
+        if not ds:
+            _fail(path, "multiscales without datasets")
+        level = ds[0]["path"]
+        try:
+            arr = node[level]
+        except KeyError:
+            _fail(path, f"multiscales level {level!r} is missing")
+        names = _axis_names(m.get("axes") or []) or list("tczyx"[-arr.ndim:])
+        scale = [1.0] * arr.ndim
+        for t in ds[0].get("coordinateTransformations") or []:
+            if t.get("type") == "scale":
+                scale = [float(s) for s in t["scale"]]
+        ngff = str(m.get("version") or attrs.get("version") or "")
+        return _from_axes(path, level, arr, names, channel, scale, True, fmt, ngff)
+    arrays = [k for k, _ in node.arrays()]
+    if len(arrays) != 1:
+        _fail(path, f"a group of {len(arrays)} arrays without OME multiscales metadata "
+                    "(cannot tell which is the image)")
+    arr = node[arrays[0]]
+    names = {2: "yx", 3: "zyx"}.get(arr.ndim)
+    if names is None:
+        _fail(path, f"a {arr.ndim}-D array without axis metadata (need 2-D YX or 3-D ZYX)")
+    return _from_axes(path, arrays[0], arr, list(names), channel, (1.0,) * arr.ndim, False, fmt, "")

@@ -1,0 +1,131 @@
+"""Writing label images to OME-Zarr block by block.
+
+:func:`create_labels` makes (or reopens, to resume) an empty uint32 labels array whose
+chunks are the blocks' cores, so each block writes whole chunks of its own and no two
+writers touch one chunk: into the input's ``labels/<name>`` group when the input is
+OME-Zarr (NGFF "image-label", in the input's zarr format), else as a labels image of its
+own. The array's attributes say who wrote it and whether it is complete. GUI-free,
+torch-free.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .label_files import OUTPUT_TAG
+
+
+@dataclass(frozen=True)
+class LabelsTarget:
+    """Where a labels image goes: the store, the group inside it, and its shape."""
+
+    store: str  # the zarr store (the input's, or a new one)
+    group: str  # the labels image group within the store ("" = the root)
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    axes: tuple[str, ...]
+    scale: tuple[float, ...]
+    zarr_format: int = 2
+
+    @property
+    def array_path(self) -> str:
+        return f"{self.group}/0" if self.group else "0"
+
+    def open(self, mode: str = "r+"):
+        import zarr
+
+        return zarr.open_array(self.store, path=self.array_path, mode=mode)
+
+    def location(self) -> str:
+        return str(Path(self.store) / self.group) if self.group else self.store
+
+
+def _fmt(zarr_format: int):
+    from ome_zarr.format import FormatV04, FormatV05
+
+    return FormatV05() if zarr_format == 3 else FormatV04()
+
+
+def labels_target(image, out_dir: str | os.PathLike, name: str, chunks, into_input: bool = True) -> LabelsTarget:
+    """The target for labels of ``image`` (a :class:`~napari_gpuseg.io_zarr.ZarrImage` or
+    anything with ``shape``): ``IMAGE/labels/NAME`` for OME-Zarr input when ``into_input``,
+    else ``OUT/<stem>_labels.ome.zarr``."""
+    shape = tuple(int(s) for s in image.shape)
+    axes = tuple(getattr(image, "spatial_names", ("z", "y", "x")[-len(shape):]))
+    ome = bool(getattr(image, "ome", False))
+    scale = tuple(getattr(image, "scale", ()) or ())
+    if len(scale) != len(shape):
+        sp = getattr(image, "spatial_axes", None)
+        scale = tuple(scale[a] for a in sp) if sp and len(scale) > max(sp) else (1.0,) * len(shape)
+    fmt = int(getattr(image, "zarr_format", 2) or 2)
+    if ome and into_input:
+        return LabelsTarget(str(image.path), f"labels/{name}", shape, tuple(chunks), axes, scale, fmt)
+    stem = Path(str(getattr(image, "path", "image"))).name.split(".")[0] or "image"
+    return LabelsTarget(str(Path(out_dir) / f"{stem}_labels.ome.zarr"), "", shape, tuple(chunks), axes,
+                        scale, fmt)
+
+
+def create_labels(target: LabelsTarget, info: dict, resume: bool = True):
+    """The labels array of ``target``, created empty (fill 0) with its NGFF metadata; an
+    existing one with the same shape and chunks is reopened as it is when ``resume``."""
+    import zarr
+    from ome_zarr.writer import write_label_metadata, write_multiscales_metadata
+
+    root = zarr.open_group(target.store, mode="a", zarr_format=target.zarr_format)
+    grp = root.require_group(target.group) if target.group else root
+    if "0" in grp and resume:
+        arr = grp["0"]
+        if tuple(arr.shape) == target.shape and tuple(arr.chunks) == target.chunks:
+            return arr
+    arr = grp.create_array("0", shape=target.shape, chunks=target.chunks, dtype=np.uint32,
+                           fill_value=0, overwrite=True)
+    fmt = _fmt(target.zarr_format)
+    datasets = [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": list(target.scale)}]}]
+    write_multiscales_metadata(grp, datasets, fmt=fmt, axes=list(target.axes),
+                               name=target.group.split("/")[-1] or "labels")
+    if target.group:
+        labels_grp = root["labels"]
+        listed = dict(labels_grp.attrs).get("ome", dict(labels_grp.attrs)).get("labels", [])
+        name = target.group.split("/")[-1]
+        if name in listed:  # rewrite only this image's own metadata
+            grp.attrs.update(_image_label(grp, target, fmt))
+        else:
+            write_label_metadata(labels_grp, name, fmt=fmt, source={"image": "../../"})
+    else:
+        grp.attrs.update(_image_label(grp, target, fmt))
+    set_info(arr, {**info, "complete": False})
+    return arr
+
+
+def _image_label(grp, target, fmt) -> dict:
+    attrs = dict(grp.attrs)
+    meta = {"version": fmt.version}
+    if target.group:  # inside the image's labels/ group: point back at the image
+        meta["source"] = {"image": "../../"}
+    if target.zarr_format == 3:
+        ome = dict(attrs.get("ome", {}))
+        ome["image-label"] = meta
+        return {"ome": ome}
+    return {"image-label": meta}
+
+
+def set_info(arr, info: dict) -> None:
+    arr.attrs[OUTPUT_TAG] = {**dict(arr.attrs.get(OUTPUT_TAG, {})), **info}
+
+
+def labels_info(target: LabelsTarget) -> dict | None:
+    """What this program stored in the labels array (None when it is not there / not ours)."""
+    try:
+        return dict(target.open("r").attrs.get(OUTPUT_TAG) or {}) or None
+    except Exception:  # noqa: BLE001 - missing or not a zarr array
+        return None
+
+
+def open_labels_lazy(target: LabelsTarget):
+    """The labels as a dask array (for a lazily read napari layer)."""
+    import dask.array as da
+
+    return da.from_zarr(target.open("r"))
