@@ -24,9 +24,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "dsb2018"
-if not DATA.is_dir():
-    DATA = Path("/work/shared/data/dsb2018")
+from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
+DATA = shared_data() / "dsb2018"
 
 
 def main() -> None:

@@ -34,7 +34,8 @@ from napari_gpuseg.engine.sam.loader import load_engine  # noqa: E402
 
 from _machine import cpu_flags  # noqa: E402  (benchmarks/, the script's folder)
 
-DATA = ROOT.parent / "shared" / "data" / "bbbc039"
+from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
+DATA = shared_data() / "bbbc039"
 SETUPS = (("before", "per-box", False), ("views", "shared", False), ("field map", "shared", True))
 
 

@@ -37,7 +37,8 @@ from pathlib import Path
 from _machine import cpu_flags  # benchmarks/, the script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "bbbc039"
+from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
+DATA = shared_data() / "bbbc039"
 SIZES = ((0, 8), (8, 16), (16, 24), (24, 10**6))  # box sides (px) quality is reported for
 # set-up -> (routing, allocator set-up on "1" / off "0", field map "1" / "0", one piece per mask "1" / "0")
 SETUPS = {"before": ("per-box", "0", "0", "0"), "per-box": ("per-box", "1", "0", "0"),

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from napari_gpuseg import tables
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbbc039" / "images"
+from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
+DATA = shared_data() / "bbbc039" / "images"
 
 
 def trial(in_dir: Path, out: Path, method: str, rng: random.Random) -> tuple[bool, str]:

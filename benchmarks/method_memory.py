@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbbc039" / "images"
+from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
+DATA = shared_data() / "bbbc039" / "images"
 
 CHILD = r"""
 import json, sys, threading, time

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import tifffile
@@ -19,7 +18,8 @@ from napari_gpuseg.engine.sam.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.loader import DEFAULT_MODEL, load_engine
 from napari_gpuseg.engine.sam.propagate import PropagateOptions, mask_box, propagate, propagate_all
 
-DATA = Path("/work/shared/data/synthetic3d")
+from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
+DATA = shared_data() / "synthetic3d"
 
 
 def objects(gt: np.ndarray):

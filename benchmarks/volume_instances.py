@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import tifffile
@@ -18,13 +17,16 @@ from napari_gpuseg.engine.unet import predict as unet
 from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.stacks import link_slices
 
-DATA = Path("/work/shared/data/synthetic3d")
+from _data import shared_data  # benchmarks/, the script's folder
 
 
 def main(argv) -> None:
     import torch
 
-    img_path, gt_path = (argv[0], argv[1]) if len(argv) >= 2 else (DATA / "image.tif", DATA / "mask.tif")
+    if len(argv) >= 2:
+        img_path, gt_path = argv[0], argv[1]
+    else:
+        img_path, gt_path = shared_data() / "synthetic3d" / "image.tif", shared_data() / "synthetic3d" / "mask.tif"
     image, gt = tifffile.imread(img_path), tifffile.imread(gt_path)
     policy = Policy(torch.device("cpu"), "fp32")
     net = unet.load_model(None, device="cpu")

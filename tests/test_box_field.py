@@ -140,6 +140,7 @@ def test_sides_off_the_strides_grid_still_hold_every_box(shared_data):
     raw, padded = prepare_boxes(boxes, shape, 0.0), prepare_boxes(boxes, shape, 2.0)
     for stride in (STRIDE, None):
         views, _ = choose_views(eng, img, padded, raw, 16.0, stride)
+        assert len(views) == len(padded) == 4  # one view per box, so the zip below sees them all
         assert all(v.contains_box(b) for v, b in zip(views, padded))
 
 
@@ -220,13 +221,25 @@ def test_local_minmax_stretches_each_neighbourhood_to_its_own_range():
 
 
 def test_field_input_normalises_locally_for_min_max_models_only():
-    img = torch.rand(3, 40, 48)
+    """Two checkerboards 200 px apart, (0.2, 0.4) on the left and (0.6, 1.0) on the right: a
+    min-max model's field stretches each to [0, 1] on its own (a global stretch would give
+    0, 0.25 on the left); the others get their own normalisation, the same everywhere."""
+    yy, xx = np.mgrid[:40, :400]
+    odd = (yy + xx) % 2 == 1
+    left = xx < 200
+    lo = np.where(left, 0.2, 0.6)
+    hi = np.where(left, 0.4, 1.0)
+    img = torch.from_numpy(np.where(odd, hi, lo).astype(np.float32)).expand(3, 40, 400).contiguous()
     prepared = type("P", (), {"tensor": img})()
-    for norm, local in (("minmax", True), ("sam", False), ("none", False)):
+    checker = torch.from_numpy(odd.astype(np.float32)).expand(3, 40, 400)
+    mean = torch.tensor([123.675, 116.28, 103.53]).view(3, 1, 1)
+    std = torch.tensor([58.395, 57.12, 57.375]).view(3, 1, 1)
+    far = np.r_[0:100, 300:400]  # columns more than a window and 4 sigma from the seam
+    for norm, want in (("minmax", checker), ("sam", (img * 255 - mean) / std), ("none", img)):
         eng = SamEngine(StubSam(LocalEncoder()), SamModelInfo("stub", S, norm), FP32)
         got = fieldmap.field_input(eng, prepared)
-        want = fieldmap.local_minmax(img, S) if local else fieldmap.normalize_input(img, norm)
-        torch.testing.assert_close(got, want)
+        assert got.shape == img.shape
+        torch.testing.assert_close(got[..., far], want[..., far], atol=1e-4, rtol=1e-4)
 
 
 def test_field_out_of_memory_falls_back_to_views(lite_engine, shared_data, monkeypatch, caplog):

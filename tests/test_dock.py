@@ -53,16 +53,35 @@ def test_dock_errors_go_to_status_line_notification_and_log(qtbot, caplog, monke
     assert [r.getMessage() for r in caplog.records] == [msg] and caplog.records[0].exc_info
 
 
+def _manifest_docks() -> list[tuple[str, str]]:
+    """(module, class) of every widget contribution in napari.yaml."""
+    import re
+    from pathlib import Path
+
+    import napari_gpuseg
+
+    text = (Path(napari_gpuseg.__file__).parent / "napari.yaml").read_text(encoding="utf-8")
+    return re.findall(r"python_name:\s*(napari_gpuseg\.widgets\.\w+):(\w+)", text)
+
+
 def test_batch_size_boxes_read_Auto_in_every_dock(make_napari_viewer):
+    """Every dock of napari.yaml: its spin boxes with a special text read "Auto", and those of
+    the docks with a per-call batch size are there."""
+    import importlib
+
     from qtpy.QtWidgets import QSpinBox
 
-    from napari_gpuseg.widgets.batch_folder import BatchFolderWidget
-    from napari_gpuseg.widgets.unet_predict import UNetPredictWidget
-
+    docks = _manifest_docks()
+    assert len(docks) >= 8, docks
     viewer = make_napari_viewer()
-    for dock in (BatchFolderWidget(viewer), UNetPredictWidget(viewer)):
+    with_auto = set()
+    for module, name in docks:
+        dock = getattr(importlib.import_module(module), name)(viewer)
         texts = {s.specialValueText() for s in dock.findChildren(QSpinBox) if s.specialValueText()}
-        assert texts == {"Auto"}, (type(dock).__name__, texts)
+        assert texts <= {"Auto"}, (name, texts)
+        if texts:
+            with_auto.add(name)
+    assert {"BatchFolderWidget", "SamAnnotatorWidget", "SamAutomaticWidget", "UNetPredictWidget"} <= with_auto
 
 
 def test_annotator_rows_are_not_clipped_at_the_default_window_size(make_napari_viewer, qtbot):

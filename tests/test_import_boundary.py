@@ -1,5 +1,8 @@
-"""engine/ and models/ never import a GUI package (models -> engine -> widgets/cli)."""
+"""The import boundaries: engine/ and models/ import no GUI package when imported, and the
+contracts of pyproject.toml (layers, no GUI below widgets/, independent docks) hold."""
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -66,21 +69,111 @@ def test_the_check_sees_a_gui_import(pkg):
     assert "GUI package" in proc.stderr
 
 
-def test_no_dock_imports_another_dock_or_a_private_name():
-    """Docks share parts through the ``widgets/_*.py`` modules, never through each other, and
-    no module imports another module's private (``_name``) function or class."""
+def test_no_module_imports_a_private_name():
+    """No module imports another module's private (``_name``) function or class."""
     import ast
 
-    widgets = ROOT / "napari_gpuseg" / "widgets"
-    docks = {p.stem for p in widgets.glob("*.py") if not p.stem.startswith("_")}
     bad = []
     for path in sorted((ROOT / "napari_gpuseg").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.ImportFrom):
-                continue
-            mod = (node.module or "").split(".")[-1]
-            if path.parent == widgets and node.level == 1 and mod in docks:
-                bad.append(f"{path.name} imports dock {mod}")
-            bad += [f"{path.name} imports {a.name} from {node.module}" for a in node.names
-                    if node.module and a.name.startswith("_") and not a.name.startswith("__")]
+            if isinstance(node, ast.ImportFrom) and node.module:
+                bad += [f"{path.name} imports {a.name} from {node.module}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
     assert not bad, bad
+
+
+# ----------------------------------------------------------------------------- import-linter
+# The layers, the GUI-free engine and the independent docks are stated as import-linter
+# contracts in pyproject.toml. lint-imports reads every import statement, including those
+# inside functions, in any form.
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` run in ``root`` with ``root/pyproject.toml`` (the package is imported
+    from ``root``)."""
+    pytest.importorskip("importlinter")  # the testing extra installs it
+    exe = shutil.which("lint-imports", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                             os.environ.get("PATH", "")]))
+    assert exe, "import-linter is installed but its lint-imports command is not on the PATH"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([exe, "--no-cache", "--no-logo"], cwd=root,
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_package_keeps_its_import_contracts():
+    proc = lint_imports(ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Contracts: 3 kept, 0 broken." in proc.stdout
+
+
+def _contracts() -> list[dict]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: import-linter depends on tomli there
+        import tomli as tomllib
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["importlinter"]["contracts"]
+
+
+def test_the_independence_contract_names_every_dock():
+    """A new dock module is covered: the contract lists every public module of widgets/, among
+    them every dock of napari.yaml."""
+    widgets = ROOT / "napari_gpuseg" / "widgets"
+    public = {f"napari_gpuseg.widgets.{p.stem}" for p in widgets.glob("*.py") if not p.stem.startswith("_")}
+    manifest = (ROOT / "napari_gpuseg" / "napari.yaml").read_text(encoding="utf-8")
+    in_manifest = set(re.findall(r"python_name:\s*(napari_gpuseg\.widgets\.\w+):", manifest))
+    [independence] = [c for c in _contracts() if c["type"] == "independence"]
+    assert set(independence["modules"]) == public
+    assert len(in_manifest) >= 8 and in_manifest <= public
+
+
+def _copy_with(tmp_path: Path, edits: dict[str, str]) -> Path:
+    """A copy of the package's modules and pyproject.toml in ``tmp_path``, with ``edits``
+    (path in the package -> text appended to that module)."""
+    shutil.copytree(ROOT / "napari_gpuseg", tmp_path / "napari_gpuseg",
+                    ignore=lambda d, names: [n for n in names if not (n.endswith((".py", ".yaml"))
+                                                                      or (Path(d) / n).is_dir())
+                                             or n == "__pycache__"])
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    for rel, text in edits.items():
+        path = tmp_path / "napari_gpuseg" / rel
+        path.write_text(path.read_text(encoding="utf-8") + "\n" + textwrap.dedent(text), encoding="utf-8")
+    return tmp_path
+
+
+DOCK_TO_DOCK = "napari_gpuseg.widgets.unet_predict -> napari_gpuseg.widgets.sam_annotator"
+
+
+@pytest.mark.parametrize("edits, broken, shown", [
+    pytest.param({"widgets/unet_predict.py": "from .sam_annotator import SamAnnotatorWidget\n"},
+                 "docks are independent of each other", DOCK_TO_DOCK, id="dock-from-relative-import-name"),
+    pytest.param({"widgets/unet_predict.py": "from . import sam_annotator\n"},
+                 "docks are independent of each other", DOCK_TO_DOCK, id="dock-from-dot-import-module"),
+    pytest.param({"widgets/unet_predict.py": "import napari_gpuseg.widgets.sam_annotator\n"},
+                 "docks are independent of each other", DOCK_TO_DOCK, id="dock-absolute-import"),
+    pytest.param({"widgets/unet_predict.py": """
+                      def _later():
+                          from .sam_annotator import SamAnnotatorWidget
+                          return SamAnnotatorWidget
+                  """},
+                 "docks are independent of each other", DOCK_TO_DOCK, id="dock-import-in-a-function"),
+    pytest.param({"widgets/_prompts.py": "from . import sam_annotator\n",
+                  "widgets/unet_predict.py": "from . import _prompts\n"},
+                 "docks are independent of each other", "napari_gpuseg.widgets._prompts",
+                 id="dock-through-a-shared-helper"),
+    pytest.param({"engine/metrics.py": "from qtpy.QtWidgets import QWidget\n"},
+                 "engine and models import no GUI package", "napari_gpuseg.engine.metrics -> qtpy",
+                 id="engine-imports-qtpy"),
+    pytest.param({"models/unet.py": "from ..engine import normalize\n"},
+                 "widgets and cli above engine above io, label_files, tables above models",
+                 "napari_gpuseg.models.unet -> napari_gpuseg.engine.normalize", id="models-import-engine"),
+    pytest.param({"engine/metrics.py": "def _later():\n    import napari_gpuseg.widgets._dock\n"},
+                 "widgets and cli above engine above io, label_files, tables above models",
+                 "napari_gpuseg.engine.metrics -> napari_gpuseg.widgets._dock", id="engine-imports-widgets"),
+])
+def test_lint_imports_fails_on_a_broken_contract(tmp_path, edits, broken, shown):
+    root = _copy_with(tmp_path, edits)
+    proc = lint_imports(root)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"Contracts: \d+ kept, [1-9]\d* broken\.", proc.stdout), proc.stdout[-3000:]
+    report = proc.stdout.split("Broken contracts", 1)[1]
+    assert broken in report and shown in report, report

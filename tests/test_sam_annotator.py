@@ -72,17 +72,37 @@ def test_boxes_preview_commit_reach_ground_truth(make_napari_viewer, qtbot, crop
     assert (labels[0:3, 0:3] == 99).all() and labels.max() == 99
 
 
-def test_segment_all_boxes_is_one_batched_call(make_napari_viewer, qtbot, crop):
+def test_segment_all_boxes_is_one_batched_call(make_napari_viewer, qtbot, crop, monkeypatch):
+    from napari_gpuseg.engine.sam.predictor import SamEngine
+
     img, gt = crop
     viewer = make_napari_viewer()
     viewer.add_image(img, name="nuclei")
     w = open_dock(viewer)
     wait_embedded(qtbot, w)
     ids, boxes = gt_boxes(gt)
+    calls, inside = [], []  # prompts per decoder call made for the boxes (not the warm-up's)
+    decode, predict_boxes = SamEngine._decode, SamEngine.predict_boxes
+
+    def counted(self, emb, view, prompts, *args, **kwargs):
+        if inside:
+            calls.append(len(prompts))
+        return decode(self, emb, view, prompts, *args, **kwargs)
+
+    def boxes_job(self, *args, **kwargs):
+        inside.append(True)
+        try:
+            return predict_boxes(self, *args, **kwargs)
+        finally:
+            inside.clear()
+
+    monkeypatch.setattr(SamEngine, "_decode", counted)
+    monkeypatch.setattr(SamEngine, "predict_boxes", boxes_job)
     w.box_layer.add_rectangles([np.array([[b[1], b[0]], [b[3], b[2]]]) for b in boxes])
     w.segment_all_boxes()
-    qtbot.waitUntil(lambda: w.labels_layer.data.max() >= 0.9 * len(boxes), timeout=WAIT)
-    assert "committed" in w.status.text()
+    qtbot.waitUntil(lambda: "committed" in w.status.text(), timeout=WAIT)
+    assert len(boxes) > 5 and calls == [len(boxes)], calls  # every box in one decoder call
+    assert w.labels_layer.data.max() >= 0.9 * len(boxes)
 
 
 def test_box_only_model_steers_to_boxes(make_napari_viewer, qtbot, crop):
