@@ -14,7 +14,8 @@ SAM (Segment Anything):
 - ``segment_everything(engine, image)``: instance labels of everything SAM finds from a
   grid of point prompts.
 - ``segment_boxes(engine, image, boxes)``: instance labels from box prompts ``(N, 4)``.
-- ``finetune_sam(images, labels, model="nuclei_sam", config=SamTuneConfig(...), out_path=...)``:
+- ``finetune_sam(images, labels, model="nuclei_sam", config=None, out_path=None)`` with
+  ``SamTuneConfig`` (steps, objects per step, learning rate, time limit, ...):
   fine-tune the decoder (prompt encoder + mask decoder) on your labelled images with
   simulated clicks; the saved decoder file loads with ``load_engine(path)``.
 

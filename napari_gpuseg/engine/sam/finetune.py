@@ -337,14 +337,14 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
                 empty_cache(device)
                 continue
             step += 1
-            val = run_eval(step) if step % cfg.eval_every == 0 or step == cfg.max_steps else None
+            scores = run_eval(step) if step % cfg.eval_every == 0 or step == cfg.max_steps else None
             rec = {"step": step, "loss": loss_val}
-            if val is not None:
-                rec.update({f"val_{k2}": v for k2, v in val.items()})
+            if scores is not None:
+                rec.update({f"val_{k2}": v for k2, v in scores.items()})
             history.append(rec)
             if on_event is not None:
-                on_event(SamTuneEvent(step, cfg.max_steps, loss_val, time.perf_counter() - t0, val))
-            if val is not None and stale >= cfg.patience:
+                on_event(SamTuneEvent(step, cfg.max_steps, loss_val, time.perf_counter() - t0, scores))
+            if scores is not None and stale >= cfg.patience:
                 stopped = "early"
                 break
     except Cancelled:

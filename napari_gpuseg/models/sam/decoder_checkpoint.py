@@ -46,6 +46,9 @@ def save_decoder(path: str | os.PathLike, sam: nn.Module, base: str, base_sha256
     try:
         with os.fdopen(fd, "wb") as fh:
             torch.save(doc, fh)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a plain open() would create it (mkstemp makes 0600)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
