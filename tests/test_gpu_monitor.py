@@ -116,14 +116,14 @@ def test_annotator_and_automatic_docks_release_the_old_sam_engine(monkeypatch):
     from napari_gpuseg.widgets import sam_annotator, sam_automatic
 
     class Engine:
-        def __init__(self, model, policy):
+        def __init__(self, model, policy, cache=None):
             self.model = model
 
     monkeypatch.setattr(sam_annotator, "load_engine", Engine)
     monkeypatch.setattr(sam_automatic, "load_engine", Engine)
     monkeypatch.setattr(sam_automatic, "segment_everything_batch", lambda *a, **k: None)
     worker = InferenceWorker(Policy(torch.device("cpu"), "fp32"))
-    dock = types.SimpleNamespace(worker=worker)
+    dock = types.SimpleNamespace(worker=worker, _cache=None)
     try:
         ref = weakref.ref(sam_annotator.SamAnnotatorWidget._engine(dock, "model-a"))
         sam_automatic.SamAutomaticWidget._job_run(dock, "model-b", "everything", [], None, None, 0, 0, None, None)

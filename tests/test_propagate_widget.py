@@ -20,6 +20,7 @@ def test_propagate_preview_then_undo_then_all_in_3d(make_napari_viewer, qtbot, s
     viewer = make_napari_viewer()
     viewer.add_image(vol, name="volume")
     w = open_dock(viewer)
+    w.use_sam_model("lite_medsam")  # the box-propagation numbers below were measured with it
     panel = w.propagate_panel
     panel.min_contrast.setValue(0.4)
     assert panel.options().min_contrast == pytest.approx(0.4)
