@@ -273,6 +273,8 @@ class _FakeLibc:
 
 
 def test_a_cpu_worker_sets_the_allocator_up_and_trims_when_idle(monkeypatch):
+    for var in [k for k in os.environ if k.startswith("MALLOC_")]:
+        monkeypatch.delenv(var)  # e.g. MALLOC_TRIM_THRESHOLD_, left by a Dask nanny earlier in the session
     monkeypatch.setattr(allocator, "_state", {})
     libc = _FakeLibc()
     monkeypatch.setattr(allocator, "_glibc", lambda: libc)
