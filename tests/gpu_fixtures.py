@@ -3,12 +3,31 @@ with a cheap stand-in encoder, a test image and an autocast probe."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from napari_gpuseg.engine.runtime import batching, device as dev
 from napari_gpuseg.engine.runtime.device import Policy
+from napari_gpuseg.engine.runtime.worker import InferenceWorker
 
 FP32 = Policy(torch.device("cpu"), "fp32")
 BF16 = Policy(torch.device("cpu"), "bf16")
+
+
+@pytest.fixture(autouse=True)
+def _clean_pins():
+    """No fp32 pin or remembered batch size leaks between tests (autouse where imported)."""
+    dev.unpin_all()
+    batching.forget_batch_sizes()
+    yield
+    dev.unpin_all()
+
+
+@pytest.fixture
+def worker_bf16():
+    w = InferenceWorker(BF16, name="test-worker")
+    yield w
+    w.shutdown()
 
 
 def stub_lite_sam():

@@ -22,23 +22,11 @@ from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.runtime.worker import FAILED, InferenceWorker
 
 from gpu_fixtures import BF16, FP32, blob_image as _image, cpu_autocast as _cpu_autocast
+from gpu_fixtures import _clean_pins, worker_bf16  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _clean_pins():
-    dev.unpin_all()
-    batching.forget_batch_sizes()
-    yield
-    dev.unpin_all()
-
-
-@pytest.fixture
-def worker_bf16():
-    w = InferenceWorker(BF16, name="test-worker")
-    yield w
-    w.shutdown()
 
 
 # ------------------------------------------------------------------ 1: fp32 re-run inside the worker

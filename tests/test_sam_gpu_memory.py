@@ -15,21 +15,9 @@ from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.runtime.worker import InferenceWorker
 
 from gpu_fixtures import BF16, FP32, blob_image as _image, cpu_autocast as _cpu_autocast, stub_lite_sam
+from gpu_fixtures import _clean_pins, worker_bf16  # noqa: F401 - fixtures
 
 
-@pytest.fixture(autouse=True)
-def _clean_pins():
-    dev.unpin_all()
-    batching.forget_batch_sizes()
-    yield
-    dev.unpin_all()
-
-
-@pytest.fixture
-def worker_bf16():
-    w = InferenceWorker(BF16, name="test-worker")
-    yield w
-    w.shutdown()
 
 
 @pytest.fixture(scope="module")

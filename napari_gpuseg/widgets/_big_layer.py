@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-_METHODS: dict = {}  # methods loaded for block runs of this session (one load per model)
+_METHODS: dict = {}  # methods loaded for block runs in this process (one load per model)
 
 
 def lazy_data(layer):
