@@ -22,7 +22,8 @@ import torch
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.metrics import summary
-from napari_gpuseg.engine.detect import boxes_from_csv, boxes_from_labels, detect_boxes
+from napari_gpuseg.engine.box_files import read_csv_boxes
+from napari_gpuseg.engine.detect import boxes_from_labels, detect_boxes
 from napari_gpuseg.engine.sam.boxes import prepare_boxes, segment_boxes_batch
 
 from sam_fixtures import require_lite_medsam
@@ -121,11 +122,12 @@ def test_sam_boxes_method_takes_several_images_per_call(engine, val):
 def test_box_sources_csv_labels_and_clipping(tmp_path):
     path = tmp_path / "boxes.csv"
     path.write_text("Y0,x0,x1,y1,z\n1,2,12,9,0\n5,6,30,25,1\n0,0,4,4,1\n")
-    np.testing.assert_array_equal(boxes_from_csv(path), [[2, 1, 12, 9], [6, 5, 30, 25], [0, 0, 4, 4]])
-    np.testing.assert_array_equal(boxes_from_csv(path, plane=1), [[6, 5, 30, 25], [0, 0, 4, 4]])
+    planes = read_csv_boxes(path, (2, 40, 50))
+    np.testing.assert_array_equal(planes[0], [[2, 1, 12, 9]])
+    np.testing.assert_array_equal(planes[1], [[6, 5, 30, 25], [0, 0, 4, 4]])
     (tmp_path / "bad.csv").write_text("x,y\n1,2\n")
     with pytest.raises(ValueError, match="x0, y0, x1, y1"):
-        boxes_from_csv(tmp_path / "bad.csv")
+        read_csv_boxes(tmp_path / "bad.csv", (40, 50))
     labels = np.zeros((20, 30), np.int32)
     labels[2:5, 3:9] = 1
     labels[10:20, 25:30] = 3

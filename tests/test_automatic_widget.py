@@ -119,3 +119,25 @@ def test_segment_everything_runs_and_cancel_is_clean(make_napari_viewer, qtbot, 
     w.cancel()
     qtbot.waitUntil(lambda: w.run_button.isEnabled(), timeout=WAIT)
     assert "cancel" in w.status.text()
+
+
+def test_csv_boxes_per_plane_of_a_tzyx_stack(make_napari_viewer, tmp_path):
+    """The dock reads CSV boxes with the folder jobs' module and policy: on a TZYX stack
+    each plane (numbered t * Z + z) gets its own boxes; a box outside the image stops the
+    run with the file and line in the status, before any work."""
+    viewer = make_napari_viewer()
+    layer = viewer.add_image(np.zeros((2, 3, 40, 50), np.uint16), name="tzyx")
+    w = open_dock(viewer)
+    w.image_combo.setCurrentText("tzyx")
+    w.source_combo.setCurrentText("CSV file (x0,y0,x1,y1)")
+    path = tmp_path / "boxes.csv"
+    path.write_text("x0,y0,x1,y1,z\n1,1,5,5,0\n2,2,8,8,3\n")
+    w.csv_edit.setText(str(path))
+    w.stack_check.setChecked(True)
+    per_plane = w._boxes_for(layer, w._indices(layer))
+    assert [len(b) for b in per_plane] == [1, 0, 0, 1, 0, 0]
+    assert per_plane[3].tolist() == [[2, 2, 8, 8]]
+    path.write_text("x0,y0,x1,y1,z\n1,1,5,5,0\n60,1,70,5,1\n")
+    w.run()
+    assert "boxes.csv, line 3: box outside the image" in w.status.text()
+    assert w.run_button.isEnabled() and "tzyx SAM automatic" not in viewer.layers

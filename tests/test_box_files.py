@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from napari_gpuseg.engine.jobs.box_files import BoxFileError, boxes_for_image, find_box_file, read_csv_boxes
+from napari_gpuseg.engine.box_files import BoxFileError, boxes_for_image, find_box_file, read_csv_boxes
 from napari_gpuseg.engine.jobs.registry import OptionError, create_method
 
 from sam_fixtures import require_lite_medsam
@@ -200,23 +200,44 @@ def test_dock_box_files_field(qtbot, tmp_path, monkeypatch):
 
 
 def test_one_csv_reader_for_the_dock_and_folder_jobs(tmp_path):
-    """The dock's reader (detect.boxes_from_csv) and box files read one format the same
-    way: no header needed, comments skipped, a 5th value or a frame column is the plane,
-    and the same file/line message for a bad line."""
-    from napari_gpuseg.engine.detect import boxes_from_csv
+    """The dock's reader (boxes_for_planes) and folder jobs (read_csv_boxes) share one
+    module and one policy: the same checks, the same file/line message for a bad line."""
+    from napari_gpuseg.engine.box_files import boxes_for_planes
 
     plain = _csv(tmp_path, "s.csv", "# x0,y0,x1,y1,z\n2,1,12,9,0\n6,5,30,25,2\n0,0,4,4,2\n")
     planes = read_csv_boxes(plain, (3, 40, 50))
+    got = boxes_for_planes(plain, (3,), (40, 50), [(0,), (1,), (2,)])
     for z in range(3):
-        got = boxes_from_csv(plain, plane=z)
-        assert got.dtype == np.float64
-        np.testing.assert_array_equal(got, planes[z].reshape(-1, 4))
-    np.testing.assert_array_equal(boxes_from_csv(plain), np.concatenate(planes))
-    frame = _csv(tmp_path, "f.csv", "frame,x0,y0,x1,y1\n1,2,1,12,9\n")
-    assert len(boxes_from_csv(frame, plane=0)) == 0 and len(boxes_from_csv(frame, plane=1)) == 1
+        assert got[z].dtype == np.float64
+        np.testing.assert_array_equal(got[z], planes[z].reshape(-1, 4))
+    assert [len(b) for b in got] == [1, 0, 2]
     bad = _csv(tmp_path, "bad.csv", "2,1,12,9\n3,4,x,9\n")
-    with pytest.raises(ValueError, match=r"bad\.csv, line 2: not a number") as dock:
-        boxes_from_csv(bad)
+    with pytest.raises(BoxFileError, match=r"bad\.csv, line 2: not a number") as dock:
+        boxes_for_planes(bad, (), (40, 50), [()])
     with pytest.raises(BoxFileError) as job:
         read_csv_boxes(bad, (40, 50))
     assert str(dock.value) == str(job.value)
+    outside = _csv(tmp_path, "out.csv", "2,1,12,9\n60,1,70,9\n")  # the dock checks geometry too
+    with pytest.raises(BoxFileError, match=r"out\.csv, line 2: box outside the image \(50 x 40 px\)"):
+        boxes_for_planes(outside, (), (40, 50), [()])
+
+
+def test_dock_reader_on_tzyx_stacks(tmp_path):
+    """A TZYX stack numbers its planes in C order (plane = t * Z + z): each plane gets its
+    own boxes, never every box of the file; a plane that does not exist is an error; a file
+    without a plane column serves the one plane on screen, and is an error for a stack."""
+    from napari_gpuseg.engine.box_files import boxes_for_planes
+
+    path = _csv(tmp_path, "tz.csv", "x0,y0,x1,y1,plane\n1,1,5,5,0\n2,2,8,8,3\n3,3,9,9,5\n")
+    lead = (2, 3)  # T = 2, Z = 3
+    idx = [(t, z) for t in range(2) for z in range(3)]
+    got = boxes_for_planes(path, lead, (40, 50), idx)
+    assert [b.tolist() for b in got] == [[[1, 1, 5, 5]], [], [], [[2, 2, 8, 8]], [], [[3, 3, 9, 9]]]
+    assert boxes_for_planes(path, lead, (40, 50), [(1, 0)])[0].tolist() == [[2, 2, 8, 8]]
+    with pytest.raises(BoxFileError, match=r"line 4: plane 5 does not exist .*planes 0\.\.3"):
+        boxes_for_planes(path, (2, 2), (40, 50), [(0, 0)])
+    flat = _csv(tmp_path, "flat.csv", "1,1,5,5\n2,2,8,8\n")
+    on_screen = boxes_for_planes(flat, lead, (40, 50), [(1, 2)])
+    assert [b.tolist() for b in on_screen] == [[[1, 1, 5, 5], [2, 2, 8, 8]]]
+    with pytest.raises(BoxFileError, match="no z/frame column, but the image is a stack of 6 planes"):
+        boxes_for_planes(flat, lead, (40, 50), idx)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from napari_gpuseg.engine.jobs.box_files import BoxFileError, read_csv_boxes, read_label_boxes
+from napari_gpuseg.engine.box_files import BoxFileError, read_csv_boxes, read_label_boxes
 
 REAL = "IXMtest_N11_s4.tif"
 
@@ -162,7 +162,7 @@ def test_label_boxes_with_a_huge_id_need_no_memory_per_id(tmp_path):
     code = textwrap.dedent(f"""
         import resource
         import numpy as np
-        from napari_gpuseg.engine.jobs.box_files import read_label_boxes
+        from napari_gpuseg.engine.box_files import read_label_boxes
         resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
         (boxes,) = read_label_boxes({str(tmp_path / "a_labels.tif")!r}, (128, 128))
         assert boxes.tolist() == [[5, 60, 9, 70], [30, 10, 50, 20]], boxes.tolist()

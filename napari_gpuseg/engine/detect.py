@@ -5,18 +5,14 @@ end exclusive (a one-pixel object at (y, x) is ``x, y, x + 1, y + 1``)::
 
     boxes = detect_boxes(image, "threshold")   # or "unet", "auto", or a label image
     boxes = boxes_from_labels(labels)           # the objects of a 2D label image
-    boxes = boxes_from_csv("boxes.csv")         # x0, y0, x1, y1 columns
 
+Box files (CSV, label images) are read by :mod:`.box_files`.
 RGB(A) images are turned to gray by :func:`napari_gpuseg.io.to_gray` (luminance), the
 same conversion the U-Net folder method uses.
 """
 from __future__ import annotations
 
-import math
-import re
 import threading
-from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -24,9 +20,6 @@ from ..io import is_rgb, to_gray
 
 _UNET_MODELS: dict = {}  # the bundled U-Net detector, loaded once per device
 _UNET_LOCK = threading.Lock()
-BOX_COLUMNS = ("x0", "y0", "x1", "y1")
-PLANE_COLUMNS = ("z", "frame", "t", "slice", "plane")  # the 0-based plane of a box in a stack
-_CSV_SPLIT = re.compile(r"[,\t]")
 
 
 def _as_boxes(rows) -> np.ndarray:
@@ -130,106 +123,3 @@ def detect_boxes(image: np.ndarray, detector="threshold", rgb: bool | None = Non
     if detector not in ("threshold", "unet"):
         raise ValueError(f"unknown detector {detector!r}: use 'threshold', 'unet', 'auto' or labels")
     return threshold_boxes(gray, **kwargs)
-
-
-_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
-
-
-def _float(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _number(text: str) -> float | None:
-    """A plain decimal number (``12``, ``-3.5``, ``1e3``); not ``1_0`` (Python's digit
-    grouping), ``nan``, ``inf``, hexadecimal or non-ASCII digits, which ``float()`` takes."""
-    return float(text) if _NUMBER.fullmatch(text) else None
-
-
-class CsvBoxes(NamedTuple):
-    """The rows of a CSV box file: ``boxes`` ``(N, 4)`` float64 ``x0, y0, x1, y1``,
-    ``planes`` ``(N,)`` float64 (None without a plane column), ``lines`` the 1-based line
-    number and ``texts`` the text of each row (for messages)."""
-
-    boxes: np.ndarray
-    planes: np.ndarray | None
-    lines: list
-    texts: list
-
-
-def read_box_csv(path) -> CsvBoxes:
-    """Every box of a CSV box file, checked to be finite numbers.
-
-    One box per line, ``x0,y0,x1,y1`` in pixels (x = column, y = row, end exclusive), plus
-    an optional plane column (``z``, ``frame``, ``t``, ``slice`` or ``plane``: the 0-based
-    plane of a stack). A header line is optional (with one the columns may come in any
-    order and case, other columns are ignored); without one a line has 4 values, or 5 with
-    the plane last. Comma or tab separated; blank lines and ``#`` comments are skipped.
-    A malformed line raises ``ValueError("PATH, line N: why: 'text'")``.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot be read as a text file ({exc})") from exc
-    cols: dict[str, int] | None = None  # column index by name, from the header or the width
-    width = None
-    rows, planes, lines, texts = [], [], [], []
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        fields = [f.strip().strip('"').strip("'").strip() for f in _CSV_SPLIT.split(line)]
-
-        def bad(why: str) -> ValueError:
-            return ValueError(f"{path}, line {line_no}: {why}: {line.strip()!r}")
-
-        values = [_number(f) for f in fields]
-        if cols is None:
-            if any(_float(f) is None for f in fields):  # the header line (``nan``, ``1_0``: data)
-                names = [f.lower() for f in fields]
-                known = [n for n in names if n in BOX_COLUMNS + PLANE_COLUMNS]
-                twice = sorted({n for n in known if known.count(n) > 1})
-                if twice:
-                    raise bad(f"column {', '.join(twice)} appears more than once in the header")
-                planes_named = [n for n in known if n in PLANE_COLUMNS]
-                if len(planes_named) > 1:
-                    raise bad(f"two plane columns ({', '.join(planes_named)}); keep one")
-                missing = [c for c in BOX_COLUMNS if c not in names]
-                if missing:
-                    raise bad(f"not four numbers x0,y0,x1,y1 and not a header naming x0, y0, x1, y1 "
-                              f"(missing {', '.join(missing)})")
-                cols = {c: names.index(c) for c in BOX_COLUMNS}
-                plane = next((c for c in PLANE_COLUMNS if c in names), None)
-                if plane is not None:
-                    cols["z"] = names.index(plane)
-                width = len(fields)
-                continue
-            if len(fields) not in (4, 5):
-                raise bad(f"{len(fields)} values; expected x0,y0,x1,y1 or x0,y0,x1,y1,z")
-            cols = {c: i for i, c in enumerate(BOX_COLUMNS)}
-            if len(fields) == 5:
-                cols["z"] = 4
-            width = len(fields)
-        if len(fields) != width:
-            raise bad(f"{len(fields)} values where the first line has {width}")
-        if any(values[i] is None or not math.isfinite(values[i]) for i in cols.values()):
-            raise bad("not a number")
-        rows.append([values[cols[c]] for c in BOX_COLUMNS])
-        planes.append(values[cols["z"]] if "z" in cols else 0.0)
-        lines.append(line_no)
-        texts.append(line.strip())
-    has_plane = cols is not None and "z" in cols
-    return CsvBoxes(_as_boxes(rows), np.asarray(planes, np.float64) if has_plane else None, lines, texts)
-
-
-def boxes_from_csv(path, plane: int | None = None) -> np.ndarray:
-    """Boxes from a CSV box file (format: :func:`read_box_csv`).
-
-    With ``plane`` given and a plane column present, only that plane's rows are returned.
-    """
-    found = read_box_csv(path)
-    if plane is None or found.planes is None:
-        return found.boxes
-    return found.boxes[found.planes.astype(np.int64) == int(plane)]

@@ -17,7 +17,7 @@ from qtpy.QtWidgets import (
 )
 
 from ..engine.sam.everything import AutomaticParams, segment_everything_batch
-from ..engine.detect import boxes_from_csv
+from ..engine.box_files import boxes_for_planes
 from ..engine.sam.box_stack import segment_box_planes
 from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
@@ -226,7 +226,7 @@ class SamAutomaticWidget(DockWidget):
         lead = layer.data.shape[: ndim - 2]
         return [tuple(int(i) for i in np.unravel_index(k, lead)) for k in range(int(np.prod(lead)))]
 
-    def _boxes_for(self, indices: list[tuple]):
+    def _boxes_for(self, layer: Image, indices: list[tuple]):
         """Per-plane box arrays read on the GUI thread, or detector names for the worker."""
         if self.source == "shapes":
             name = self.shapes_combo.currentText()
@@ -237,7 +237,9 @@ class SamAutomaticWidget(DockWidget):
             path = self.csv_edit.text().strip()
             if not path:
                 raise ValueError("choose a CSV file with x0, y0, x1, y1 columns")
-            return [boxes_from_csv(path, plane=idx[0] if len(idx) == 1 else None) for idx in indices]
+            ndim = layer.data.ndim - (1 if layer.rgb else 0)
+            shape = tuple(layer.data.shape[:ndim])
+            return boxes_for_planes(path, shape[:-2], shape[-2:], indices)
         return self.source  # a detector, run in the worker
 
     def run(self) -> None:
@@ -249,7 +251,7 @@ class SamAutomaticWidget(DockWidget):
             return run_sam_blocks(self, layer)
         indices = self._indices(layer)
         try:
-            boxes = self._boxes_for(indices) if self.mode == "boxes" else None
+            boxes = self._boxes_for(layer, indices) if self.mode == "boxes" else None
         except (ValueError, OSError) as exc:
             self._on_error(exc)
             return

@@ -111,7 +111,7 @@ class SamBoxSegmenter(_SamSegmenter):
     ``min_area`` (px; holes/islands/objects smaller are cleaned, default 15),
     ``embed_batch_size`` (views per encoder call) and detector keywords as
     ``detector_options``. ``batch_size`` = boxes per decoder call. ``boxes``: a folder of
-    box files instead of a detector, one per image (:mod:`.box_files`; folder jobs only).
+    box files instead of a detector, one per image (:mod:`..box_files`).
     """
 
     name = "sam-boxes"
@@ -130,7 +130,7 @@ class SamBoxSegmenter(_SamSegmenter):
     def file_inputs(self, path, rel: str, image: np.ndarray):
         """Folder jobs (reader threads): the boxes per plane of the image ``rel`` from the
         ``boxes`` folder (None without that option)."""
-        from .box_files import boxes_for_image
+        from ..box_files import boxes_for_image
 
         if self.options.get("boxes") is None:
             return None
