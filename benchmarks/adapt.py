@@ -43,7 +43,8 @@ def main() -> None:
     from napari_gpuseg.engine.sam.boxes import segment_boxes
     from napari_gpuseg.engine.sam.loader import load_engine
     from napari_gpuseg.engine.unet.finetune import default_schedule, finetune_unet
-    from napari_gpuseg.engine.unet.predict import load_model, predict_labels
+    from napari_gpuseg.engine.unet.checkpoint import load_unet
+    from napari_gpuseg.engine.unet.predict import predict_labels
 
     image = tifffile.imread(DATA / "image.tif")
     gt = tifffile.imread(DATA / "mask.tif")
@@ -73,7 +74,7 @@ def main() -> None:
          f"their F1@0.5 vs ground truth on the left half {sam_f1:.3f}")
 
     def score(model_path):
-        m = load_model(model_path)
+        m = load_unet(model_path)
         pred = predict_labels(m, image)
         return (object_f1([gt[:, half:]], [pred[:, half:]], 0.5), object_f1([gt], [pred], 0.5))
 

@@ -108,9 +108,9 @@ def child(work: str) -> dict:
             engine.embed([img])
             assert engine.is_embedded(img)
     elif work == "unet":
-        from napari_gpuseg.engine.unet import predict as unet
+        from napari_gpuseg.engine.unet import checkpoint as unet_ckpt, predict as unet
 
-        model = unet.load_model(None, device="cpu")
+        model = unet_ckpt.load_unet(None, device="cpu")
         images = [tifffile.imread(f) for f in _fields(4)]
 
         def run():

@@ -40,7 +40,7 @@ def _mosaic(size: int, work: Path) -> Path:
 def _segment(path: str, out: str, method: str, block: int, halo: int) -> None:
     """Child process of ``big``: the run alone, so its peak RSS is the run's."""
     from napari_gpuseg.engine.blocks import run_blocks
-    from napari_gpuseg.io_zarr import open_zarr
+    from napari_gpuseg.io.zarr_images import open_zarr
 
     img = open_zarr(path)
     t0 = time.perf_counter()
@@ -67,7 +67,7 @@ def big(args) -> dict:
 def _whole(method: str, image: np.ndarray) -> np.ndarray:
     """The image in one piece through the folder-job method (its own normalisation; a ZYX
     volume with the 2D U-Net: per slice, linked across slices)."""
-    from napari_gpuseg.engine.jobs.registry import SegResult, method_factory
+    from napari_gpuseg.engine.jobs.methods import SegResult, method_factory
     from napari_gpuseg.engine.runtime.device import make_policy
 
     seg = method_factory(method)()
@@ -83,7 +83,7 @@ def _against_whole(path: Path, out: Path, method: str, block, halo) -> dict:
     from napari_gpuseg.engine.blocks import plan_blocks, run_blocks
     from napari_gpuseg.engine.blocks.check import seam_splits
     from napari_gpuseg.engine.metrics import object_f1
-    from napari_gpuseg.io_zarr import open_zarr
+    from napari_gpuseg.io.zarr_images import open_zarr
 
     img = open_zarr(path)
     t0 = time.perf_counter()

@@ -16,7 +16,7 @@ same machine load. Time per field: ``segment_boxes`` alone (model loading exclud
 * ``tiles``: shared views, each embedded on its own (``field=False``), one piece per mask,
   allocator set-up on;
 * ``after``: the defaults: shared views, native ones cut from one embedding of the whole
-  field where that needs fewer encoder passes (``engine/sam/field.py``), one piece per mask,
+  field where that needs fewer encoder passes (``engine/sam/field_map.py``), one piece per mask,
   allocator set-up on.
 
 Every set-up runs the encoder's default CPU ops (``NAPARI_GPUSEG_CPU_FUSION`` is removed from

@@ -13,7 +13,7 @@ import numpy as np
 import tifffile
 
 from napari_gpuseg.engine import metrics
-from napari_gpuseg.engine.unet import predict as unet
+from napari_gpuseg.engine.unet import checkpoint as unet_ckpt, predict as unet
 from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.stacks import link_slices
 
@@ -29,7 +29,7 @@ def main(argv) -> None:
         img_path, gt_path = shared_data() / "synthetic3d" / "image.tif", shared_data() / "synthetic3d" / "mask.tif"
     image, gt = tifffile.imread(img_path), tifffile.imread(gt_path)
     policy = Policy(torch.device("cpu"), "fp32")
-    net = unet.load_model(None, device="cpu")
+    net = unet_ckpt.load_unet(None, device="cpu")
     probs = unet.predict_probabilities(net, image, policy=policy)  # (Z, 3, Y, X)
     post = net.meta.get("postprocess", {})
     print(f"{img_path}: {image.shape}, {len(np.unique(gt)) - 1} objects in the ground truth")

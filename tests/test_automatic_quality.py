@@ -64,9 +64,9 @@ def test_ground_truth_and_detector_boxes(engine, val):
     s_sam = summary(gts, [r.labels for r in with_det])
     s_det = summary(gts, [classical_segment(im) for im in imgs])
     # the bundled U-Net as the detector (its held-out split is these 8 fields)
-    from napari_gpuseg.engine.unet import predict as unet
+    from napari_gpuseg.engine.unet import checkpoint as unet_ckpt, predict as unet
 
-    model = unet.load_model(None, device="cpu")
+    model = unet_ckpt.load_unet(None, device="cpu")
     unet_labels = [unet.predict_labels(model, im) for im in imgs]
     res_unet = segment_boxes_batch(engine, imgs, [boxes_from_labels(lb) for lb in unet_labels], padding=2)
     s_unet_sam = summary(gts, [r.labels for r in res_unet])
@@ -102,7 +102,7 @@ def test_batched_decoding_equals_one_box_per_call(engine, val):
 
 
 def test_sam_boxes_method_takes_several_images_per_call(engine, val):
-    from napari_gpuseg.engine.jobs.registry import available_methods, create_method
+    from napari_gpuseg.engine.jobs.methods import available_methods, create_method
 
     assert {"sam-boxes", "sam-everything"} <= set(available_methods())
     imgs, gts = val

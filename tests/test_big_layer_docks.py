@@ -33,7 +33,8 @@ def small_blocks(monkeypatch, tmp_path):
 
 
 def test_unet_dock_runs_a_dask_layer_in_blocks(make_napari_viewer, qtbot, shared_data, small_blocks):
-    from napari_gpuseg.engine.unet.predict import load_model, predict_labels
+    from napari_gpuseg.engine.unet.checkpoint import load_unet
+    from napari_gpuseg.engine.unet.predict import predict_labels
     from napari_gpuseg.widgets.unet_predict import UNetPredictWidget
 
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[3]
@@ -48,7 +49,7 @@ def test_unet_dock_runs_a_dask_layer_in_blocks(make_napari_viewer, qtbot, shared
     layer = viewer.layers["big U-Net labels"]
     assert isinstance(layer.data, da.Array)  # read lazily from the OME-Zarr labels
     lab = np.asarray(layer.data)
-    whole = predict_labels(load_model(device="cpu"), img)
+    whole = predict_labels(load_unet(device="cpu"), img)
     assert object_f1(whole, lab) >= 0.99
     assert max(small_blocks) <= (256 + 2 * 48) ** 2 < img.size  # never the whole image
 

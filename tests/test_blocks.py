@@ -14,7 +14,7 @@ from napari_gpuseg.engine.blocks.stitch import global_ids, match_objects  # noqa
 from napari_gpuseg.engine.classical import classical_segment  # noqa: E402
 from napari_gpuseg.engine.metrics import object_f1  # noqa: E402
 from napari_gpuseg.engine.runtime.cancel import CancelToken  # noqa: E402
-from napari_gpuseg.io_zarr import open_zarr  # noqa: E402
+from napari_gpuseg.io.zarr_images import open_zarr  # noqa: E402
 
 from zarr_inputs import field_files, volume_zarr, write_mosaic  # noqa: E402
 
@@ -92,14 +92,15 @@ def test_without_stitching_the_seams_split_objects(mosaic):
 
 
 def test_unet_blocks_match_the_whole_image(shared_data, tmp_path):
-    from napari_gpuseg.engine.unet.predict import load_model, predict_labels
+    from napari_gpuseg.engine.unet.checkpoint import load_unet
+    from napari_gpuseg.engine.unet.predict import predict_labels
 
     files = field_files(shared_data / "bbbc039" / "images")[4:6]
     path = write_mosaic(files, tmp_path / "u.ome.zarr", (520, 1392), chunks=256, zarr_format=3)
     img = open_zarr(path)
     rep = run_blocks(img, tmp_path / "out", "unet", block=384, halo=64, device="cpu", precision="fp32")
     lab = zarr.open_array(str(path), path="labels/unet/0")[:]
-    whole = predict_labels(load_model(device="cpu"), img.read(ALL))
+    whole = predict_labels(load_unet(device="cpu"), img.read(ALL))
     assert rep.blocks == 8 and rep.objects > 100
     assert object_f1(whole, lab) >= 0.99
     assert seam_splits(whole, lab, plan_blocks(img.shape, 384, 64)) == 0
@@ -188,7 +189,7 @@ def test_cli_segments_a_zarr_in_blocks(mosaic, tmp_path, capsys):
 def test_unet_on_a_zyx_volume_in_blocks_matches_the_volume_in_one_piece(shared_data, tmp_path):
     """The 2D U-Net on a volume normalises each slice on its own; blocks use the whole
     slice's scale (not the block's) and give the same 3D objects."""
-    from napari_gpuseg.engine.jobs.registry import method_factory
+    from napari_gpuseg.engine.jobs.methods import method_factory
     from napari_gpuseg.engine.runtime.device import make_policy
 
     path = volume_zarr(shared_data, tmp_path / "v.ome.zarr", reps=(2, 2, 2))

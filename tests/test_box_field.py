@@ -17,7 +17,7 @@ from torch import nn
 from napari_gpuseg.engine.detect import boxes_from_labels
 from napari_gpuseg.engine.metrics import pooled_stats
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.sam import field as fieldmap
+from napari_gpuseg.engine.sam import field_map as fieldmap
 from napari_gpuseg.engine.sam.boxes import choose_views, prepare_boxes, segment_boxes
 from napari_gpuseg.engine.sam.inputs import view_input
 from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo

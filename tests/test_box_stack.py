@@ -58,7 +58,7 @@ def test_cancel_stops_before_detection(calls):
 
 
 def test_folder_method_uses_the_shared_workflow(monkeypatch):
-    from napari_gpuseg.engine.jobs.registry import create_method
+    from napari_gpuseg.engine.jobs.methods import create_method
 
     seen = {}
 

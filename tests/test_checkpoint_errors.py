@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from napari_gpuseg.engine.unet.predict import load_checkpoint, load_model
+from napari_gpuseg.engine.unet.checkpoint import load_checkpoint, load_unet
 from napari_gpuseg.models.checkpoint import CheckpointError, read_state_dict
 
 
@@ -41,7 +41,7 @@ def test_corrupt_checkpoint_says_not_a_checkpoint(tmp_path, kind):
     with pytest.raises(CheckpointError, match=r"is not a checkpoint \(corrupt or not a torch file\)") as info:
         read_state_dict(path)
     _assert_plain(str(info.value))
-    for load in (load_checkpoint, lambda p: load_model(p, device="cpu")):
+    for load in (load_checkpoint, lambda p: load_unet(p, device="cpu")):
         with pytest.raises(ValueError, match=r"is not a checkpoint \(corrupt or not a torch file\)") as info:
             load(path)
         _assert_plain(str(info.value))
@@ -61,7 +61,7 @@ def test_pickled_objects_are_refused_without_suggesting_to_allow_them(tmp_path):
 def test_unet_checkpoint_that_does_not_fit_names_keys_and_shapes(tmp_path):
     """The U-Net loads through the one strict loader: a missing key and a mis-shaped key are
     both named (with shapes) in one line, as a ValueError and a CheckpointError."""
-    from napari_gpuseg.engine.unet.predict import model_from_checkpoint, save_checkpoint
+    from napari_gpuseg.engine.unet.checkpoint import model_from_checkpoint, save_checkpoint
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
     model = build_unet(UNetConfig(depth=1, base=4))

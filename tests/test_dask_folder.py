@@ -204,7 +204,7 @@ def test_blocks_of_a_big_image_are_cluster_tasks(cluster, shared_data, tmp_path)
     import zarr
 
     from napari_gpuseg.engine.blocks import run_blocks
-    from napari_gpuseg.io_zarr import open_zarr
+    from napari_gpuseg.io.zarr_images import open_zarr
     from zarr_inputs import field_files, write_mosaic
 
     path = write_mosaic(field_files(shared_data / "bbbc039" / "images")[:2], tmp_path / "m.ome.zarr",

@@ -10,7 +10,8 @@ from napari_gpuseg.engine.unet import training
 from napari_gpuseg.engine.unet.finetune import (
     default_output_path, default_schedule, finetune_unet, region_mask, training_pair,
 )
-from napari_gpuseg.engine.unet.predict import bundled_model_path, load_checkpoint, load_model, predict_labels
+from napari_gpuseg.engine.unet.checkpoint import bundled_model_path, load_checkpoint, load_unet
+from napari_gpuseg.engine.unet.predict import predict_labels
 from napari_gpuseg.engine.unet.loss import dice_ce_loss
 from napari_gpuseg.engine.unet.train_data import IGNORE
 
@@ -103,7 +104,7 @@ def test_finetune_saves_beside_the_image_loads_and_cancels(dsb, tmp_path):
     ck = load_checkpoint(res.checkpoint)
     assert ck["config"] == load_checkpoint(bundled_model_path())["config"]  # started from the bundled model
     assert ck["training"]["data"]["finetune"]["region"] == "labels"
-    pred = predict_labels(load_model(res.checkpoint), img)
+    pred = predict_labels(load_unet(res.checkpoint), img)
     assert pred.shape == img.shape
     assert default_output_path(src) == tmp_path / "field_unet_adapted_2.pt"  # never overwrites
     # start from the adapted model, then cancel

@@ -128,7 +128,7 @@ def test_embed_peak_memory_is_close_to_its_outputs(lite_sam):
 
 
 def test_inference_weights_do_not_require_grad(tmp_path, lite_sam):
-    from napari_gpuseg.engine.unet.predict import model_from_checkpoint
+    from napari_gpuseg.engine.unet.checkpoint import model_from_checkpoint
     from napari_gpuseg.models.sam.build import load_sam
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 

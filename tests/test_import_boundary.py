@@ -164,10 +164,10 @@ DOCK_TO_DOCK = "napari_gpuseg.widgets.unet_predict -> napari_gpuseg.widgets.sam_
                  "engine and models import no GUI package", "napari_gpuseg.engine.metrics -> qtpy",
                  id="engine-imports-qtpy"),
     pytest.param({"models/unet.py": "from ..engine import normalize\n"},
-                 "widgets and cli above engine above io, label_files, tables above models",
+                 "widgets and cli above engine above io (files) above models",
                  "napari_gpuseg.models.unet -> napari_gpuseg.engine.normalize", id="models-import-engine"),
     pytest.param({"engine/metrics.py": "def _later():\n    import napari_gpuseg.widgets._dock\n"},
-                 "widgets and cli above engine above io, label_files, tables above models",
+                 "widgets and cli above engine above io (files) above models",
                  "napari_gpuseg.engine.metrics -> napari_gpuseg.widgets._dock", id="engine-imports-widgets"),
 ])
 def test_lint_imports_fails_on_a_broken_contract(tmp_path, edits, broken, shown):

@@ -4,7 +4,7 @@ import pytest
 
 zarr = pytest.importorskip("zarr")
 
-from napari_gpuseg.io_zarr import ZarrLayoutError, is_zarr, open_zarr  # noqa: E402
+from napari_gpuseg.io.zarr_images import ZarrLayoutError, is_zarr, open_zarr  # noqa: E402
 
 from zarr_inputs import field_files, write_mosaic  # noqa: E402
 

@@ -15,7 +15,7 @@ from napari_gpuseg import label_files, tables
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.engine.runtime.cancel import CancelToken
 from napari_gpuseg.engine.jobs.builtin_methods import ThresholdSegmenter
-from napari_gpuseg.engine.jobs.registry import MethodUnavailable, SegResult, Segmenter, available_methods, create_method, register_method, unregister_method
+from napari_gpuseg.engine.jobs.methods import MethodUnavailable, SegResult, Segmenter, available_methods, create_method, register_method, unregister_method
 from napari_gpuseg.engine.metrics import object_f1
 from napari_gpuseg.engine.jobs.pipeline import PipelineError, output_paths, resolve_shard, run_folder, shard_files
 
@@ -269,12 +269,12 @@ def test_threshold_prepare_rejects_4d_and_converts_rgb():
 def test_unet_method_matches_engine_call(tmp_path, shared_data, cpu_policy):
     import torch
 
-    from napari_gpuseg.engine.unet import predict as unet
+    from napari_gpuseg.engine.unet import checkpoint as unet_ckpt, predict as unet
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
     torch.manual_seed(0)
     net = build_unet(UNetConfig(depth=2, base=4))
-    ckpt = unet.save_checkpoint(tmp_path / "tiny.pt", net, postprocess={"interior_threshold": 0.34})
+    ckpt = unet_ckpt.save_checkpoint(tmp_path / "tiny.pt", net, postprocess={"interior_threshold": 0.34})
     img, _ = bbbc(shared_data, REAL[0])
     crops = {"a.tif": img[:64, :64], "b.tif": img[64:128, :64], "c.tif": img[:48, 100:180]}
     for name, crop in crops.items():
@@ -282,7 +282,7 @@ def test_unet_method_matches_engine_call(tmp_path, shared_data, cpu_policy):
     report = run_folder(tmp_path, tmp_path / "out", "unet", image_batch=4, devices="cpu",
                         precision="fp32", method_options={"model": str(ckpt), "min_size": 1})
     assert report.ok == 3, [r.error for r in report.rows]
-    loaded = unet.load_model(ckpt, device="cpu")
+    loaded = unet_ckpt.load_unet(ckpt, device="cpu")
     for name, crop in crops.items():
         expect = unet.predict_labels(loaded, crop, policy=cpu_policy, postprocess={"min_size": 1})
         got = tifffile.imread(tmp_path / "out" / name.replace(".tif", "_labels.tif"))
@@ -294,7 +294,7 @@ def test_unet_method_matches_engine_call(tmp_path, shared_data, cpu_policy):
 
 
 def test_method_options_parsed():
-    from napari_gpuseg.engine.jobs.registry import parse_options
+    from napari_gpuseg.engine.jobs.methods import parse_options
 
     assert parse_options("detector=unet, min_size=20, thr=0.5, flag=true") == {
         "detector": "unet", "min_size": 20, "thr": 0.5, "flag": True}

@@ -178,7 +178,7 @@ def _field_engine():
 
 
 def test_field_blocks_are_encoded_without_cudnn_autotuning(monkeypatch):
-    from napari_gpuseg.engine.sam import field as fieldmap
+    from napari_gpuseg.engine.sam import field_map as fieldmap
 
     eng = _field_engine()
     asked = []
@@ -193,7 +193,7 @@ def test_field_blocks_are_encoded_without_cudnn_autotuning(monkeypatch):
 
 
 def test_field_oom_empties_the_cache_outside_the_except_block(monkeypatch):
-    from napari_gpuseg.engine.sam import field as fieldmap
+    from napari_gpuseg.engine.sam import field_map as fieldmap
 
     eng = _field_engine()
     img = eng.prepare(np.random.default_rng(1).random((100, 120)).astype(np.float32))

@@ -6,18 +6,18 @@ import types
 import numpy as np
 
 from napari_gpuseg.engine.runtime.worker import default_worker
-from napari_gpuseg.engine.unet import predict as unet
+from napari_gpuseg.engine.unet import checkpoint as unet_ckpt, predict as unet
 from napari_gpuseg.widgets._unet_jobs import predict_job
 
 
 def test_another_checkpoint_releases_the_unet_loaded_before(monkeypatch):
     loads = []
 
-    def load_model(path, device=None):
+    def load_unet(path, device=None):
         loads.append(path)
         return types.SimpleNamespace(config=types.SimpleNamespace(spatial_dims=2), meta={})
 
-    monkeypatch.setattr(unet, "load_model", load_model)
+    monkeypatch.setattr(unet_ckpt, "load_unet", load_unet)
     monkeypatch.setattr(unet, "predict_probabilities", lambda *a, **k: np.zeros((3, 8, 8), np.float32))
     worker = default_worker()
 

@@ -9,7 +9,8 @@ import torch
 from napari_gpuseg.engine import metrics
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.unet.predict import bundled_model_path, load_model, predict_labels
+from napari_gpuseg.engine.unet.checkpoint import bundled_model_path, load_unet
+from napari_gpuseg.engine.unet.predict import predict_labels
 
 FP32 = Policy(torch.device("cpu"), "fp32")
 
@@ -41,7 +42,7 @@ def test_bundled_checkpoint_is_small_and_safe():
 
 def test_bundled_model_beats_classical_baseline(validation):
     images, truth = validation
-    model = load_model(None, device="cpu")
+    model = load_unet(None, device="cpu")
     # all 8 fields share one shape: one engine call, windows of all images batched together
     pred = predict_labels(model, np.stack(images), policy=FP32)
     preds = list(pred)
@@ -62,7 +63,7 @@ def test_bundled_model_on_another_microscope(shared_data):
     saturated ones): F1@0.5 0.49 with the model trained on BBBC039 alone."""
     image = tifffile.imread(shared_data / "dsb2018" / "image.tif")
     truth = tifffile.imread(shared_data / "dsb2018" / "mask.tif")
-    labels = predict_labels(load_model(None, device="cpu"), image, policy=FP32)
+    labels = predict_labels(load_unet(None, device="cpu"), image, policy=FP32)
     m = metrics.summary([truth], [labels])
     print(f"\nDSB2018 field: F1@0.5 {m['f1@0.5']:.4f} fg IoU {m['foreground_iou']:.4f}")
     assert m["f1@0.5"] >= 0.80

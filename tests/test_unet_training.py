@@ -10,7 +10,8 @@ from napari_gpuseg.engine.runtime.cancel import Cancelled, CancelToken
 from napari_gpuseg.engine.unet.loss import dice_ce_loss
 from napari_gpuseg.engine.unet.train_data import make_targets
 from napari_gpuseg.engine.unet.training import TrainConfig, train_unet
-from napari_gpuseg.engine.unet.predict import load_model, predict_labels, predict_probabilities
+from napari_gpuseg.engine.unet.checkpoint import load_unet
+from napari_gpuseg.engine.unet.predict import predict_labels, predict_probabilities
 from napari_gpuseg.models.unet import UNet, UNetConfig
 
 FP32 = Policy(torch.device("cpu"), "fp32")
@@ -68,7 +69,7 @@ def test_training_writes_checkpoint_that_loads_and_predicts(pairs, tmp_path):
     ckpt = torch.load(out, map_location="cpu", weights_only=True)
     assert ckpt["config"]["depth"] == 2 and ckpt["training"]["data"]["note"] == "test"
     assert ckpt["training"]["config"]["crop_size"] == 64 and "val_score" in ckpt["metrics"]
-    loaded = load_model(out, device="cpu")
+    loaded = load_unet(out, device="cpu")
     probs = predict_probabilities(loaded, imgs[0], policy=FP32)
     assert probs.shape == (3,) + imgs[0].shape
     assert np.allclose(probs.sum(0), 1, atol=1e-5)
@@ -102,7 +103,7 @@ def test_3d_training_with_gradient_checkpointing(shared_data, tmp_path):
     cfg = _tiny(dims=3, crop_size=16, epochs=1, iters_per_epoch=2, val_fraction=0.0,
                 gradient_checkpointing=True)
     res = train_unet(vol, lab, cfg, out_path=tmp_path / "v.pt", policy=FP32)
-    loaded = load_model(res.checkpoint, device="cpu")
+    loaded = load_unet(res.checkpoint, device="cpu")
     assert loaded.config.spatial_dims == 3
     labels = predict_labels(loaded, vol, policy=FP32, roi_size=(16, 32, 32))
     assert labels.shape == vol.shape

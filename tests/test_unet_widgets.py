@@ -99,9 +99,10 @@ def test_train_dock_from_layers_gives_checkpoint_that_predicts(make_napari_viewe
     ckpt = torch.load(tmp_path / "dock.pt", map_location="cpu", weights_only=True)
     assert ckpt["training"]["data"]["source"] == "napari layers"
     from napari_gpuseg.engine.runtime.device import Policy
-    from napari_gpuseg.engine.unet.predict import load_model, predict_labels
+    from napari_gpuseg.engine.unet.checkpoint import load_unet
+    from napari_gpuseg.engine.unet.predict import predict_labels
 
-    model = load_model(tmp_path / "dock.pt", device="cpu")
+    model = load_unet(tmp_path / "dock.pt", device="cpu")
     labels = predict_labels(model, img[:128, :128], policy=Policy(torch.device("cpu"), "fp32"))
     assert labels.shape == (128, 128)
 

@@ -50,7 +50,7 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
 def folder_runner(args, run_folder):
     """``run_folder`` itself, or a function with its arguments that runs on the Dask cluster
     the options ask for, or segments a zarr IN in blocks."""
-    from ..io_zarr import is_zarr
+    from ..io.zarr_images import is_zarr
 
     if not (args.cluster or args.scheduler or (args.in_dir and is_zarr(args.in_dir))):
         return run_folder
@@ -64,7 +64,7 @@ def folder_runner(args, run_folder):
 def run_distributed(args, options: dict, shard, bar, cancel, max_bytes):
     """A RunReport for a folder on a cluster, or an exit code for a zarr image in blocks."""
     from ..engine.jobs.clusters import ClusterError, connect
-    from ..io_zarr import is_zarr
+    from ..io.zarr_images import is_zarr
 
     if args.cluster == "slurm" and args.scheduler:
         raise ClusterError("give either --cluster or --scheduler, not both")
@@ -89,7 +89,7 @@ def run_distributed(args, options: dict, shard, bar, cancel, max_bytes):
 
 def _blocks(args, options: dict, handle, cancel) -> int:
     from ..engine.blocks import run_blocks
-    from ..io_zarr import open_zarr
+    from ..io.zarr_images import open_zarr
 
     options = dict(options)
     image = open_zarr(args.in_dir, channel=options.pop("channel", None))

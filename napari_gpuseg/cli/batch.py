@@ -123,7 +123,7 @@ class _Bar:
 
 
 def _list_methods() -> int:
-    from ..engine.jobs.registry import available_methods, method_description
+    from ..engine.jobs.methods import available_methods, method_description
 
     for name in available_methods():
         print(f"{name:16s} {method_description(name)}")
@@ -144,7 +144,7 @@ def run_batch(args: argparse.Namespace) -> int:
     configure_allocator()
     """Run the ``batch`` subcommand; returns the process exit code."""
     from ..engine.runtime.cancel import CancelToken
-    from ..engine.jobs.registry import MethodUnavailable, load_plugin, method_factory, parse_options
+    from ..engine.jobs.methods import MethodUnavailable, load_plugin, method_factory, parse_options
     from ..engine.jobs.pipeline import PipelineError, run_folder
     from ..engine.jobs.sharding import resolve_shard
 

@@ -65,7 +65,7 @@ def _read_pairs(pairs):
     naming the file(s)."""
     from ..engine.normalize import is_color, to_gray
     from ..io import ImageReadError, read_image
-    from ..label_files import read_labels
+    from ..io.label_files import read_labels
 
     images, labels = [], []
     for a, b in pairs:
@@ -289,11 +289,12 @@ def _evaluate(args, checkpoint, policy) -> dict:
 
     from ..engine import metrics
     from ..engine.classical import classical_segment
-    from ..engine.unet.predict import load_checkpoint, load_model, plain, predict_labels
+    from ..engine.unet.checkpoint import load_checkpoint, load_unet, plain
+    from ..engine.unet.predict import predict_labels
 
     pairs = find_pairs(args.eval_images, args.eval_labels, args.pattern, skip=args.eval_skip)
     images, truth = _read_pairs(pairs)
-    loaded = load_model(checkpoint, policy.device)
+    loaded = load_unet(checkpoint, policy.device)
     preds = [predict_labels(loaded, im, policy=policy) for im in images]
     base = [classical_segment(im) for im in images]
     ours, classic = metrics.summary(truth, preds), metrics.summary(truth, base)

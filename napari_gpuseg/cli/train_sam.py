@@ -53,7 +53,7 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
 
 def _read(pairs):
     from ..io import ImageReadError, read_image
-    from ..label_files import read_labels
+    from ..io.label_files import read_labels
 
     images, labels = [], []
     for a, b in pairs:

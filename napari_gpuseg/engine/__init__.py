@@ -39,7 +39,7 @@ Folders, devices, background work:
   its files spread over a Dask cluster (``connect_cluster`` gives the client).
 - ``connect_cluster(cluster="local" | "slurm", scheduler=None, config=None)``: a Dask client
   on a LocalCluster, an existing scheduler or SLURM (dask-jobqueue).
-- ``run_blocks(image, out_dir, method="unet")``: a big image (``napari_gpuseg.io_zarr.open_zarr(path)``, or any
+- ``run_blocks(image, out_dir, method="unet")``: a big image (``napari_gpuseg.io.zarr_images.open_zarr(path)``, or any
   array via ``engine.blocks.ArraySource``) segmented in blocks with a halo, seams stitched, labels written
   block by block to OME-Zarr with the per-object table.
 - ``get_policy()``: the process-wide device and precision in use.
@@ -65,8 +65,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "segment_boxes": (".sam.boxes", "segment_boxes"),
     "finetune_sam": (".sam.finetune", "finetune_sam"),
     "SamTuneConfig": (".sam.finetune", "SamTuneConfig"),
-    "load_unet": (".unet.predict", "load_model"),
-    "load_checkpoint": (".unet.predict", "load_checkpoint"),
+    "load_unet": (".unet.checkpoint", "load_unet"),
+    "load_checkpoint": (".unet.checkpoint", "load_checkpoint"),
     "predict_probabilities": (".unet.predict", "predict_probabilities"),
     "probabilities_to_labels": (".unet.predict", "probabilities_to_labels"),
     "predict_labels": (".unet.predict", "predict_labels"),

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .detect import _as_boxes, boxes_from_labels
+from .detect import boxes_from_labels
 from .jobs.outputs import LABELS_SUFFIX, output_paths
 
 CSV_SUFFIX = ".csv"
@@ -54,6 +54,10 @@ def _number(text: str) -> float | None:
     """A plain decimal number (``12``, ``-3.5``, ``1e3``); not ``1_0`` (Python's digit
     grouping), ``nan``, ``inf``, hexadecimal or non-ASCII digits, which ``float()`` takes."""
     return float(text) if _NUMBER.fullmatch(text) else None
+
+
+def _as_boxes(rows) -> np.ndarray:
+    return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
 
 
 class CsvBoxes(NamedTuple):

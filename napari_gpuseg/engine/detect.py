@@ -13,6 +13,7 @@ same conversion the U-Net folder method uses.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -61,20 +62,20 @@ def threshold_boxes(image: np.ndarray, **kwargs) -> np.ndarray:
 def unet_available() -> bool:
     """True when the U-Net engine and its bundled nuclei model are installed."""
     try:
-        from .unet import predict as unet
+        from .unet import checkpoint as unet_ckpt
     except Exception:  # noqa: BLE001 - the U-Net engine is optional here
         return False
-    return unet.bundled_model_path().is_file()
+    return unet_ckpt.bundled_model_path().is_file()
 
 
 def _bundled_unet(device):
     """The bundled U-Net, loaded once per device (thread-safe)."""
-    from .unet import predict as unet
+    from .unet import checkpoint as unet_ckpt
 
     dev = str(device)
     with _UNET_LOCK:
         if dev not in _UNET_MODELS:
-            _UNET_MODELS[dev] = unet.load_model(None, device=dev)
+            _UNET_MODELS[dev] = unet_ckpt.load_unet(None, device=dev)
         return _UNET_MODELS[dev]
 
 
@@ -83,13 +84,13 @@ def unet_boxes(image: np.ndarray, model=None, **kwargs) -> np.ndarray:
     nuclei model, loaded once per device; a path = that checkpoint); ``kwargs`` go to
     :func:`napari_gpuseg.engine.unet.predict.predict_labels`."""
     from .runtime.device import resolve_policy
-    from .unet import predict as unet
+    from .unet import checkpoint as unet_ckpt, predict as unet
 
     device = resolve_policy(kwargs.get("policy")).device
     if model is None:
         model = _bundled_unet(device)
     elif isinstance(model, (str, Path)):
-        model = unet.load_model(model, device=device)
+        model = unet_ckpt.load_unet(model, device=device)
     return boxes_from_labels(unet.predict_labels(model, image, **kwargs))
 
 

@@ -21,7 +21,7 @@ def block_source(layer, data):
     """The OME-Zarr image the layer was opened from when it is one of the same shape
     (labels then go to its ``labels/`` group), else the array itself."""
     from ..engine.blocks import ArraySource
-    from ..io_zarr import ZarrLayoutError, is_zarr, open_zarr
+    from ..io.zarr_images import ZarrLayoutError, is_zarr, open_zarr
 
     path = getattr(getattr(layer, "source", None), "path", None)
     if path and is_zarr(path):

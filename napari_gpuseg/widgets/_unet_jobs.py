@@ -12,12 +12,12 @@ FROM_FILE = "From file…"
 
 def predict_job(image, model_path, rgb, outputs, batch_size, overlap, tile, progress=None, cancel=None):
     """Runs in the worker thread: load (cached) model, probabilities, labels."""
-    from ..engine.unet import predict as unet
+    from ..engine.unet import checkpoint as unet_ckpt, predict as unet
 
     worker = default_worker()
-    key = ("unet", str(model_path or unet.bundled_model_path()))
+    key = ("unet", str(model_path or unet_ckpt.bundled_model_path()))
     # one U-Net at a time: another checkpoint releases the one loaded before (GPU memory)
-    loaded = worker.model(key, lambda: unet.load_model(model_path, device=worker.policy.device), replace=True)
+    loaded = worker.model(key, lambda: unet_ckpt.load_unet(model_path, device=worker.policy.device), replace=True)
     d = loaded.config.spatial_dims
     probs = unet.predict_probabilities(loaded, image, rgb=rgb, tile=tile or None, overlap=overlap,
                                        sw_batch_size=batch_size, policy=worker.policy,

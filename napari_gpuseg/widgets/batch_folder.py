@@ -21,11 +21,11 @@ from qtpy.QtWidgets import (
 )
 
 from .. import io as gio
-from .. import label_files
+from ..io import label_files
 from ..engine.runtime import memory
 from ..engine.runtime.device import PRECISIONS, get_policy
 from ..engine.runtime.cancel import CancelToken
-from ..engine.jobs.registry import available_methods, method_description, parse_options
+from ..engine.jobs.methods import available_methods, method_description, parse_options
 from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
 from ..engine.jobs.dask_runner import run_folder_on_cluster
 from ._bridge import relay

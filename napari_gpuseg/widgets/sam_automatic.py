@@ -267,17 +267,17 @@ class SamAutomaticWidget(DockWidget):
             on_result=lambda r, ly=layer, ix=indices: self._on_result(ly, ix, r),
             on_error=self._on_error, on_progress=self._on_progress, on_cancelled=self._on_cancelled)
 
-    def _job_run(self, model, mode, planes, boxes, params, padding, min_area, embed_bs, prompt_bs,
+    def _job_run(self, model, mode, planes, boxes, params, padding, min_area, embed_batch, prompt_batch,
                  progress=None, cancel=None):
         """Runs in the worker thread."""
         policy = self.worker.policy
         engine = self.worker.model(("sam", model, policy), lambda: load_engine(model, policy), replace=True)
         if mode == "boxes":
             return segment_box_planes(engine, planes, boxes, policy=policy, padding=padding,
-                                      batch_size=prompt_bs, embed_batch_size=embed_bs,
+                                      batch_size=prompt_batch, embed_batch_size=embed_batch,
                                       min_area=min_area, progress=progress, cancel=cancel)
-        return segment_everything_batch(engine, planes, params, batch_size=prompt_bs,  # kept: no logits
-                                        embed_batch_size=embed_bs, progress=progress, cancel=cancel,
+        return segment_everything_batch(engine, planes, params, batch_size=prompt_batch,  # kept: no logits
+                                        embed_batch_size=embed_batch, progress=progress, cancel=cancel,
                                         keep_logits=False)
 
     def _labels_for(self, layer: Image):

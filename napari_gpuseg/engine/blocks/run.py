@@ -1,7 +1,7 @@
 """Big images in blocks: plan, segment each block with a halo, stitch the seams, write the
 labels block by block, join the per-object table.
 
-``run_blocks(image, out_dir, "unet")`` takes a :class:`~napari_gpuseg.io_zarr.ZarrImage`
+``run_blocks(image, out_dir, "unet")`` takes a :class:`~napari_gpuseg.io.zarr_images.ZarrImage`
 (or any array via :class:`.tasks.ArraySource`) and writes an OME-Zarr labels image (into
 the input's ``labels/`` group when the input is OME-Zarr) and ``OUT/<stem>_objects.csv``.
 Peak memory follows the block size, not the image size. With a dask ``client`` the
@@ -21,8 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from ... import label_files, tables
-from ...zarr_labels import create_labels, labels_target, set_info
+from ...io import label_files, tables
+from ...io.zarr_labels import create_labels, labels_target, set_info
 from ..runtime.cancel import CancelToken
 from .methods import image_stats
 from .plan import BlockPlan, plan_blocks

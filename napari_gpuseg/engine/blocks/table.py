@@ -1,6 +1,6 @@
 """The per-object table of a block run: the partial tables of the blocks (in their
 records) joined under the image ids, with the same columns as a folder job's table
-(:func:`napari_gpuseg.tables.object_table`). GUI-free."""
+(:func:`napari_gpuseg.io.tables.object_table`). GUI-free."""
 from __future__ import annotations
 
 from typing import Sequence

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import label_files, tables
-from ...zarr_labels import LabelsTarget
+from ...io import label_files, tables
+from ...io.zarr_labels import LabelsTarget
 from .plan import Block, Seam
 from .stitch import zone_of
 

@@ -1,13 +1,13 @@
 """Built-in folder-job methods: ``threshold`` (classical, CPU) and ``unet``.
 
-Registered by name in :mod:`napari_gpuseg.engine.jobs.registry`; SAM's methods are in
+Registered by name in :mod:`napari_gpuseg.engine.jobs.methods`; SAM's methods are in
 :mod:`napari_gpuseg.engine.jobs.sam_methods`.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .registry import BYTES_PER_VALUE, Option, Segmenter, SegResult
+from .methods import BYTES_PER_VALUE, Option, Segmenter, SegResult
 
 
 class ThresholdSegmenter(Segmenter):
@@ -55,11 +55,11 @@ class UNetSegmenter(Segmenter):
     bytes_per_value = BYTES_PER_VALUE["unet"]
 
     def load(self, policy) -> None:
-        from ..unet import predict as unet
+        from ..unet import checkpoint as unet_ckpt, predict as unet
 
         super().load(policy)
         self._unet = unet
-        self.net = unet.load_model(self.model, device=policy.device)
+        self.net = unet_ckpt.load_unet(self.model, device=policy.device)
         self.dims = self.net.config.spatial_dims
 
     def finish(self, raw) -> SegResult:

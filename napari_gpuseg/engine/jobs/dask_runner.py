@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ... import label_files
+from ...io import label_files
 from ..runtime.cancel import CancelToken
 from .dask_tasks import FileJob, check_worker, process_file
 from .outputs import describe_method, foreign_output, list_inputs, output_paths, read_earlier, rel_name, skipped_row
 from .pipeline import PipelineError
-from .registry import method_factory
+from .methods import method_factory
 from .report import ImageStatus, Progress, RunReport, report_names, write_report
 from .sharding import resolve_shard, shard_files
 

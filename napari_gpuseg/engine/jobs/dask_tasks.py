@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ... import io as gio
-from ... import label_files, tables
-from .registry import SegResult
+from ...io import label_files, tables
+from .methods import SegResult
 from .report import ImageStatus
 from .worker_cache import cached_method, worker_device
 
@@ -49,7 +49,7 @@ def _shape_str(a: np.ndarray) -> str:
 def worker_method(job: FileJob):
     """The loaded method of this worker for ``job`` (created and loaded on first use)."""
     from ..runtime.device import make_policy
-    from .registry import method_factory
+    from .methods import method_factory
 
     def make():
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import io as gio
-from ... import label_files, tables
+from ...io import label_files, tables
 from .report import ImageStatus, report_names
 
 LABELS_SUFFIX = "_labels.tif"

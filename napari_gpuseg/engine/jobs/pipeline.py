@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ... import label_files
+from ...io import label_files
 from ..runtime.cancel import Cancelled, CancelToken
-from .registry import Segmenter, method_factory
+from .methods import Segmenter, method_factory
 from .outputs import describe_method, foreign_output, list_inputs, output_paths, read_earlier, rel_name, same_folder
 from .report import ImageStatus, Progress, RunReport, report_names, safe_row, safe_text, write_report  # noqa: F401 - re-exported
 from .sharding import resolve_shard, shard_files  # noqa: F401 - re-exported

@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from ... import label_files, tables
+from ...io import label_files, tables
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Folder-job methods for SAM: ``sam-boxes`` (detector + SAM) and ``sam-everything``.
 
-Registered by name in :mod:`napari_gpuseg.engine.jobs.registry`; used like every method::
+Registered by name in :mod:`napari_gpuseg.engine.jobs.methods`; used like every method::
 
     seg = create_method("sam-boxes", model="lite_medsam", batch_size=None, detector="auto")
     seg.load(policy)                 # in the device worker thread
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..stacks import label_offsets, stack_labels
-from .registry import BYTES_PER_VALUE, Option, OptionError, Segmenter, SegResult
+from .methods import BYTES_PER_VALUE, Option, OptionError, Segmenter, SegResult
 
 DEFAULT_MODEL = "lite_medsam"
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from ... import io as gio
-from ... import label_files, tables
+from ...io import label_files, tables
 from ..runtime.cancel import Cancelled
 from .outputs import DISK_ERRNOS, skipped_row
-from .registry import SegResult, Segmenter
+from .methods import SegResult, Segmenter
 from .report import ImageStatus
 
 logger = logging.getLogger(__name__)

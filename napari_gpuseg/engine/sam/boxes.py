@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from . import everything_ops as ops
-from . import field as fieldmap
+from . import field_map as fieldmap
 from .fast_decoder import decode_sparse, mask_region
 from .everything import AutomaticResult
 from ..runtime.batching import remembered_batch_size, run_batched

@@ -28,7 +28,8 @@ from ..runtime.device import Policy, resolve_policy, pin_fp32
 from ..runtime.cancel import CancelToken, ProgressFn, check, report
 from ..metrics import foreground_iou, object_f1
 from ..normalize import normalization_spec
-from .predict import predict_probabilities, probabilities_to_labels, save_checkpoint
+from .checkpoint import save_checkpoint
+from .predict import predict_probabilities, probabilities_to_labels
 from .loss import dice_ce_loss
 from .train_data import (IGNORE, CropDataset, crop_tuple, make_targets, prepare_pairs, split_train_val,
                          train_weights, val_indices)
@@ -259,7 +260,7 @@ def train_unet(
     torch.manual_seed(config.seed)
     init = None
     if init_checkpoint is not None:
-        from .predict import load_checkpoint, load_unet_state
+        from .checkpoint import load_checkpoint, load_unet_state
 
         init = load_checkpoint(init_checkpoint)
         config = replace(config, model=dict(init["config"]), normalization=dict(init["normalization"]))
@@ -402,7 +403,7 @@ def train_unet(
         if stopped == "time_limit":
             break
     if out_path is not None and saved is not None:
-        from .predict import load_checkpoint, model_from_checkpoint
+        from .checkpoint import load_checkpoint, model_from_checkpoint
 
         model = model_from_checkpoint(load_checkpoint(saved), device)
     model.eval()

@@ -50,7 +50,7 @@ def _fmt(zarr_format: int):
 
 
 def labels_target(image, out_dir: str | os.PathLike, name: str, chunks, into_input: bool = True) -> LabelsTarget:
-    """The target for labels of ``image`` (a :class:`~napari_gpuseg.io_zarr.ZarrImage` or
+    """The target for labels of ``image`` (a :class:`~napari_gpuseg.io.zarr_images.ZarrImage` or
     anything with ``shape``): ``IMAGE/labels/NAME`` for OME-Zarr input when ``into_input``,
     else ``OUT/<stem>_labels.ome.zarr``."""
     shape = tuple(int(s) for s in image.shape)

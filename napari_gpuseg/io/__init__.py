@@ -3,7 +3,7 @@
 GUI-free and torch-free. Every user-caused read problem raises a subclass of
 :class:`ImageReadError` whose message says what is wrong with which file, so a folder job
 can record it and move on. Writing label files (atomically) is
-:mod:`napari_gpuseg.label_files`; object tables are :mod:`napari_gpuseg.tables`.
+:mod:`napari_gpuseg.io.label_files`; object tables are :mod:`napari_gpuseg.io.tables`.
 """
 from __future__ import annotations
 
@@ -342,7 +342,7 @@ def to_gray(image: np.ndarray) -> np.ndarray:
     :func:`napari_gpuseg.engine.normalize.to_gray`); other images unchanged."""
     if not is_rgb(image):
         return image
-    from .engine.normalize import to_gray as luminance  # numpy only: no import cycle
+    from ..engine.normalize import to_gray as luminance  # numpy only: no import cycle
 
     return luminance(image)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .io import ImageReadError
+from . import ImageReadError
 
 ZARR_MARKERS = (".zgroup", ".zarray", "zarr.json")
 
