@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from napari_gpuseg import io as gio
-from napari_gpuseg import label_files, tables
+from napari_gpuseg.io import label_files, tables
 from napari_gpuseg.engine.runtime.device import device_name, make_policy
 from napari_gpuseg.engine.jobs.methods import method_factory
 from napari_gpuseg.engine.jobs.pipeline import output_paths, run_folder

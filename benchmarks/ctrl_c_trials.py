@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from napari_gpuseg import tables
+from napari_gpuseg.io import tables
 
 from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
 DATA = shared_data() / "bbbc039" / "images"

@@ -37,7 +37,7 @@ def _files(n: int) -> list[Path]:
 
 
 def _labels(folder: Path) -> dict:
-    from napari_gpuseg import label_files
+    from napari_gpuseg.io import label_files
 
     return {p.name: label_files.read_labels(p) for p in sorted(folder.glob("*_labels.tif"))}
 
@@ -63,7 +63,7 @@ def identical(args, work: Path) -> dict:
 
 
 def kill(args, work: Path) -> dict:
-    from napari_gpuseg import label_files
+    from napari_gpuseg.io import label_files
     from napari_gpuseg.engine.jobs.clusters import connect
     from napari_gpuseg.engine.jobs.dask_runner import run_folder_dask
     from napari_gpuseg.engine.jobs.pipeline import run_folder

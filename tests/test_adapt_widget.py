@@ -76,3 +76,21 @@ def test_adapt_dock_cancel_and_bad_region(make_napari_viewer, qtbot, field):
     dock.cancel()
     qtbot.waitUntil(lambda: dock.train_button.isEnabled(), timeout=60000)
     assert "Cancelled" in dock.status.text() and dock.model_path is None
+
+
+def test_a_failed_adapt_job_is_reported_like_every_dock(make_napari_viewer, caplog, monkeypatch):
+    """Adapt U-Net is built on the docks' base: a failure goes to the status line, a napari
+    notification and the log, and the buttons come back."""
+    from napari_gpuseg.widgets import _dock
+
+    shown = []
+    monkeypatch.setattr(_dock, "notify_error", shown.append)
+    viewer = make_napari_viewer()
+    _d, dock = viewer.window.add_plugin_dock_widget("napari-gpuseg", "Adapt U-Net")
+    dock._busy(True)
+    assert not dock.train_button.isEnabled() and dock.cancel_button.isEnabled()
+    with caplog.at_level("ERROR", logger="napari_gpuseg.widgets"):
+        dock._failed(MemoryError("no room for the batch"))
+    assert dock.status.text() == "Adapt U-Net: MemoryError: no room for the batch" == shown[-1]
+    assert "no room for the batch" in caplog.text
+    assert dock.train_button.isEnabled() and not dock.cancel_button.isEnabled()

@@ -9,7 +9,7 @@ import tifffile
 from qtpy.QtCore import Qt
 
 from batch_helpers import bbbc
-from napari_gpuseg import label_files
+from napari_gpuseg.io import label_files
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.widgets import batch_folder
 from napari_gpuseg.widgets.batch_folder import BatchFolderWidget

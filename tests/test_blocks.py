@@ -7,7 +7,7 @@ import pytest
 
 zarr = pytest.importorskip("zarr")
 
-from napari_gpuseg import tables  # noqa: E402
+from napari_gpuseg.io import tables  # noqa: E402
 from napari_gpuseg.engine.blocks import ArraySource, BlockRunError, plan_blocks, run_blocks  # noqa: E402
 from napari_gpuseg.engine.blocks.check import seam_splits  # noqa: E402
 from napari_gpuseg.engine.blocks.stitch import global_ids, match_objects  # noqa: E402

@@ -15,7 +15,7 @@ import pytest
 import tifffile
 
 from batch_helpers import BAD, GOOD, make_mixed_folder
-from napari_gpuseg import label_files, tables
+from napari_gpuseg.io import label_files, tables
 from napari_gpuseg.cli.main import main
 
 HELPERS = Path(__file__).with_name("batch_helpers.py")

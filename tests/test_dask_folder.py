@@ -11,7 +11,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from napari_gpuseg import label_files  # noqa: E402
+from napari_gpuseg.io import label_files  # noqa: E402
 from napari_gpuseg.engine.jobs.clusters import ClusterError, connect  # noqa: E402
 from napari_gpuseg.engine.jobs.dask_runner import run_folder_dask  # noqa: E402
 from napari_gpuseg.engine.jobs.pipeline import PipelineError, run_folder  # noqa: E402
@@ -114,7 +114,7 @@ def test_out_unwritable_seen_from_a_worker_is_one_line(cluster, images, tmp_path
     (out / "keep_labels.tif").write_bytes(b"kept")  # written before: never lost
 
     def deny():  # this worker's view of OUT: a read-only mount
-        from napari_gpuseg import label_files as lf
+        from napari_gpuseg.io import label_files as lf
 
         lf._real_check = getattr(lf, "_real_check", lf.check_writable_dir)
 
@@ -126,7 +126,7 @@ def test_out_unwritable_seen_from_a_worker_is_one_line(cluster, images, tmp_path
         lf.check_writable_dir = check
 
     def undo():
-        from napari_gpuseg import label_files as lf
+        from napari_gpuseg.io import label_files as lf
 
         lf.check_writable_dir = getattr(lf, "_real_check", lf.check_writable_dir)
 

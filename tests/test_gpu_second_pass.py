@@ -215,7 +215,7 @@ def test_training_steps_on_a_gpu_read_nothing_back_per_step(monkeypatch):
 
 # ------------------------------------------------------------------ 12: Windows: no os.kill(pid, 0)
 def test_temp_file_owners_are_checked_without_signals(tmp_path, monkeypatch):
-    from napari_gpuseg import label_files
+    from napari_gpuseg.io import label_files
 
     class WindowsOs:  # the module's ``os`` as on Windows: signal 0 is CTRL_C_EVENT
         def __getattr__(self, name):

@@ -9,7 +9,7 @@ import tifffile
 
 from batch_helpers import BAD, REAL, bbbc, make_mixed_folder
 from napari_gpuseg import io as gio
-from napari_gpuseg import label_files, tables
+from napari_gpuseg.io import label_files, tables
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import tifffile
 
 from batch_helpers import BAD, GOOD, REAL, SlowThreshold, bbbc, make_mixed_folder
 from napari_gpuseg import io as gio
-from napari_gpuseg import label_files, tables
+from napari_gpuseg.io import label_files, tables
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.engine.runtime.cancel import CancelToken
 from napari_gpuseg.engine.jobs.builtin_methods import ThresholdSegmenter

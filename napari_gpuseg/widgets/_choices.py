@@ -70,23 +70,43 @@ def layer_array(layer) -> np.ndarray:
     return np.asarray(data)
 
 
-def layer_names(viewer, kind: str) -> list[str]:
-    """Names of the viewer's layers of class ``kind`` ("Image", "Labels")."""
+def _layer_class(kind):
+    """The napari layer class named ``kind`` ("Image", "Labels", "Shapes"), or ``kind`` itself."""
+    if isinstance(kind, str):
+        import napari.layers
+
+        return getattr(napari.layers, kind)
+    return kind
+
+
+def layer_names(viewer, kind) -> list[str]:
+    """Names of the viewer's layers of ``kind`` (a napari layer class, or its name), subclasses
+    included."""
     if viewer is None:
         return []
-    return [lyr.name for lyr in viewer.layers if lyr.__class__.__name__ == kind]
+    cls = _layer_class(kind)
+    return [lyr.name for lyr in viewer.layers if isinstance(lyr, cls)]
 
 
-def fill_layer_combos(viewer, pairs) -> None:
+def fill_layer_combos(viewer, pairs, prefer_active: bool = False) -> None:
     """Refill each (combo box, layer kind) with the viewer's layer names of that kind,
-    keeping the current choice where that layer still exists."""
+    keeping the current choice where that layer still exists (no change signals while
+    refilling). With ``prefer_active`` a combo without a choice takes the active layer when
+    it is of that kind, else the newest one."""
     for combo, kind in pairs:
         current = combo.currentText()
-        combo.clear()
         names = layer_names(viewer, kind)
-        combo.addItems(names)
-        if current in names:
-            combo.setCurrentText(current)
+        combo.blockSignals(True)
+        try:
+            combo.clear()
+            combo.addItems(names)
+            if current in names:
+                combo.setCurrentText(current)
+            elif names and prefer_active:
+                active = viewer.layers.selection.active
+                combo.setCurrentText(active.name if isinstance(active, _layer_class(kind)) else names[-1])
+        finally:
+            combo.blockSignals(False)
 
 
 def watch_layers(viewer, callback) -> None:
@@ -97,22 +117,37 @@ def watch_layers(viewer, callback) -> None:
     callback()
 
 
-_SAM_MODEL_USERS: "weakref.WeakSet" = weakref.WeakSet()
+_MODEL_USERS: dict[str, "weakref.WeakSet"] = {"sam": weakref.WeakSet(), "unet": weakref.WeakSet()}
 
 
 def take_sam_models(dock) -> None:
-    """Register ``dock`` (which has ``use_sam_model(path)``) for models other docks make."""
-    _SAM_MODEL_USERS.add(dock)
+    """Register ``dock`` (which has ``use_sam_model(path)``) for SAM models other docks make."""
+    _MODEL_USERS["sam"].add(dock)
+
+
+def take_unet_models(dock) -> None:
+    """Register ``dock`` (which has ``use_model(path)``) for U-Net checkpoints other docks make."""
+    _MODEL_USERS["unet"].add(dock)
+
+
+def _offer(kind: str, method: str, path: str) -> int:
+    n = 0
+    for dock in list(_MODEL_USERS[kind]):
+        try:
+            getattr(dock, method)(path)
+            n += 1
+        except RuntimeError:  # a dock whose Qt object is gone
+            logger.debug("a closed dock missed model %s", path)
+    return n
 
 
 def offer_sam_model(path: str) -> int:
     """Hand a new SAM checkpoint (e.g. from Adapt SAM) to every registered dock; returns
     how many took it."""
-    n = 0
-    for dock in list(_SAM_MODEL_USERS):
-        try:
-            dock.use_sam_model(path)
-            n += 1
-        except RuntimeError:  # a dock whose Qt object is gone
-            logger.debug("a closed dock missed model %s", path)
-    return n
+    return _offer("sam", "use_sam_model", path)
+
+
+def offer_unet_model(path: str) -> int:
+    """Hand a new U-Net checkpoint (e.g. from Adapt U-Net) to every registered dock: U-Net
+    predict selects it, Batch folder takes it when its method is a U-Net method."""
+    return _offer("unet", "use_model", path)

@@ -29,6 +29,7 @@ from ..engine.jobs.methods import available_methods, method_description, parse_o
 from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
 from ..engine.jobs.dask_runner import run_folder_on_cluster
 from ._bridge import relay
+from ._choices import take_unet_models
 from ._dock import DockWidget, auto_spin
 
 COLUMNS = ("file", "objects", "time (s)", "status", "error")
@@ -51,6 +52,7 @@ class BatchFolderWidget(DockWidget):
         super().__init__(parent)
         self.viewer = napari_viewer
         self.setObjectName("BatchFolderWidget")
+        take_unet_models(self)
         relay()  # created on the GUI thread, used from the run thread
         self.token: CancelToken | None = None
         self.thread: threading.Thread | None = None

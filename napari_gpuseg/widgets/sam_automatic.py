@@ -23,7 +23,7 @@ from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
 from ..engine.stacks import label_offsets, shift_ids
 from ._big_layer import lazy_data, run_sam_blocks
-from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names
+from ._choices import BROWSE, browse_checkpoint, fill_layer_combos, is_box_trained, sam_model_names, watch_layers
 from ._dock import DockWidget, auto_spin
 from ._prompts import boxes_xyxy, plane, plane_index
 
@@ -54,9 +54,7 @@ class SamAutomaticWidget(DockWidget):
         self._job = None
         self._started = 0.0
         self._build_ui()
-        self.viewer.layers.events.inserted.connect(self._refresh_layers)
-        self.viewer.layers.events.removed.connect(self._refresh_layers)
-        self._refresh_layers()
+        watch_layers(self.viewer, self._refresh_layers)
         self._apply_model_defaults()
 
     # -- UI -----------------------------------------------------------------------
@@ -156,18 +154,8 @@ class SamAutomaticWidget(DockWidget):
         return SOURCES[self.source_combo.currentText()]
 
     def _refresh_layers(self, event=None) -> None:
-        for combo, kind in ((self.image_combo, Image), (self.shapes_combo, Shapes)):
-            current = combo.currentText()
-            names = [ly.name for ly in self.viewer.layers if isinstance(ly, kind)]
-            combo.blockSignals(True)
-            combo.clear()
-            combo.addItems(names)
-            if current in names:
-                combo.setCurrentText(current)
-            elif names and kind is Image:
-                active = self.viewer.layers.selection.active
-                combo.setCurrentText(active.name if isinstance(active, Image) else names[-1])
-            combo.blockSignals(False)
+        fill_layer_combos(self.viewer, [(self.image_combo, Image), (self.shapes_combo, Shapes)],
+                          prefer_active=True)
 
     def _update_visibility(self, _i=None) -> None:
         boxes = self.mode == "boxes"

@@ -9,17 +9,14 @@ rest" adds its labels as a layer the user can correct and train on again.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
-from qtpy.QtWidgets import (
-    QApplication, QComboBox, QFormLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton,
-    QSpinBox, QVBoxLayout, QWidget,
-)
+from qtpy.QtWidgets import QComboBox, QFormLayout, QPushButton, QSpinBox, QVBoxLayout
 
 from ._bridge import relay, submit
 from ._loss_plot import LossPlot
-from ._choices import fill_layer_combos, image_file, layer_array, watch_layers
+from ._choices import fill_layer_combos, image_file, layer_array, offer_unet_model, watch_layers
+from ._dock import DockWidget
 from ._unet_jobs import default_output, predict_job, train_worker
 
 WHOLE, RECTANGLE, LABELS = "Whole image", "Rectangle (Shapes layer)", "Bounding region of the labels"
@@ -47,8 +44,10 @@ def rectangle_of(shapes_layer) -> tuple[float, float, float, float]:
     return float(y0), float(x0), float(y1), float(x1)
 
 
-class UNetAdaptWidget(QWidget):
+class UNetAdaptWidget(DockWidget):
     """Image, Labels, region, schedule; Train / Cancel with live loss; Predict the rest."""
+
+    TITLE = "Adapt U-Net"
 
     def __init__(self, napari_viewer=None, parent=None):
         super().__init__(parent)
@@ -83,20 +82,13 @@ class UNetAdaptWidget(QWidget):
         form.addRow("Start from", self.start)
         form.addRow("Iterations", self.iters)
         form.addRow("Time limit", self.minutes)
-        self.train_button, self.cancel_button = QPushButton("Train"), QPushButton("Cancel")
+        self.train_button, buttons = self._make_run_buttons("Train", self.train, self.cancel)
         self.predict_button = QPushButton("Predict the rest")
-        self.cancel_button.setEnabled(False)
         self.predict_button.setEnabled(False)
-        self.train_button.clicked.connect(self.train)
-        self.cancel_button.clicked.connect(self.cancel)
         self.predict_button.clicked.connect(self.predict)
-        buttons = QHBoxLayout()
-        for b in (self.train_button, self.cancel_button, self.predict_button):
-            buttons.addWidget(b)
+        buttons.addWidget(self.predict_button)
         self.plot = LossPlot(validation=False, maxlen=1000)
-        self.progress = QProgressBar()
-        self.status = QLabel("")
-        self.status.setWordWrap(True)
+        self._make_status_parts("")
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addLayout(buttons)
@@ -123,7 +115,7 @@ class UNetAdaptWidget(QWidget):
     def train(self):
         img_name, lab_name = self.image_combo.currentText(), self.labels_combo.currentText()
         if self.viewer is None or not img_name or not lab_name:
-            self.status.setText("Pick an Image layer and a Labels layer.")
+            self._set_status("Pick an Image layer and a Labels layer.")
             return None
         layer = self.viewer.layers[img_name]
         image, labels = layer_array(layer), layer_array(self.viewer.layers[lab_name])
@@ -132,7 +124,7 @@ class UNetAdaptWidget(QWidget):
 
             image = model_input(image, rgb=True)
         if image.shape != labels.shape or labels.ndim != 2:
-            self.status.setText(f"Need a 2D image and labels of one shape, got {image.shape} and {labels.shape}.")
+            self._set_status(f"Need a 2D image and labels of one shape, got {image.shape} and {labels.shape}.")
             return None
         region = REGION_KEYS[self.region.currentText()]
         rectangle = None
@@ -146,7 +138,7 @@ class UNetAdaptWidget(QWidget):
             if not np.any(mask & (labels > 0)):
                 raise ValueError("no labelled objects inside the annotated region")
         except ValueError as exc:
-            self.status.setText(f"Cannot train: {exc}")
+            self._set_status(f"Cannot train: {exc}")
             return None
         init = self.model_path if self.start.currentText() == CURRENT and self.model_path else None
         from ..engine.unet.finetune import default_output_path
@@ -157,26 +149,26 @@ class UNetAdaptWidget(QWidget):
         self.plot.clear()
         self.progress.setValue(0)
         self._busy(True)
-        self.status.setText("Fine-tuning…")
+        self._set_status("Fine-tuning…")
         forward = lambda ev: relay().call.emit(self._on_event, (ev,))  # noqa: E731
         self.job = submit(_finetune_job, image.copy(), labels.copy(), region, rectangle, init, self.config(),
                           out, forward, worker=train_worker(), inference=False, owner=self,
-                          on_result=self._done, on_error=self._failed, on_progress=self._progress,
+                          on_result=self._done, on_error=self._failed, on_progress=self._on_progress,
                           on_cancelled=self._cancelled)
         return self.job
 
     def predict(self):
         name = self.image_combo.currentText()
         if not self.model_path or not name:
-            self.status.setText("Train a model first.")
+            self._set_status("Train a model first.")
             return None
         layer = self.viewer.layers[name]
         self._busy(True)
-        self.status.setText("Predicting…")
+        self._set_status("Predicting…")
         self.job = submit(predict_job, layer_array(layer), self.model_path, bool(getattr(layer, "rgb", False)),
                           ["labels"], None, 0.25, 0, owner=self,
                           on_result=lambda r, layer=layer: self._predicted(r, layer), on_error=self._failed,
-                          on_progress=self._progress, on_cancelled=self._cancelled)
+                          on_progress=self._on_progress, on_cancelled=self._cancelled)
         return self.job
 
     def cancel(self) -> None:
@@ -185,19 +177,14 @@ class UNetAdaptWidget(QWidget):
 
     # -- results ------------------------------------------------------------
     def _busy(self, busy: bool) -> None:
-        self.train_button.setEnabled(not busy)
+        self._set_busy(busy)
         self.predict_button.setEnabled(not busy and self.model_path is not None)
-        self.cancel_button.setEnabled(busy)
 
     def _on_event(self, ev) -> None:
         if ev.kind == "iter":
             self.losses.append(ev.train_loss)
             self.plot.add_event(ev)
-            self.status.setText(f"iteration {ev.iteration}/{ev.total_iterations}: loss {ev.train_loss:.3f}")
-
-    def _progress(self, done: int, total: int) -> None:
-        self.progress.setMaximum(max(1, total))
-        self.progress.setValue(done)
+            self._set_status(f"iteration {ev.iteration}/{ev.total_iterations}: loss {ev.train_loss:.3f}")
 
     def _done(self, result: dict) -> None:
         self.result = result
@@ -205,8 +192,8 @@ class UNetAdaptWidget(QWidget):
         self._busy(False)
         if self.model_path:
             self.start.setCurrentText(CURRENT)
-            publish_model(self.model_path)
-        self.status.setText(f"Saved {result['checkpoint']} ({result['iterations']} iterations, "
+            offer_unet_model(self.model_path)
+        self._set_status(f"Saved {result['checkpoint']} ({result['iterations']} iterations, "
                             f"{result['seconds']:.0f} s); selected in U-Net predict. Predict the rest next.")
 
     def _predicted(self, result: dict, layer) -> None:
@@ -217,23 +204,14 @@ class UNetAdaptWidget(QWidget):
         else:
             self.viewer.add_labels(result["labels"], name=name, scale=layer.scale, translate=layer.translate)
         self.labels_combo.setCurrentText(name)  # correct it, then Train again
-        self.status.setText(f"{int(result['labels'].max())} objects in '{name}': correct them and Train again "
+        self._set_status(f"{int(result['labels'].max())} objects in '{name}': correct them and Train again "
                             "(region: whole image).")
 
     def _failed(self, exc: BaseException) -> None:
         self.job = None  # a failed job is not kept (its error, its inputs): a retry gets the memory
         self._busy(False)
-        self.status.setText(f"Failed: {exc}")
+        self._report_error(exc)  # status line, napari notification and the log
 
     def _cancelled(self) -> None:
         self._busy(False)
-        self.status.setText("Cancelled.")
-
-
-def publish_model(path: str) -> None:
-    """Offer ``path`` to every open dock that takes a U-Net checkpoint (``use_model``): U-Net
-    predict selects it, Batch folder takes it when its method is a U-Net method."""
-    for w in QApplication.allWidgets():
-        use = getattr(w, "use_model", None)
-        if callable(use):
-            use(path)
+        self._set_status("Cancelled.")

@@ -15,7 +15,7 @@ from qtpy.QtWidgets import (
 )
 
 from ._big_layer import add_lazy_labels, block_source, blocks_job, lazy_data, out_folder
-from ._choices import fill_layer_combos, layer_array, watch_layers
+from ._choices import fill_layer_combos, layer_array, take_unet_models, watch_layers
 from ._unet_jobs import FROM_FILE, predict_job
 from ._dock import DockWidget, auto_spin
 
@@ -29,6 +29,7 @@ class UNetPredictWidget(DockWidget):
         super().__init__(parent)
         self.viewer = napari_viewer
         self.setObjectName("UNetPredictWidget")
+        take_unet_models(self)
         self.job = None
         self.last_result: dict | None = None
 
