@@ -113,13 +113,13 @@ def test_annotator_and_automatic_docks_release_the_old_sam_engine(monkeypatch):
 
     from napari_gpuseg.engine.runtime.device import Policy
     from napari_gpuseg.engine.runtime.worker import InferenceWorker
-    from napari_gpuseg.widgets import sam_annotator, sam_automatic
+    from napari_gpuseg.widgets import _annotator_jobs, sam_annotator, sam_automatic
 
     class Engine:
         def __init__(self, model, policy, cache=None):
             self.model = model
 
-    monkeypatch.setattr(sam_annotator, "load_engine", Engine)
+    monkeypatch.setattr(_annotator_jobs, "load_engine", Engine)
     monkeypatch.setattr(sam_automatic, "load_engine", Engine)
     monkeypatch.setattr(sam_automatic, "segment_everything_batch", lambda *a, **k: None)
     worker = InferenceWorker(Policy(torch.device("cpu"), "fp32"))

@@ -61,7 +61,26 @@ class BatchFolderWidget(DockWidget):
         self.last_progress: Progress | None = None
         self._run_dirs: tuple[Path, Path] | None = None
         self._t_cancel: float | None = None
+        form = self._build_form()
+        self.start_button, buttons = self._make_run_buttons("Start", self.start, self.cancel)
+        self._make_status_parts()
+        self.progress.setFormat("%v / %m")
+        self.memory_label = QLabel("")
+        self._build_table()
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addWidget(self.memory_label)
+        layout.addWidget(self.table, 1)
+        layout.addWidget(self.open_button)
+        self.timer = QTimer(self)
+        self.timer.setInterval(500)
+        self.timer.timeout.connect(self._refresh_memory)
 
+    def _build_form(self) -> QFormLayout:
+        """The folders, method and knobs."""
         self.in_dir = QLineEdit()
         self.out_dir = QLineEdit()
         self.out_dir.setPlaceholderText("default: <input>/labels")
@@ -112,12 +131,10 @@ class BatchFolderWidget(DockWidget):
         form.addRow("Run on", self.run_on)
         form.addRow("Cluster address", self.address)
         form.addRow("", self.dashboard)
+        return form
 
-        self.start_button, buttons = self._make_run_buttons("Start", self.start, self.cancel)
-
-        self._make_status_parts()
-        self.progress.setFormat("%v / %m")
-        self.memory_label = QLabel("")
+    def _build_table(self) -> None:
+        """The results table (double-click a row: open the image and its labels)."""
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -131,19 +148,6 @@ class BatchFolderWidget(DockWidget):
         self.table.cellDoubleClicked.connect(lambda row, _col: self.open_row(row))
         self.open_button = QPushButton("Open output folder")
         self.open_button.clicked.connect(self.open_output_folder)
-
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addLayout(buttons)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status)
-        layout.addWidget(self.memory_label)
-        layout.addWidget(self.table, 1)
-        layout.addWidget(self.open_button)
-
-        self.timer = QTimer(self)
-        self.timer.setInterval(500)
-        self.timer.timeout.connect(self._refresh_memory)
 
     # -- helpers ------------------------------------------------------------------------
     def _with_browse(self, edit: QLineEdit, slot) -> QWidget:

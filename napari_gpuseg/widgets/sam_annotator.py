@@ -15,22 +15,21 @@ import time
 
 import numpy as np
 from napari.layers import Image
-from napari.utils.notifications import show_info
 from qtpy.QtWidgets import (
     QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
 
 from ..engine.sam.annotation import LabelCommitter
-from ..engine.runtime.device import get_policy, synchronize
+from ..engine.runtime.device import get_policy
 from ..engine.sam.cache import EmbeddingCache
-from ..engine.sam.loader import load_engine
-from ..engine.sam.schedule import stack_steps
-from ..engine.runtime.worker import BACKGROUND, IDLE, INTERACTIVE, InferenceWorker, default_worker
+from ..engine.runtime.worker import BACKGROUND, INTERACTIVE, InferenceWorker, default_worker
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
-from ._annotation_layers import ensure_layers, remove_on_plane, spatial_shape
-from ._prompts import boxes_xyxy, current_prompt, follow_up, plane, plane_index, prompt_focus
+from ._annotation_layers import ensure_layers, spatial_shape
+from ._prompts import current_prompt, follow_up, plane, plane_index, prompt_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
+from ._annotator_commit import CommitActions
+from ._annotator_jobs import AnnotatorJobs
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ BACKGROUND_HOLD_S = 0.3
 to show the mask (it is released as soon as the repaint is done)."""
 
 
-class SamAnnotatorWidget(DockWidget):
+class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
     TITLE = "SAM annotator"
 
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
@@ -139,13 +138,15 @@ class SamAnnotatorWidget(DockWidget):
         outer.addWidget(scrollable(self.content))
         layout = QVBoxLayout(self.content)
         layout.addLayout(form)
+        # the status line ("5/12 tiles", the last mask) right under the image it is about:
+        # visible without scrolling at napari's default window size
+        layout.addWidget(self.status)
+        layout.addWidget(self.progress)
         layout.addWidget(self.hint_label)
         layout.addWidget(self.multimask)
         layout.addLayout(row1)
         layout.addLayout(row2)
         layout.addLayout(row3)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status)
         from ._propagate import PropagatePanel  # Propagate / Segment all objects in 3D
         self.propagate_panel = PropagatePanel(self)
         layout.addWidget(self.propagate_panel)
@@ -192,11 +193,6 @@ class SamAnnotatorWidget(DockWidget):
         self._submit(self._job_load, self.model_name, tag="load", replace=True,
                      on_result=done, on_error=self._on_error)
 
-    def _job_load(self, model: str) -> float:
-        t0 = time.perf_counter()
-        self._engine(model)
-        return time.perf_counter() - t0
-
     def _set_status(self, text: str) -> None:
         self._status_text = text
         tiles = self._tiles.get(self._plane_key()) if self._image_alive() else None
@@ -209,58 +205,6 @@ class SamAnnotatorWidget(DockWidget):
         if key == self._plane_key():
             self._on_progress(done, total)
             self._set_status(self._status_text)
-
-    # -- engine jobs (bodies run in the worker thread) ------------------------------
-    def _submit(self, fn, *args, **kwargs):
-        job = self._submit_job(fn, *args, **kwargs)
-        self._jobs = [j for j in self._jobs if not j.wait(0)] + [job]
-        return job
-
-    def _cancel_own_jobs(self) -> int:
-        n = 0
-        for job in self._jobs:
-            if not job.wait(0):
-                job.cancel()
-                n += 1
-        return n
-
-    def _engine(self, model: str):
-        policy = self.worker.policy
-        # one embedding cache for every model of the dock: a tuned decoder on the same
-        # encoder (Adapt SAM) reuses the embeddings already made
-        return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy, cache=self._cache),
-                                 replace=True)
-
-    def _job_tiles(self, model: str, img: np.ndarray, step: int | None, key: tuple,
-                   progress=None, cancel=None):
-        """Every tile of one plane, one encoder batch per step (a stepped background job:
-        prompts run between steps, and inside an encoder call at its pause points)."""
-        engine = self._engine(model)
-        t0 = time.perf_counter()
-        image = engine.prepare(img)
-        self._early[key] = image  # prompts until the last tile reuse it
-        image = yield from engine.embed_steps(image, step=step, focus=lambda: self._focus,
-                                              progress=progress, cancel=cancel)
-        synchronize(engine.policy.device)  # the time includes the GPU work, not just its launch
-        return [image], time.perf_counter() - t0
-
-    def _job_stack(self, model: str, planes: dict, keys: dict, step: int | None,
-                   progress=None, cancel=None):
-        """Every plane of a stack, the displayed one first, then its neighbours outwards."""
-        out = yield from stack_steps(self._engine(model), planes, lambda: self._plane, step,
-                                     self.stack_order.append, progress, cancel)
-        return {keys[i]: image for i, image in out.items()}
-
-    def _job_warm(self, model: str, image, cancel=None) -> int:
-        return self._engine(model).warm_decoder(image, cancel=cancel)
-
-    def _job_predict(self, model: str, image, prompts, multimask: bool, cancel=None):
-        engine = self._engine(model)
-        # a box holds its object: the mask is computed near the box (as box mode does)
-        return engine.predict(image, prompts, multimask=multimask, cancel=cancel, near_box=True)
-
-    def _job_boxes(self, model: str, image, boxes, cancel=None):
-        return self._engine(model).predict_boxes(image, boxes, cancel=cancel)
 
     # -- layers -----------------------------------------------------------------------
     def _on_active_layer(self, event=None) -> None:
@@ -370,32 +314,6 @@ class SamAnnotatorWidget(DockWidget):
         self._embed_current()
         self._on_prompts_changed()
 
-    def precompute_stack(self) -> None:
-        if self.image_layer is None:
-            return
-        shape = self._spatial_shape()
-        if len(shape) <= 2:
-            self._embed_current()
-            return
-        lead = shape[:-2]
-        indices = [tuple(int(i) for i in np.unravel_index(k, lead)) for k in range(int(np.prod(lead)))]
-        indices = [i for i in indices if self._plane_key(i) not in self._prepared]
-        planes = {i: np.array(plane(self.image_layer, i), copy=True) for i in indices}
-        keys = {i: self._plane_key(i) for i in indices}
-        t0 = time.perf_counter()
-        self._set_status(f"precomputing {len(planes)} slices…")
-        self.stack_order = []
-
-        def done(result):
-            self._prepared.update(result)
-            self._set_status(f"stack ready: {len(result)} slices in {time.perf_counter() - t0:.1f} s")
-
-        self._stack_job = self._submit(
-            self._job_stack, self.model_name, planes, keys, self.batch_spin.value() or None,
-            tag="stack", priority=IDLE, on_result=done, on_error=self._on_error,
-            on_progress=self._on_progress,
-            on_cancelled=lambda: self._set_status("precompute cancelled"))
-
     def cancel(self) -> None:
         n = self._cancel_own_jobs()
         self._set_status(f"cancelled {n} job(s)")
@@ -476,64 +394,3 @@ class SamAnnotatorWidget(DockWidget):
 
     def has_preview(self) -> bool:
         return self._preview is not None
-
-    # -- commit, clear, undo ------------------------------------------------------------
-    def _commit_masks(self, index: tuple, masks: list[np.ndarray]) -> list[int]:
-        ids = self.committer.commit(self.labels_layer.data, masks, index)
-        self.labels_layer.refresh()
-        return ids
-
-    def commit(self) -> list[int]:
-        if self._preview is None:
-            self._set_status("nothing to commit: add a prompt and wait for the preview")
-            return []
-        layer, index, _gen, result = self._preview
-        if layer is not self.image_layer:
-            return []
-        plane_shape = self._spatial_shape()[-2:]
-        ids = self._commit_masks(index, [result.full(plane_shape)])
-        self.clear_prompts()
-        self._set_status(f"committed object {ids[0] if ids else '(empty)'}")
-        return ids
-
-    def clear_prompts(self) -> None:
-        if self.image_layer is None:
-            return
-        index = plane_index(self.image_layer, self.viewer)
-        for ly in (self.pos_layer, self.neg_layer, self.box_layer):
-            remove_on_plane(ly, index)
-        self._generation += 1
-        self._clear_preview()
-
-    def undo(self) -> None:
-        if self.labels_layer is None:
-            return
-        ids = self.committer.undo(self.labels_layer.data)
-        self.labels_layer.refresh()
-        self._set_status(f"undid object(s) {ids}" if ids else "nothing to undo")
-
-    def segment_all_boxes(self) -> None:
-        if self.image_layer is None:
-            return
-        index = plane_index(self.image_layer, self.viewer)
-        boxes = boxes_xyxy(self.box_layer, index)
-        if len(boxes) == 0:
-            show_info("Draw one or more boxes in the 'SAM boxes' layer first.")
-            return
-        image = self._prepared.get(self._plane_key(index)) or self._early.get(self._plane_key(index))
-        if image is None:
-            image = np.array(plane(self.image_layer, index), copy=True)
-        layer, t0 = self.image_layer, time.perf_counter()
-        self._set_status(f"segmenting {len(boxes)} boxes…")
-
-        def done(results):
-            if layer is not self.image_layer:
-                return
-            shape = self._spatial_shape()[-2:]
-            ids = self._commit_masks(index, [r.full(shape) for r in results])
-            self.clear_prompts()
-            self._set_status(f"committed {len(ids)} objects from {len(boxes)} boxes "
-                             f"in {time.perf_counter() - t0:.2f} s")
-
-        self._submit(self._job_boxes, self.model_name, image, boxes, 
-                       tag="boxes", on_result=done, on_error=self._on_error)

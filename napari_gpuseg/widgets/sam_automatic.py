@@ -68,7 +68,36 @@ class SamAutomaticWidget(DockWidget):
         self.mode_combo.currentIndexChanged.connect(self._update_visibility)
         self.hint_label = QLabel()
         self.hint_label.setWordWrap(True)
+        self._build_box_group()
+        self._build_param_group()
+        self.stack_check = QCheckBox("Run on the whole stack")
+        self.embed_batch_spin = auto_spin("Images (tiles) per encoder call; Auto adapts to memory")
+        self.prompt_batch_spin = auto_spin("Prompts (boxes or points) per decoder call; Auto adapts to memory",
+                                           maximum=4096)
+        self.run_button, buttons = self._make_run_buttons("Run", self.run, self.cancel, cancel_enabled=True)
+        self._make_status_parts()
 
+        form = QFormLayout()
+        form.addRow("Model", self.model_combo)
+        form.addRow("Image", self.image_combo)
+        form.addRow("Mode", self.mode_combo)
+        batch = QFormLayout()
+        batch.addRow("Encoder batch", self.embed_batch_spin)
+        batch.addRow("Prompt batch", self.prompt_batch_spin)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.hint_label)
+        layout.addWidget(self.box_group)
+        layout.addWidget(self.param_group)
+        layout.addWidget(self.stack_check)
+        layout.addLayout(batch)
+        layout.addLayout(buttons)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addStretch(1)
+
+    def _build_box_group(self) -> None:
+        """Box mode: where boxes come from, padding, minimum area."""
         self.source_combo = QComboBox()
         self.source_combo.addItems(list(SOURCES))
         self.source_combo.currentIndexChanged.connect(self._update_visibility)
@@ -96,6 +125,8 @@ class SamAutomaticWidget(DockWidget):
         bf.addRow("Box padding (px)", self.padding_spin)
         bf.addRow("Min area (px)", self.min_area_spin)
 
+    def _build_param_group(self) -> None:
+        """Segment everything: the official generator's parameters."""
         self.param_group = QGroupBox("Segment everything")
         pf = QFormLayout(self.param_group)
         self.param_widgets: dict[str, QSpinBox | QDoubleSpinBox] = {}
@@ -114,32 +145,6 @@ class SamAutomaticWidget(DockWidget):
         self.defaults_button = QPushButton("Model defaults")
         self.defaults_button.clicked.connect(self._apply_model_defaults)
         pf.addRow(self.defaults_button)
-
-        self.stack_check = QCheckBox("Run on the whole stack")
-        self.embed_batch_spin = auto_spin("Images (tiles) per encoder call; Auto adapts to memory")
-        self.prompt_batch_spin = auto_spin("Prompts (boxes or points) per decoder call; Auto adapts to memory",
-                                           maximum=4096)
-        self.run_button, buttons = self._make_run_buttons("Run", self.run, self.cancel, cancel_enabled=True)
-        self._make_status_parts()
-
-        form = QFormLayout()
-        form.addRow("Model", self.model_combo)
-        form.addRow("Image", self.image_combo)
-        form.addRow("Mode", self.mode_combo)
-        batch = QFormLayout()
-        batch.addRow("Encoder batch", self.embed_batch_spin)
-        batch.addRow("Prompt batch", self.prompt_batch_spin)
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(self.hint_label)
-        layout.addWidget(self.box_group)
-        layout.addWidget(self.param_group)
-        layout.addWidget(self.stack_check)
-        layout.addLayout(batch)
-        layout.addLayout(buttons)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status)
-        layout.addStretch(1)
 
     @property
     def model_name(self) -> str:

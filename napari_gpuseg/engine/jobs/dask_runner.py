@@ -22,10 +22,11 @@ from typing import Callable, Sequence
 from ...io import label_files
 from ..runtime.cancel import CancelToken
 from .dask_tasks import FileJob, check_worker, process_file
-from .outputs import describe_method, foreign_output, list_inputs, output_paths, read_earlier, rel_name, skipped_row
+from .outputs import foreign_output, list_inputs, output_paths, read_earlier, rel_name, skipped_row
 from .pipeline import PipelineError
 from .methods import method_factory
 from .report import ImageStatus, Progress, RunReport, report_names, write_report
+from .rows import RowCounter, close_report
 from .sharding import resolve_shard, shard_files
 
 
@@ -84,6 +85,37 @@ def _plan(in_dir: Path, out_dir: Path, found, report: RunReport, overwrite, head
     return todo, other_method
 
 
+def _collect(client, futures: list, rel_of: dict, counter: RowCounter, cancel: CancelToken) -> None:
+    """One row per finished task, in the order they finish (a task that failed on every
+    retry is an error row); Cancel (or Ctrl-C) cancels the tasks not yet done."""
+    from distributed import as_completed
+
+    report = counter.report
+    finished = threading.Event()
+    watcher = threading.Thread(target=_cancel_watch, args=(client, futures, cancel, finished), daemon=True,
+                               name="gpuseg-dask-cancel")
+    watcher.start()
+    try:
+        for fut in as_completed(futures):
+            if cancel.cancelled:
+                report.cancelled = True
+                break
+            try:
+                row = fut.result()
+            except Exception as exc:  # noqa: BLE001 - e.g. the task failed on every retry
+                if cancel.cancelled:
+                    report.cancelled = True
+                    break
+                row = ImageStatus(rel_of[fut.key], status="error", error=f"{type(exc).__name__}: {exc}")
+            counter.add(row)
+    except KeyboardInterrupt:
+        report.cancelled = True
+    finally:
+        finished.set()
+        if report.cancelled:
+            client.cancel(futures)
+
+
 def run_folder_dask(
     client,
     in_dir: str | os.PathLike,
@@ -105,8 +137,6 @@ def run_folder_dask(
     """Segment every image of ``in_dir`` on the cluster of ``client`` (a
     ``distributed.Client``); see the module docstring. ``retries``: how often a task that
     raised is tried again (a worker lost mid-task is handled by dask itself)."""
-    from distributed import as_completed
-
     t_start = time.perf_counter()
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     options = {k: v for k, v in (method_options or {}).items() if v is not None}
@@ -138,56 +168,12 @@ def run_folder_dask(
             if why:
                 raise PipelineError(f"worker {worker}: {why}")
     cancel = cancel or CancelToken()
-    counts = {"ok": 0, "skipped": 0, "error": 0}
-    for r in report.rows:
-        counts[r.status] += 1
-
-    def emit(row):
-        now = time.perf_counter()
-        rate = (counts["ok"] + counts["error"]) / (now - t_start) if now > t_start else 0.0
-        left = report.total - len(report.rows)
-        if progress is not None:
-            progress(Progress(len(report.rows), report.total, rate, left / rate if rate > 0 else None,
-                              counts["ok"], counts["skipped"], counts["error"], now - t_start, row))
-
-    emit(None)
+    counter = RowCounter(report, progress, t_start)
+    counter.emit(None)
     futures = [client.submit(process_file, job, *t, key=f"gpuseg-file-{job.run_id}-{i}", retries=retries,
                              pure=False) for i, t in enumerate(todo)]
-    rel_of = {f.key: t[1] for f, t in zip(futures, todo)}
-    finished = threading.Event()
-    watcher = threading.Thread(target=_cancel_watch, args=(client, futures, cancel, finished), daemon=True,
-                               name="gpuseg-dask-cancel")
-    watcher.start()
-    try:
-        for fut in as_completed(futures):
-            if cancel.cancelled:
-                report.cancelled = True
-                break
-            try:
-                row = fut.result()
-            except Exception as exc:  # noqa: BLE001 - e.g. the task failed on every retry
-                if cancel.cancelled:
-                    report.cancelled = True
-                    break
-                row = ImageStatus(rel_of[fut.key], status="error", error=f"{type(exc).__name__}: {exc}")
-            report.rows.append(row)
-            counts[row.status] += 1
-            emit(row)
-    except KeyboardInterrupt:
-        report.cancelled = True
-    finally:
-        finished.set()
-        if report.cancelled:
-            client.cancel(futures)
-    if not report.cancelled:
-        done = {r.file for r in report.rows}
-        report.rows += [ImageStatus(t[1], status="error", error="not processed (internal error)")
-                        for t in todo if t[1] not in done]
-    for (m, mdl), n in sorted(other_method.items()):
-        report.warnings.append(
-            f"{n} existing output(s) were written by method {describe_method(m, mdl)}, not "
-            f"{describe_method(method, model)}; they were skipped as they are (use --overwrite to redo them)")
-    report.rows.sort(key=lambda r: r.file)
+    _collect(client, futures, {f.key: t[1] for f, t in zip(futures, todo)}, counter, cancel)
+    close_report(report, [t[1] for t in todo], "not processed (internal error)", other_method, method, model)
     report.seconds = time.perf_counter() - t_start
     try:
         write_report(report, out_dir, shard_t)

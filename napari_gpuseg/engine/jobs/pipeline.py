@@ -30,8 +30,9 @@ from typing import Callable, Sequence
 from ...io import label_files
 from ..runtime.cancel import Cancelled, CancelToken
 from .methods import Segmenter, method_factory
-from .outputs import describe_method, foreign_output, list_inputs, output_paths, read_earlier, rel_name, same_folder
+from .outputs import foreign_output, list_inputs, output_paths, read_earlier, rel_name, same_folder
 from .report import ImageStatus, Progress, RunReport, report_names, safe_row, safe_text, write_report  # noqa: F401 - re-exported
+from .rows import RowCounter, close_report
 from .sharding import resolve_shard, shard_files  # noqa: F401 - re-exported
 from .stages import POLL_S, FolderRun, Item
 
@@ -93,32 +94,17 @@ def run_folder(
     ``max_image_bytes``: images needing more memory get an error row (default: half the
     RAM available at the start).
     """
-    from ..runtime.device import get_policy, make_policy
-
     t_start = time.perf_counter()
     in_dir, out_dir = Path(in_dir), Path(out_dir)
-    factory, method_name = _make_factory(method, method_options)
-    try:  # checks the method's options before any work
-        prep = factory()  # unloaded instance: prepare() and finish() run in the I/O threads
-    except Exception as exc:  # noqa: BLE001 - e.g. an option the method does not take
-        raise PipelineError(f"method {method_name!r} could not be created: "
-                            f"{type(exc).__name__}: {exc}") from exc
+    factory, method_name, prep = _make_method(method, method_options)
     run_info = {"method": method_name, "model": str(prep.model or "")}
     dev_names = _parse_devices(devices)
     if isinstance(method, Segmenter) and len(dev_names) > 1:
         raise ValueError("one Segmenter instance cannot serve several devices; pass a name or factory")
     if max_image_bytes is not None and max_image_bytes <= 0:
         raise ValueError(f"the memory limit per image must be positive, got {max_image_bytes} bytes")
-    if dev_names == ["auto"] and precision in (None, "auto"):
-        policies = [get_policy()]  # what the user chose for the session (set_policy)
-    elif dev_names == ["auto"]:
-        policies = [make_policy(str(get_policy().device), precision)]
-    else:
-        policies = [make_policy(d, precision) for d in dev_names]
-    found = [Path(f) for f in files] if files is not None else list_inputs(in_dir, out_dir, pattern, recursive)
-    shard_t = resolve_shard(shard, os.environ if env is None else env)
-    if shard_t is not None:
-        found = shard_files(found, *shard_t, root=in_dir)
+    policies = _policies(dev_names, precision)
+    found, shard_t = _inputs(in_dir, out_dir, pattern, recursive, files, shard, env)
     try:  # before any work: results that cannot be written must not be computed
         label_files.check_writable_dir(out_dir)
     except OSError as exc:
@@ -131,7 +117,68 @@ def run_folder(
     report = RunReport(str(in_dir), str(out_dir), method_name, len(found), model=run_info["model"],
                        shard=f"{shard_t[0]}/{shard_t[1]}" if shard_t else "")
     header, earlier = read_earlier(out_dir, shard_t)
-    same_dir = same_folder(in_dir, out_dir)
+    items = _plan_items(found, in_dir, out_dir, report, earlier)
+    this_run = {safe_text(rel_name(x, in_dir)) for x in found}
+    report.kept = [r for f, r in sorted(earlier.items()) if f not in this_run]
+
+    ours = [p for it in items for p in (it.labels_path, it.table_path)]
+    ours += [out_dir / n for n in report_names(shard_t)]
+    label_files.remove_temp_files(out_dir, targets=ours)  # left over from a killed run of these files
+    run = FolderRun(items, factory, prep, policies, io_workers, image_batch, overwrite, max_image_bytes,
+                    cancel or CancelToken(), run_info, (header, earlier))
+    try:
+        aborted = _collect_rows(run, report, progress, t_start)
+    finally:
+        label_files.remove_temp_files(out_dir, targets=ours)
+        report.seconds = time.perf_counter() - t_start
+    if run.fatal is not None:
+        raise PipelineError(f"method {method_name!r} could not start: "
+                            f"{type(run.fatal).__name__}: {run.fatal}") from run.fatal
+    _complete_report(report, run, items, method_name, run_info["model"])
+    try:
+        write_report(report, out_dir, shard_t)
+    except OSError as exc:  # e.g. the disk filled up: the outputs written stay; say why
+        report.report_error = f"report not written to {out_dir}: {exc.strerror or exc}"
+    if aborted:
+        raise KeyboardInterrupt
+    return report
+
+
+def _make_method(method, method_options) -> tuple[Callable[[], Segmenter], str, Segmenter]:
+    """The method's factory, its name and one unloaded instance (its ``prepare()`` and
+    ``finish()`` run in the I/O threads); creating it checks the options before any work."""
+    factory, method_name = _make_factory(method, method_options)
+    try:
+        return factory, method_name, factory()
+    except Exception as exc:  # noqa: BLE001 - e.g. an option the method does not take
+        raise PipelineError(f"method {method_name!r} could not be created: "
+                            f"{type(exc).__name__}: {exc}") from exc
+
+
+def _inputs(in_dir: Path, out_dir: Path, pattern, recursive, files, shard, env) -> tuple[list[Path], tuple | None]:
+    """The input files (listed, or given) and this shard's part of them."""
+    found = [Path(f) for f in files] if files is not None else list_inputs(in_dir, out_dir, pattern, recursive)
+    shard_t = resolve_shard(shard, os.environ if env is None else env)
+    if shard_t is not None:
+        found = shard_files(found, *shard_t, root=in_dir)
+    return found, shard_t
+
+
+def _policies(dev_names: list[str], precision: str | None) -> list:
+    """One device policy per worker: the session's policy (``set_policy``) when nothing is
+    named, else one per named device at ``precision``."""
+    from ..runtime.device import get_policy, make_policy
+
+    if dev_names == ["auto"] and precision in (None, "auto"):
+        return [get_policy()]
+    if dev_names == ["auto"]:
+        return [make_policy(str(get_policy().device), precision)]
+    return [make_policy(d, precision) for d in dev_names]
+
+
+def _plan_items(found: list[Path], in_dir: Path, out_dir: Path, report: RunReport, earlier: dict) -> list[Item]:
+    """The work items of ``found``; a file whose output name is already taken (by another
+    input, or by a file this program did not write) gets an error row in ``report``."""
     items, seen, foreign = [], {}, []
     listed = {r.labels for r in earlier.values() if r.labels}
     for i, f in enumerate(found):
@@ -152,36 +199,22 @@ def run_folder(
                 "(move it away or choose another output folder)")))
             continue
         items.append(item)
-    if same_dir and foreign:
+    if same_folder(in_dir, out_dir) and foreign:
         raise PipelineError(
             f"the output folder is the input folder and {len(foreign)} output name(s) are taken by "
             f"files napari-gpuseg did not write (e.g. {foreign[0].name}); choose another output folder")
-    this_run = {safe_text(rel_name(x, in_dir)) for x in found}
-    report.kept = [r for f, r in sorted(earlier.items()) if f not in this_run]
+    return items
 
-    ours = [p for it in items for p in (it.labels_path, it.table_path)]
-    ours += [out_dir / n for n in report_names(shard_t)]
-    label_files.remove_temp_files(out_dir, targets=ours)  # left over from a killed run of these files
-    run = FolderRun(items, factory, prep, policies, io_workers, image_batch, overwrite, max_image_bytes,
-               cancel or CancelToken(), run_info, (header, earlier))
-    counts = {"ok": 0, "skipped": 0, "error": 0}
-    for r in report.rows:
-        counts[r.status] += 1
 
-    def _emit(row: ImageStatus | None) -> None:
-        now = time.perf_counter()
-        processed = counts["ok"] + counts["error"]
-        rate = processed / (now - t_start) if now > t_start else 0.0
-        remaining = report.total - len(report.rows)
-        eta = remaining / rate if rate > 0 else None
-        if progress is not None:
-            progress(Progress(len(report.rows), report.total, rate, eta, counts["ok"],
-                              counts["skipped"], counts["error"], now - t_start, row))
-
+def _collect_rows(run: FolderRun, report: RunReport, progress, t_start: float) -> bool:
+    """Run the stages and gather one row per file into ``report`` until every file has one,
+    the run is cancelled or fails; stop every stage thread before returning. True when
+    Ctrl-C came again while stopping (the caller re-raises it after writing the report)."""
+    counter = RowCounter(report, progress, t_start)
     aborted = False
     run.start()
     try:
-        _emit(None)
+        counter.emit(None)
         while len(report.rows) < report.total:
             if run.cancel.cancelled:
                 report.cancelled = True
@@ -194,9 +227,7 @@ def run_folder(
                 if not run.alive() and run.rows.empty():
                     break
                 continue
-            report.rows.append(row)
-            counts[row.status] += 1
-            _emit(row)
+            counter.add(row)
     except (Cancelled, KeyboardInterrupt):
         report.cancelled = True
     finally:
@@ -209,32 +240,17 @@ def run_folder(
         except KeyboardInterrupt:  # interrupted again while waiting: report what is known
             report.cancelled = aborted = True
         for row in map(safe_row, run.drain()):  # rows of files finished while stopping: every output has one
-            report.rows.append(row)
-            counts[row.status] += 1
-        label_files.remove_temp_files(out_dir, targets=ours)
-        report.seconds = time.perf_counter() - t_start
-    if run.fatal is not None:
-        raise PipelineError(f"method {method_name!r} could not start: "
-                            f"{type(run.fatal).__name__}: {run.fatal}") from run.fatal
+            counter.add(row, emit=False)
+    return aborted
+
+
+def _complete_report(report: RunReport, run: FolderRun, items: list[Item], method_name: str, model: str) -> None:
+    """The disk error, a row for every file not processed (unless cancelled), warnings about
+    outputs another method wrote, rows sorted by file."""
     if run.disk_error is not None:
         err = run.disk_error
         report.disk_error = f"writing the outputs failed: {err.strerror or err}"
-    if not report.cancelled:  # every file gets a row, whatever happened
-        done = {r.file for r in report.rows}
-        why = (f"not processed: the run stopped ({report.disk_error})" if report.disk_error
-               else "not processed (internal error)")
-        report.rows += [ImageStatus(it.rel, status="error", error=why)
-                        for it in items if it.rel not in done]
-    for (m, model), n in sorted(run.other_method.items()):
-        report.warnings.append(
-            f"{n} existing output(s) were written by method {describe_method(m, model)}, not "
-            f"{describe_method(method_name, run_info['model'])}; they were skipped as they are "
-            "(use --overwrite to redo them)")
+    why = (f"not processed: the run stopped ({report.disk_error})" if report.disk_error
+           else "not processed (internal error)")
+    close_report(report, [it.rel for it in items], why, run.other_method, method_name, model)
     report.rows = sorted(map(safe_row, report.rows), key=lambda r: r.file)
-    try:
-        write_report(report, out_dir, shard_t)
-    except OSError as exc:  # e.g. the disk filled up: the outputs written stay; say why
-        report.report_error = f"report not written to {out_dir}: {exc.strerror or exc}"
-    if aborted:
-        raise KeyboardInterrupt
-    return report

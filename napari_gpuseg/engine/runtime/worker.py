@@ -35,7 +35,6 @@ import itertools
 import logging
 import threading
 import time
-import traceback
 import weakref
 from typing import Any, Callable, Hashable
 
@@ -43,80 +42,14 @@ import torch
 
 from . import allocator
 from .device import Policy, get_policy
-from .cancel import Cancelled, CancelToken
+from .cancel import Cancelled
+from .job import (BACKGROUND, CANCELLED, DONE, FAILED, IDLE, INTERACTIVE, NORMAL,  # noqa: F401 - re-exported
+                  PENDING, RUNNING, Job, accepts_keyword, release_frames)
 
 logger = logging.getLogger(__name__)
 
-PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
-
-
-INTERACTIVE, NORMAL, BACKGROUND, IDLE = 0, 10, 20, 30
-"""Priorities (lower runs first): a prompt's decode (and the one embedding it needs),
-user-started work, the rest of an image's views and decoder warm-ups, stack precompute."""
-
 _local = threading.local()
 _live: "weakref.WeakSet[InferenceWorker]" = weakref.WeakSet()  # every started worker, for exit
-
-
-class Job:
-    """A queued call. Thread-safe: ``cancel()``, ``wait()``, ``result()`` from any thread.
-
-    A function that returns a generator runs one step (up to its next ``yield``) at a time:
-    between steps the worker serves queued jobs of higher priority first."""
-
-    _ids = itertools.count(1)
-
-    def __init__(self, fn, args, kwargs, tag=None, inference=True,
-                 on_result=None, on_error=None, on_progress=None, on_cancelled=None,
-                 priority: int = NORMAL, hold_after: float = 0.0):
-        self.id = next(Job._ids)
-        self.hold_after = hold_after  # seconds of background hold once it ends
-        self.fn, self.args, self.kwargs = fn, args, kwargs
-        self.tag = tag
-        self.inference = inference
-        self.priority = priority
-        self.token = CancelToken()
-        self.status = PENDING
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self.seconds: float | None = None
-        self.on_result, self.on_error = on_result, on_error
-        self.on_progress, self.on_cancelled = on_progress, on_cancelled
-        self._gen = None  # the running generator of a stepped job
-        self._seq = 0
-        self._done = threading.Event()
-
-    def cancel(self) -> None:
-        self.token.cancel()
-
-    @property
-    def cancelled(self) -> bool:
-        return self.token.cancelled
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
-
-    def result(self, timeout: float | None = None) -> Any:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"job {self.id} did not finish in {timeout} s")
-        if self.status == CANCELLED:
-            raise Cancelled(f"job {self.id} was cancelled")
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-    def _progress(self, done: int, total: int) -> None:
-        self.token.check()
-        if self.on_progress is not None:
-            self.on_progress(done, total)
-
-
-def _accepts(fn: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def pause_point() -> None:
@@ -370,7 +303,7 @@ class InferenceWorker:
             with self._cond:
                 self._stack.remove(job)
         if job.error is not None:  # the frames are finished now: their locals can go
-            _release_frames(job.error)
+            release_frames(job.error)
 
     def _should_yield(self, job: Job) -> bool:
         with self._cond:
@@ -437,25 +370,11 @@ class InferenceWorker:
 
     def _kwargs(self, job: Job) -> dict:
         kwargs = dict(job.kwargs)
-        if _accepts(job.fn, "progress"):
+        if accepts_keyword(job.fn, "progress"):
             kwargs.setdefault("progress", job._progress)
-        if _accepts(job.fn, "cancel"):
+        if accepts_keyword(job.fn, "cancel"):
             kwargs.setdefault("cancel", job.token)
         return kwargs
-
-
-def _release_frames(exc: BaseException) -> None:
-    """Drop the local variables of the finished frames in ``exc``'s traceback (and in those
-    of the exceptions it was raised from). A failed job keeps its exception for
-    :meth:`Job.result` and the docks keep the job; without this its frames would keep the
-    job's tensors (weights, optimizer state, activations: GPU memory after an OOM) alive,
-    and a retry would run out of memory too. File, line and function names stay."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if exc.__traceback__ is not None:
-            traceback.clear_frames(exc.__traceback__)
-        exc = exc.__cause__ or exc.__context__
 
 
 _default: InferenceWorker | None = None

@@ -214,110 +214,130 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     if len(boxes) != len(images):
         raise ValueError(f"{len(images)} images but {len(boxes)} box lists")
     boxes = [box_array(b) for b in boxes]
-    prepared: list[PreparedImage] = [engine.prepare(im) for im in images]
-    zoom_below = engine.input_size / 16 if zoom_small else None
     if mask_choice not in ("box-fit", "single"):
         raise ValueError(f"mask_choice must be 'box-fit' or 'single', got {mask_choice!r}")
     if routing not in ("shared", "per-box"):
         raise ValueError(f"routing must be 'shared' or 'per-box', got {routing!r}")
-    fit = mask_choice == "box-fit"
-    stride = fieldmap.field_stride(engine) if field and routing == "shared" else None
-    strides: list[int | None] = []  # per image: the stride its native views are cut from a field map with
-    items = []  # (image, box index, view, padded box, box) with inclusive corners
-    for i, (img, bxs) in enumerate(zip(prepared, boxes)):
-        raw = prepare_boxes(bxs, img.shape, 0.0)
-        padded = prepare_boxes(bxs, img.shape, padding)
-        if routing == "shared":
-            routed, cut_stride = choose_views(engine, img, padded, raw, zoom_below, stride)
-        else:
-            routed, cut_stride = per_box_views(engine, img, padded, raw, zoom_below), None
-        strides.append(cut_stride)
-        for j, (b, v) in enumerate(zip(padded, routed)):
-            items.append((i, j, v, b, raw[j]))
-    needed = [sorted({v for (i, _j, v, _b, _r) in items if i == k}) for k in range(len(prepared))]
-    n_views = sum(len(v) for v in needed)
-    total = n_views + len(items)
-
-    def sub(offset):
-        return None if progress is None else (lambda d, _t: progress(offset + d, total))
-
-    # field maps live in the engine's (bounded) cache, like view embeddings; the decoder keeps
-    # the map of the image it is on (a stack's maps need not all fit in memory at once)
-    cut_from_field = [False] * len(prepared)
-    current: dict[int, torch.Tensor | None] = {}
-    done = 0
-    for k, img in enumerate(prepared):
-        cut = [v for v in needed[k] if fieldmap.holds(v, strides[k])]
-        fmap = fieldmap.embed_field(engine, img, cancel) if cut else None
-        if fmap is not None:
-            cut_from_field[k] = True
-            if not current:  # the first image decoded
-                current[k] = fmap
-            needed[k] = [v for v in needed[k] if v not in cut]
-            done += len(cut)
-            if progress is not None:
-                progress(done, total)
-        del fmap
-
-    def field_of(i: int) -> torch.Tensor | None:
-        if i not in current:
-            current.clear()
-            current[i] = fieldmap.embed_field(engine, prepared[i], cancel)  # cached, or again
-        return current[i]
-
-    engine.embed(prepared, needed, batch_size=embed_batch_size, progress=sub(done), cancel=cancel)
-    order = sorted(range(len(items)), key=lambda k: (items[k][0], items[k][2]))
+    run = _BoxRun(engine, [engine.prepare(im) for im in images], mask_choice == "box-fit", keep_logits, cancel)
+    run.plan(boxes, padding, engine.input_size / 16 if zoom_small else None,
+             fieldmap.field_stride(engine) if field and routing == "shared" else None, routing)
+    n_views = run.embed(embed_batch_size, progress)
     dev, sam = engine.policy.device, engine.sam
-
-    def decode(idx: list[int]):
-        """Boxes ``idx`` (sorted by image and view): one factored decoder call per view."""
-        check(cancel)
-        groups: dict = defaultdict(list)
-        for pos, k in enumerate(idx):
-            groups[(items[k][0], items[k][2])].append(pos)
-        out: list = [None] * len(idx)
-        for (i, view), positions in groups.items():
-            fmap = field_of(i) if cut_from_field[i] and fieldmap.holds(view, strides[i]) else None
-            cut = fmap is not None
-            # host embeddings: decode_sparse copies one to the device only when its memo is new
-            emb = fieldmap.view_embedding(fmap, view, strides[i]) if cut else engine.embedding(prepared[i], view)
-            bx = np.stack([view.to_input(items[idx[p]][3]) for p in positions])
-            roi = torch.as_tensor(mask_region(bx, engine.input_size, emb.shape[-1]), device=dev)
-            with torch.inference_mode(), engine.policy.autocast():
-                sparse, _dense = sam.prompt_encoder(points=None, masks=None,
-                                                    boxes=torch.as_tensor(bx, dtype=torch.float32, device=dev))
-                iou, _sel, low = decode_sparse(sam, emb, sparse, "all" if fit else "single", roi=roi, device=dev,
-                                               memo=engine.decoder_memo(prepared[i], view, "field" if cut else "view"))
-            score, c = iou[:, 0], low.shape[1]
-            per = max(1, RENDER_BYTES // (view.h * view.w * 4 * c))
-            for s in range(0, len(positions), per):
-                pos = positions[s:s + per]
-                sub = slice(s, s + len(pos))
-                masks = (logits_to_view_mask(low[sub].flatten(0, 1), view) > 0).unflatten(0, (len(pos), c))
-                pick = torch.zeros(len(pos), dtype=torch.int64, device=dev)
-                if c > 1:
-                    target = np.stack([items[idx[p]][4] for p in pos]) - [view.x0, view.y0, view.x0, view.y0]
-                    pick = _best_fit(masks, torch.as_tensor(target, dtype=torch.float32, device=dev))
-                ar = torch.arange(len(pos), device=dev)
-                scores = score[sub].tolist()  # one device->host copy per block, not one per box
-                # the chosen low-res logits go to the host in the same block copy (or not at
-                # all): kept on the device, a stack's boxes would hold gigabytes there
-                lows = low[sub][ar, pick].detach().half().cpu().unbind(0) if keep_logits else [None] * len(pos)
-                for k, (p, crop) in enumerate(zip(pos, _crop_to_mask(masks[ar, pick], view))):
-                    out[p] = (crop, scores[k], lows[k], view)
-        return out
-
     key = ("sam-boxes", engine.info.name, engine.input_size, engine.policy.precision, str(dev))
     start = batch_size or remembered_batch_size(key) or DEFAULT_BOX_BATCH
     hw = int(np.prod(sam.prompt_encoder.image_embedding_size))
-    decoded = run_batched(decode, order, batch_size=start, key=key, device=dev,
-                          item_bytes=64 * 4 * hw * 256, progress=sub(n_views), cancel=cancel)
+    order = sorted(range(len(run.items)), key=lambda k: (run.items[k][0], run.items[k][2]))
+    decoded = run_batched(run.decode, order, batch_size=start, key=key, device=dev,
+                          item_bytes=64 * 4 * hw * 256, progress=run.offset_progress(n_views), cancel=cancel)
     per_image: list[list] = [[None] * len(b) for b in boxes]
     for k, res in zip(order, decoded):
-        per_image[items[k][0]][items[k][1]] = res
+        per_image[run.items[k][0]][run.items[k][1]] = res
     seconds = time.perf_counter() - t0
     return [_assemble(img.shape, res, prepare_boxes(b, img.shape, padding), min_area, seconds, one_piece)
-            for img, res, b in zip(prepared, per_image, boxes)]
+            for img, res, b in zip(run.prepared, per_image, boxes)]
+
+
+class _BoxRun:
+    """The boxes of one :func:`segment_boxes_batch` call: routed to views, embedded (views
+    cut from one field map where that costs fewer encoder passes), decoded per view."""
+
+    def __init__(self, engine: SamEngine, prepared: list[PreparedImage], fit: bool, keep_logits: bool, cancel):
+        self.engine, self.prepared, self.fit, self.keep_logits, self.cancel = engine, prepared, fit, keep_logits, cancel
+        self.items: list = []  # (image, box index, view, padded box, box) with inclusive corners
+        self.strides: list[int | None] = []  # per image: the stride its native views are cut with
+        self.needed: list[list] = []
+        self.cut_from_field = [False] * len(prepared)
+        # field maps live in the engine's (bounded) cache, like view embeddings; the decoder keeps
+        # the map of the image it is on (a stack's maps need not all fit in memory at once)
+        self.current: dict[int, torch.Tensor | None] = {}
+        self.total, self.progress = 0, None
+
+    def plan(self, boxes, padding, zoom_below, stride, routing) -> None:
+        for i, (img, bxs) in enumerate(zip(self.prepared, boxes)):
+            raw = prepare_boxes(bxs, img.shape, 0.0)
+            padded = prepare_boxes(bxs, img.shape, padding)
+            if routing == "shared":
+                routed, cut_stride = choose_views(self.engine, img, padded, raw, zoom_below, stride)
+            else:
+                routed, cut_stride = per_box_views(self.engine, img, padded, raw, zoom_below), None
+            self.strides.append(cut_stride)
+            for j, (b, v) in enumerate(zip(padded, routed)):
+                self.items.append((i, j, v, b, raw[j]))
+        self.needed = [sorted({v for (i, _j, v, _b, _r) in self.items if i == k}) for k in range(len(self.prepared))]
+
+    def offset_progress(self, offset: int):
+        return None if self.progress is None else (lambda d, _t: self.progress(offset + d, self.total))
+
+    def embed(self, embed_batch_size, progress) -> int:
+        """Field maps first (their views are then cut, not embedded), then the other views;
+        returns the number of views (the first part of the progress total)."""
+        n_views = sum(len(v) for v in self.needed)
+        self.total, self.progress = n_views + len(self.items), progress
+        done = 0
+        for k, img in enumerate(self.prepared):
+            cut = [v for v in self.needed[k] if fieldmap.holds(v, self.strides[k])]
+            fmap = fieldmap.embed_field(self.engine, img, self.cancel) if cut else None
+            if fmap is not None:
+                self.cut_from_field[k] = True
+                if not self.current:  # the first image decoded
+                    self.current[k] = fmap
+                self.needed[k] = [v for v in self.needed[k] if v not in cut]
+                done += len(cut)
+                if progress is not None:
+                    progress(done, self.total)
+            del fmap
+        self.engine.embed(self.prepared, self.needed, batch_size=embed_batch_size,
+                          progress=self.offset_progress(done), cancel=self.cancel)
+        return n_views
+
+    def field_of(self, i: int) -> torch.Tensor | None:
+        if i not in self.current:
+            self.current.clear()
+            self.current[i] = fieldmap.embed_field(self.engine, self.prepared[i], self.cancel)  # cached, or again
+        return self.current[i]
+
+    def decode(self, idx: list[int]):
+        """Boxes ``idx`` (sorted by image and view): one factored decoder call per view."""
+        check(self.cancel)
+        groups: dict = defaultdict(list)
+        for pos, k in enumerate(idx):
+            groups[(self.items[k][0], self.items[k][2])].append(pos)
+        out: list = [None] * len(idx)
+        for (i, view), positions in groups.items():
+            self._decode_view(i, view, [self.items[idx[p]] for p in positions], positions, out)
+        return out
+
+    def _decode_view(self, i: int, view, items: list, positions: list[int], out: list) -> None:
+        engine, sam = self.engine, self.engine.sam
+        dev, img = engine.policy.device, self.prepared[i]
+        fmap = self.field_of(i) if self.cut_from_field[i] and fieldmap.holds(view, self.strides[i]) else None
+        cut = fmap is not None
+        # host embeddings: decode_sparse copies one to the device only when its memo is new
+        emb = fieldmap.view_embedding(fmap, view, self.strides[i]) if cut else engine.embedding(img, view)
+        bx = np.stack([view.to_input(it[3]) for it in items])
+        roi = torch.as_tensor(mask_region(bx, engine.input_size, emb.shape[-1]), device=dev)
+        with torch.inference_mode(), engine.policy.autocast():
+            sparse, _dense = sam.prompt_encoder(points=None, masks=None,
+                                                boxes=torch.as_tensor(bx, dtype=torch.float32, device=dev))
+            iou, _sel, low = decode_sparse(sam, emb, sparse, "all" if self.fit else "single", roi=roi, device=dev,
+                                           memo=engine.decoder_memo(img, view, "field" if cut else "view"))
+        score, c = iou[:, 0], low.shape[1]
+        per = max(1, RENDER_BYTES // (view.h * view.w * 4 * c))
+        for s in range(0, len(positions), per):
+            sub = slice(s, min(s + per, len(positions)))
+            n = sub.stop - sub.start
+            masks = (logits_to_view_mask(low[sub].flatten(0, 1), view) > 0).unflatten(0, (n, c))
+            pick = torch.zeros(n, dtype=torch.int64, device=dev)
+            if c > 1:
+                target = np.stack([it[4] for it in items[sub]]) - [view.x0, view.y0, view.x0, view.y0]
+                pick = _best_fit(masks, torch.as_tensor(target, dtype=torch.float32, device=dev))
+            ar = torch.arange(n, device=dev)
+            scores = score[sub].tolist()  # one device->host copy per block, not one per box
+            # the chosen low-res logits go to the host in the same block copy (or not at
+            # all): kept on the device, a stack's boxes would hold gigabytes there
+            lows = low[sub][ar, pick].detach().half().cpu().unbind(0) if self.keep_logits else [None] * n
+            for k, (p, crop) in enumerate(zip(positions[sub], _crop_to_mask(masks[ar, pick], view))):
+                out[p] = (crop, scores[k], lows[k], view)
 
 
 def _assemble(shape, decoded: list, boxes: np.ndarray, min_area: int, seconds: float,

@@ -287,38 +287,6 @@ def _postprocess_small(masks: _Masks, shape, min_area: int, nms_thresh: float) -
     return out.take(ops.nms(boxes.float(), scores, nms_thresh))
 
 
-def _paint(masks: _Masks, shape, order: str, min_visible: int) -> tuple[np.ndarray, np.ndarray]:
-    """One label image; overlaps go to the higher score (or the smaller mask); objects left
-    with fewer than ``min_visible`` pixels are removed; ids are 1..N by descending score."""
-    n = len(masks)
-    labels = np.zeros(shape, np.int32)
-    ids = np.zeros(n, np.int32)
-    if n == 0:
-        return labels, ids
-    score = masks.iou.cpu().numpy()
-    rank = np.argsort(-score, kind="stable")  # rank[k] = mask with the k-th highest score
-    label_of = np.empty(n, np.int32)
-    label_of[rank] = np.arange(1, n + 1)
-    if order == "area":
-        paint = sorted(range(n), key=lambda i: -int(masks.crops[i][0].sum()))
-    elif order == "score":
-        paint = list(rank[::-1])
-    else:
-        raise ValueError(f"label_order must be 'score' or 'area', got {order!r}")
-    for i in paint:
-        m, y0, x0 = masks.crops[i]
-        region = labels[y0:y0 + m.shape[0], x0:x0 + m.shape[1]]
-        region[m] = label_of[i]
-    counts = np.bincount(labels.ravel(), minlength=n + 1)
-    alive = counts >= max(1, min_visible)
-    alive[0] = True
-    lut = np.zeros(n + 1, np.int32)
-    lut[alive] = np.arange(int(alive.sum()), dtype=np.int32)
-    labels = lut[labels]
-    ids = lut[label_of]
-    return labels, ids
-
-
 def segment_everything(engine: SamEngine, image, params: AutomaticParams | None = None,
                        batch_size: int | None = None, progress: ProgressFn = None,
                        cancel: CancelToken | None = None, embed_batch_size: int | None = None,
@@ -362,7 +330,7 @@ def segment_everything(engine: SamEngine, image, params: AutomaticParams | None 
         masks = _postprocess_small(masks, shape, params.min_mask_region_area,
                                    max(params.box_nms_thresh, params.crop_nms_thresh))
     min_visible = params.min_object_area if params.min_object_area is not None else params.min_mask_region_area
-    labels, ids = _paint(masks, shape, params.label_order, min_visible)
+    labels, ids = ops.paint_labels(masks.crops, masks.iou, shape, params.label_order, min_visible)
     return _result(masks, crops, labels, ids, n_prompts, time.perf_counter() - t0)
 
 

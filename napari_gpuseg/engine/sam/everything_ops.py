@@ -199,3 +199,35 @@ def largest_piece(mask: np.ndarray) -> tuple[np.ndarray, bool]:
     sizes = np.bincount(lab.ravel(), minlength=n + 1)
     sizes[0] = 0
     return lab == int(np.argmax(sizes)), True
+
+
+def paint_labels(crops: list, iou: torch.Tensor, shape, order: str, min_visible: int) -> tuple[np.ndarray, np.ndarray]:
+    """One label image from mask ``crops`` ``(mask, y0, x0)`` scored by ``iou``; overlaps go to the higher score (or the smaller mask); objects left
+    with fewer than ``min_visible`` pixels are removed; ids are 1..N by descending score."""
+    n = len(crops)
+    labels = np.zeros(shape, np.int32)
+    ids = np.zeros(n, np.int32)
+    if n == 0:
+        return labels, ids
+    score = iou.cpu().numpy()
+    rank = np.argsort(-score, kind="stable")  # rank[k] = mask with the k-th highest score
+    label_of = np.empty(n, np.int32)
+    label_of[rank] = np.arange(1, n + 1)
+    if order == "area":
+        paint = sorted(range(n), key=lambda i: -int(crops[i][0].sum()))
+    elif order == "score":
+        paint = list(rank[::-1])
+    else:
+        raise ValueError(f"label_order must be 'score' or 'area', got {order!r}")
+    for i in paint:
+        m, y0, x0 = crops[i]
+        region = labels[y0:y0 + m.shape[0], x0:x0 + m.shape[1]]
+        region[m] = label_of[i]
+    counts = np.bincount(labels.ravel(), minlength=n + 1)
+    alive = counts >= max(1, min_visible)
+    alive[0] = True
+    lut = np.zeros(n + 1, np.int32)
+    lut[alive] = np.arange(int(alive.sum()), dtype=np.int32)
+    labels = lut[labels]
+    ids = lut[label_of]
+    return labels, ids

@@ -27,12 +27,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..runtime.batching import is_oom
 from ..runtime.cancel import CancelToken, Cancelled, ProgressFn, check
 from ..runtime.memory import empty_cache
-from .interaction import corrective_point, interior_point, jitter_box, tight_box
+from .episodes import episode, evaluate, sample_objects  # noqa: F401 - evaluate re-exported
 from .train_views import TrainView, collect_views
 
 
@@ -92,130 +91,6 @@ class SamTuneResult:
     n_val_views: int = 0
 
 
-# -- one interactive episode -------------------------------------------------------------------
-
-def _decode(sam, emb, points=None, labels=None, boxes=None, masks=None, multimask=False):
-    sparse, dense = sam.prompt_encoder(points=None if points is None else (points, labels),
-                                       boxes=boxes, masks=masks)
-    return sam.mask_decoder(emb, sam.prompt_encoder.get_dense_pe(), sparse, dense, multimask)
-
-
-def _iou(logits: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
-    pred = logits > 0
-    inter = (pred & gt).flatten(-2).sum(-1).float()
-    union = (pred | gt).flatten(-2).sum(-1).float()
-    return torch.where(union > 0, inter / union.clamp(min=1), torch.ones_like(union))
-
-
-def _mask_loss(logits: torch.Tensor, iou_pred: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
-    """(N, M, S, S) logits against (N, S, S) truth: BCE + Dice of the best candidate per
-    object, plus MSE of the predicted IoUs (all candidates) against the true ones."""
-    logits = logits.float()
-    g = gt[:, None].expand_as(logits).float()
-    bce = F.binary_cross_entropy_with_logits(logits, g, reduction="none").flatten(-2).mean(-1)
-    p = torch.sigmoid(logits)
-    dice = 1 - (2 * (p * g).flatten(-2).sum(-1) + 1) / ((p + g).flatten(-2).sum(-1) + 1)
-    per = (bce + dice).min(dim=1).values
-    true_iou = _iou(logits.detach(), gt[:, None].expand_as(logits))
-    return per.mean() + F.mse_loss(iou_pred.float(), true_iou)
-
-
-def _best(logits: torch.Tensor, iou_pred: torch.Tensor) -> torch.Tensor:
-    """The candidate with the highest predicted IoU per object, as the annotator picks."""
-    k = iou_pred.argmax(dim=1)
-    return logits[torch.arange(len(k)), k]
-
-
-def episode(sam, emb: torch.Tensor, gt: np.ndarray, use_box: bool, rng: np.random.Generator,
-            cfg: SamTuneConfig, device, train: bool = True, n_corr: int | None = None,
-            record: list | None = None) -> torch.Tensor:
-    """Loss of one simulated interaction for N objects sharing a prompt kind.
-
-    ``emb`` (N, C, h, w) each object's view embedding; ``gt`` (N, S, S) bool masks at the
-    model input. ``record`` (evaluation) receives the true IoU after each round."""
-    n, s = len(gt), gt.shape[-1]
-    gt_t = torch.from_numpy(gt).to(device)
-    spread = cfg.click_spread if train else 0.0
-    boxes = pts = labs = None
-    if use_box:
-        b = [tight_box(m) for m in gt]
-        b = [jitter_box(x, rng, cfg.box_jitter, (s, s)) if train else x for x in b]
-        boxes = torch.as_tensor(np.stack(b), dtype=torch.float32, device=device)
-    else:
-        pts = np.stack([interior_point(m, rng, spread)[None] for m in gt])
-        labs = np.ones((n, 1), dtype=np.int64)
-    with torch.set_grad_enabled(train):
-        logits, iou = _decode(sam, emb, None if pts is None else torch.as_tensor(pts, dtype=torch.float32, device=device),
-                              None if labs is None else torch.as_tensor(labs, device=device),
-                              boxes, None, multimask=not use_box)
-        loss = _mask_loss(logits, iou, gt_t)
-    prev = _best(logits, iou).detach().float()
-    if record is not None:
-        record.append(_iou(prev, gt_t).cpu().numpy())
-    if n_corr is None:
-        n_corr = int(rng.integers(1, cfg.corrections + 1)) if cfg.corrections > 0 else 0
-    terms = 1
-    for r in range(n_corr):
-        pred = (prev > 0).cpu().numpy()
-        new_p, new_l = [], []
-        for m, g in zip(pred, gt):
-            c = corrective_point(m, g)
-            p, lab = c if c is not None else (interior_point(g), 1)
-            new_p.append(p)
-            new_l.append(lab)
-        new_p = np.stack(new_p)[:, None]
-        new_l = np.asarray(new_l, dtype=np.int64)[:, None]
-        pts = new_p if pts is None else np.concatenate([pts, new_p], 1)
-        labs = new_l if labs is None else np.concatenate([labs, new_l], 1)
-        grad = train and r == n_corr - 1
-        with torch.set_grad_enabled(grad):
-            logits, iou = _decode(sam, emb, torch.as_tensor(pts, dtype=torch.float32, device=device),
-                                  torch.as_tensor(labs, device=device), boxes, prev[:, None], False)
-            if grad:
-                loss = loss + _mask_loss(logits, iou, gt_t)
-                terms += 1
-        prev = logits[:, 0].detach().float()
-        if record is not None:
-            record.append(_iou(prev, gt_t).cpu().numpy())
-    return loss / terms
-
-
-def _sample(views: Sequence[TrainView], idx: Sequence[int], k: int, rng, device):
-    embs, gts = [], []
-    stack = []
-    for j, vi in enumerate(idx):
-        tv = views[vi]
-        ids = rng.choice(tv.ids, size=min(k, len(tv.ids)), replace=False)
-        stack.append(tv.embedding)
-        for oid in ids:
-            embs.append(j)
-            gts.append(tv.labels == oid)
-    e = torch.stack(stack).to(device, torch.float32)[torch.as_tensor(embs, device=device)]
-    return e, np.stack(gts)
-
-
-def evaluate(sam, views: Sequence[TrainView], pairs: Sequence[tuple[int, int]], cfg: SamTuneConfig,
-             device, batch: int = 16) -> dict:
-    """Mean IoU on fixed (view, object) pairs at the model input: 1 click, 3 clicks
-    (two corrective), a tight box; ``score`` is their mean."""
-    out = {"iou_1click": [], "iou_3click": [], "iou_box": []}
-    rng = np.random.default_rng(0)
-    for start in range(0, len(pairs), batch):
-        chunk = pairs[start:start + batch]
-        e = torch.stack([views[v].embedding for v, _ in chunk]).to(device, torch.float32)
-        gt = np.stack([views[v].labels == o for v, o in chunk])
-        rec: list = []
-        episode(sam, e, gt, False, rng, cfg, device, train=False, n_corr=2, record=rec)
-        out["iou_1click"].append(rec[0])
-        out["iou_3click"].append(rec[2])
-        rec = []
-        episode(sam, e, gt, True, rng, cfg, device, train=False, n_corr=0, record=rec)
-        out["iou_box"].append(rec[0])
-    res = {k: float(np.concatenate(v).mean()) if v else float("nan") for k, v in out.items()}
-    res["score"] = float(np.mean([res["iou_1click"], res["iou_3click"], res["iou_box"]]))
-    return res
-
-
 # -- the loop ------------------------------------------------------------------------------
 
 def _split(n_images: int, cfg: SamTuneConfig) -> tuple[set, set]:
@@ -243,18 +118,11 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     a loaded :class:`SamEngine`) on 2D ``images`` with instance ``labels``; save the best
     decoder (by validation score) to ``out_path``. ``progress(done, total)`` reports the
     embedding of the training views; ``on_event`` every training step."""
-    from .loader import load_engine
-    from .cache import EmbeddingCache
-
     cfg = config or SamTuneConfig()
     cfg.check()
     if len(images) == 0:
         raise ValueError("no training images")
-    if hasattr(model, "sam") and hasattr(model, "embed"):
-        engine = model
-    else:
-        cache = EmbeddingCache(max_bytes=8 << 30, disk_dir=cache_dir) if cache_dir else EmbeddingCache(8 << 30)
-        engine = load_engine(model, policy=policy, cache=cache)
+    engine = _engine(model, policy, cache_dir)
     sam, device = engine.sam, engine.policy.device
     rng = np.random.default_rng(cfg.seed)
     views = collect_views(engine, images, labels, cfg.views_per_image, rng, progress, cancel)
@@ -263,41 +131,14 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     val = [i for i, v in enumerate(views) if v.source in val_imgs]
     if not train:
         raise ValueError("no training view holds a whole object: check the labels")
-    pairs = [(vi, int(o)) for vi in val for o in views[vi].ids]
-    if len(pairs) > cfg.val_objects:
-        pick = np.random.default_rng(cfg.seed + 1).choice(len(pairs), cfg.val_objects, replace=False)
-        pairs = [pairs[k] for k in sorted(pick)]
+    best = _Best(engine, views, _val_pairs(views, val, cfg), cfg)
 
-    params = list(sam.prompt_encoder.parameters()) + list(sam.mask_decoder.parameters())
-    for p in sam.parameters():
-        p.requires_grad_(False)
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    use_scaler = device.type == "cuda" and engine.policy.precision == "fp16"
-    scaler = torch.amp.GradScaler("cuda", enabled=use_scaler)
+    opt, scaler = _optimizer(engine, cfg)
     history: list[dict] = []
-    best_score, best_step, best_state, stale = None, 0, None, 0
     stopped, k = "done", cfg.objects_per_view
     t0 = time.perf_counter()
 
-    def run_eval(step: int) -> dict | None:
-        nonlocal best_score, best_step, best_state, stale
-        if not pairs:
-            return None
-        sam.eval()
-        with torch.no_grad(), engine.policy.autocast():
-            val = evaluate(sam, views, pairs, cfg, device)
-        sam.train()
-        if best_score is None or val["score"] > best_score:
-            best_score, best_step, stale = val["score"], step, 0
-            best_state = copy.deepcopy({n: p.detach().clone() for n, p in sam.state_dict().items()
-                                        if n.startswith(("prompt_encoder.", "mask_decoder."))})
-        else:
-            stale += 1
-        return val
-
-    initial = run_eval(0)
+    initial = best.evaluate(0)
     if initial is not None:
         history.append({"step": 0, "loss": None, **{f"val_{k2}": v for k2, v in initial.items()}})
     sam.train()
@@ -306,29 +147,14 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
         while step < cfg.max_steps:
             check(cancel)
             elapsed = time.perf_counter() - t0
-            tfrac = elapsed / cfg.max_time if cfg.max_time else 0.0
             if cfg.max_time and elapsed >= cfg.max_time:
                 stopped = "time"
                 break
+            tfrac = elapsed / cfg.max_time if cfg.max_time else 0.0
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * _lr_factor(step, cfg.max_steps, cfg.warmup, tfrac)
-            idx = rng.choice(train, size=min(cfg.views_per_step, len(train)), replace=False)
             try:
-                emb, gt = _sample(views, idx, k, rng, device)
-                is_box = rng.random(len(gt)) < cfg.box_fraction
-                opt.zero_grad(set_to_none=True)
-                loss_val = 0.0
-                for use_box in (False, True):
-                    sel = np.nonzero(is_box == use_box)[0]
-                    if len(sel) == 0:
-                        continue
-                    with engine.policy.autocast():
-                        loss = episode(sam, emb[torch.as_tensor(sel, device=device)], gt[sel], use_box,
-                                       rng, cfg, device) * (len(sel) / len(gt))
-                    scaler.scale(loss).backward()
-                    loss_val += float(loss.detach())
-                scaler.step(opt)
-                scaler.update()
+                loss_val = _step(engine, views, train, k, rng, cfg, opt, scaler)
             except Exception as exc:  # out of memory on a GPU: fewer objects per step
                 if not is_oom(exc) or k == 1:
                     raise
@@ -337,33 +163,120 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
                 empty_cache(device)
                 continue
             step += 1
-            scores = run_eval(step) if step % cfg.eval_every == 0 or step == cfg.max_steps else None
+            scores = best.evaluate(step) if step % cfg.eval_every == 0 or step == cfg.max_steps else None
             rec = {"step": step, "loss": loss_val}
             if scores is not None:
                 rec.update({f"val_{k2}": v for k2, v in scores.items()})
             history.append(rec)
             if on_event is not None:
                 on_event(SamTuneEvent(step, cfg.max_steps, loss_val, time.perf_counter() - t0, scores))
-            if scores is not None and stale >= cfg.patience:
+            if scores is not None and best.stale >= cfg.patience:
                 stopped = "early"
                 break
     except Cancelled:
         stopped = "cancelled"
     if stopped == "time" and step % cfg.eval_every != 0:
-        run_eval(step)
-    if best_state is not None:
-        sam.load_state_dict(best_state, strict=False)
-    sam.eval()
-    for p in sam.parameters():
-        p.requires_grad_(False)
+        best.evaluate(step)
+    best.restore()
     sam.decoder_tuned = True
     seconds = time.perf_counter() - t0
     path = None
     if out_path is not None and stopped != "cancelled":
-        path = str(_save(out_path, engine, cfg, history, best_step, best_score, seconds, stopped,
+        path = str(_save(out_path, engine, cfg, history, best.step, best.score, seconds, stopped,
                          len(train), len(val), meta or {}))
     engine.forget_decoder_work()
-    return SamTuneResult(engine, path, best_score, best_step, history, stopped, seconds, len(train), len(val))
+    return SamTuneResult(engine, path, best.score, best.step, history, stopped, seconds, len(train), len(val))
+
+
+def _optimizer(engine, cfg: SamTuneConfig):
+    """AdamW over the prompt encoder and mask decoder (everything else frozen), and a
+    gradient scaler that is active for fp16 on CUDA only."""
+    sam = engine.sam
+    params = list(sam.prompt_encoder.parameters()) + list(sam.mask_decoder.parameters())
+    for p in sam.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    use_scaler = engine.policy.device.type == "cuda" and engine.policy.precision == "fp16"
+    return opt, torch.amp.GradScaler("cuda", enabled=use_scaler)
+
+
+def _engine(model, policy, cache_dir):
+    """The engine whose decoder is tuned: ``model`` itself when it is a loaded engine."""
+    from .cache import EmbeddingCache
+    from .loader import load_engine
+
+    if hasattr(model, "sam") and hasattr(model, "embed"):
+        return model
+    cache = EmbeddingCache(max_bytes=8 << 30, disk_dir=cache_dir) if cache_dir else EmbeddingCache(8 << 30)
+    return load_engine(model, policy=policy, cache=cache)
+
+
+def _val_pairs(views: Sequence[TrainView], val: list[int], cfg: SamTuneConfig) -> list[tuple[int, int]]:
+    """Fixed (view, object) pairs of the held-back views, at most ``cfg.val_objects``."""
+    pairs = [(vi, int(o)) for vi in val for o in views[vi].ids]
+    if len(pairs) > cfg.val_objects:
+        pick = np.random.default_rng(cfg.seed + 1).choice(len(pairs), cfg.val_objects, replace=False)
+        pairs = [pairs[k] for k in sorted(pick)]
+    return pairs
+
+
+def _step(engine, views, train, k, rng, cfg: SamTuneConfig, opt, scaler) -> float:
+    """One optimiser step on ``cfg.views_per_step`` random views x ``k`` objects; clicks and
+    boxes in two episodes, their losses weighted by their share. Returns the loss."""
+    sam, device = engine.sam, engine.policy.device
+    idx = rng.choice(train, size=min(cfg.views_per_step, len(train)), replace=False)
+    emb, gt = sample_objects(views, idx, k, rng, device)
+    is_box = rng.random(len(gt)) < cfg.box_fraction
+    opt.zero_grad(set_to_none=True)
+    loss_val = 0.0
+    for use_box in (False, True):
+        sel = np.nonzero(is_box == use_box)[0]
+        if len(sel) == 0:
+            continue
+        with engine.policy.autocast():
+            loss = episode(sam, emb[torch.as_tensor(sel, device=device)], gt[sel], use_box,
+                           rng, cfg, device) * (len(sel) / len(gt))
+        scaler.scale(loss).backward()
+        loss_val += float(loss.detach())
+    scaler.step(opt)
+    scaler.update()
+    return loss_val
+
+
+class _Best:
+    """Validation on fixed pairs; keeps the decoder of the best score and counts
+    evaluations without improvement (``stale``) for early stopping."""
+
+    def __init__(self, engine, views, pairs, cfg: SamTuneConfig):
+        self.engine, self.views, self.pairs, self.cfg = engine, views, pairs, cfg
+        self.score, self.step, self.state, self.stale = None, 0, None, 0
+
+    def evaluate(self, step: int) -> dict | None:
+        if not self.pairs:
+            return None
+        sam = self.engine.sam
+        sam.eval()
+        with torch.no_grad(), self.engine.policy.autocast():
+            val = evaluate(sam, self.views, self.pairs, self.cfg, self.engine.policy.device)
+        sam.train()
+        if self.score is None or val["score"] > self.score:
+            self.score, self.step, self.stale = val["score"], step, 0
+            self.state = copy.deepcopy({n: p.detach().clone() for n, p in sam.state_dict().items()
+                                        if n.startswith(("prompt_encoder.", "mask_decoder."))})
+        else:
+            self.stale += 1
+        return val
+
+    def restore(self) -> None:
+        """Load the best decoder (if any evaluation ran) and freeze the model for inference."""
+        sam = self.engine.sam
+        if self.state is not None:
+            sam.load_state_dict(self.state, strict=False)
+        sam.eval()
+        for p in sam.parameters():
+            p.requires_grad_(False)
 
 
 def _save(out_path, engine, cfg, history, best_step, best_score, seconds, stopped, n_train, n_val, meta):

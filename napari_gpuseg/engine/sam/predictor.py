@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -24,6 +24,7 @@ from .cache import EmbeddingCache
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from .inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
 from .views import View, grid_views, prompt_box, route_box
+from .prompt_types import MaskResult, Prompt, paste_labels, prompt_coords  # noqa: F401 - paste_labels re-exported
 from ..runtime.worker import pause_point
 
 
@@ -37,82 +38,6 @@ class SamModelInfo:
     normalization: str = "sam"  # "sam" (mean/std on 0..255) or "minmax" (LiteMedSAM)
     box_trained: bool = False  # True for models that respond to boxes, not single points
     encoder: str = ""  # the image encoder's identity (embedding cache keys); default: name
-
-
-@dataclass
-class Prompt:
-    """One object: points (K, 2) xy with labels (1 positive, 0 negative), a box, a prior mask."""
-
-    points: np.ndarray | None = None
-    labels: np.ndarray | None = None
-    box: np.ndarray | None = None
-    mask_input: "MaskResult | None" = None  # previous result to refine
-
-    def __post_init__(self):
-        if self.points is not None:
-            self.points = _coords(self.points, "points", (-1, 2))
-            if self.labels is None:
-                self.labels = np.ones(len(self.points), dtype=np.int64)
-            self.labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
-            if len(self.labels) != len(self.points):
-                raise ValueError("points and labels must have the same length")
-            if len(self.points) == 0:
-                self.points = self.labels = None
-        if self.box is not None:
-            b = _coords(self.box, "box", (4,))
-            self.box = np.array([min(b[0], b[2]), min(b[1], b[3]), max(b[0], b[2]), max(b[1], b[3])])
-        if self.points is None and self.box is None:
-            raise ValueError("a prompt needs at least one point or a box")
-
-    def check_inside(self, shape: tuple[int, int]) -> None:
-        """``ValueError`` naming the box when it has zero width or height or does not
-        overlap an image of ``shape`` (H, W); checked by the public :meth:`SamEngine.predict`
-        and :meth:`SamEngine.predict_boxes` (internal box decoding keeps one-pixel corner
-        boxes of one-pixel objects). Points may lie outside the image (a negative point
-        beside an object at the border is a normal prompt)."""
-        if self.box is None:
-            return
-        h, w = shape
-        x0, y0, x1, y1 = self.box
-        if x1 <= x0 or y1 <= y0:
-            raise ValueError(f"box {self.box.tolist()} has zero width or height (x0, y0, x1, y1 in pixels)")
-        if x0 >= w or y0 >= h or x1 <= 0 or y1 <= 0:
-            raise ValueError(f"box {self.box.tolist()} (x0, y0, x1, y1) lies outside the {w} x {h} image")
-
-
-def _coords(value, name: str, shape: tuple) -> np.ndarray:
-    """Prompt coordinates as float64 of ``shape``; ``ValueError`` naming ``name`` when they
-    are not numbers, have the wrong size or are NaN/inf."""
-    try:
-        a = np.asarray(value, dtype=np.float64).reshape(shape)
-    except (TypeError, ValueError) as exc:
-        want = "(x0, y0, x1, y1)" if name == "box" else "(N, 2) x, y pairs"
-        raise ValueError(f"{name} must be {want} numbers, got {value!r:.80}") from exc
-    if not np.isfinite(a).all():
-        raise ValueError(f"{name} has NaN or infinite coordinates: {a.tolist()!r:.120}")
-    return a
-
-
-@dataclass
-class MaskResult:
-    """A mask at native resolution for the region of its view; paste with :meth:`full`."""
-
-    mask: np.ndarray  # (h, w) bool over the view's region
-    y0: int
-    x0: int
-    score: float  # predicted IoU
-    low_res: torch.Tensor | None = field(repr=False)  # (L, L) logits, for refinement (None: not kept)
-    view: View = field(repr=False)
-    all_scores: np.ndarray | None = None
-
-    def full(self, shape: tuple[int, int]) -> np.ndarray:
-        out = np.zeros(shape, dtype=bool)
-        out[self.y0:self.y0 + self.mask.shape[0], self.x0:self.x0 + self.mask.shape[1]] = self.mask
-        return out
-
-    @property
-    def area(self) -> int:
-        return int(self.mask.sum())
 
 
 class SamEngine:
@@ -410,7 +335,7 @@ class SamEngine:
                       embed_batch_size: int | None = None) -> list[MaskResult]:
         """One mask per (x0, y0, x1, y1) box; all boxes routed, embedded and decoded in batches."""
         image = self.prepare(image)
-        prompts = [Prompt(box=b) for b in _coords(boxes, "boxes", (-1, 4))]
+        prompts = [Prompt(box=b) for b in prompt_coords(boxes, "boxes", (-1, 4))]
         for p in prompts:
             p.check_inside(image.shape)
         needed = sorted({self.route(image, p) for p in prompts})
@@ -437,19 +362,3 @@ def _add_pause_points(encoder: torch.nn.Module) -> None:
         if _PAUSE_AT.search(name):
             module.register_forward_pre_hook(lambda _m, _a: pause_point())
     encoder._gpuseg_pause_points = True
-
-
-def paste_labels(results: Sequence[MaskResult], shape: tuple[int, int],
-                 start_id: int = 1, order: str = "score", out: np.ndarray | None = None) -> np.ndarray:
-    """Instance labels from masks; overlaps go to the higher-scoring (or smaller) object."""
-    labels = np.zeros(shape, dtype=np.int32) if out is None else out
-    idx = list(range(len(results)))
-    if order == "score":  # paint low scores first so high scores win overlaps
-        idx.sort(key=lambda i: results[i].score)
-    elif order == "area":  # paint large first so small objects stay visible
-        idx.sort(key=lambda i: -results[i].area)
-    for rank, i in enumerate(idx):
-        r = results[i]
-        region = labels[r.y0:r.y0 + r.mask.shape[0], r.x0:r.x0 + r.mask.shape[1]]
-        region[r.mask] = start_id + i
-    return labels

@@ -2,6 +2,9 @@
 pairs normalised and checked, the train/validation split, and random augmented crops."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 import torch
 from scipy import ndimage as ndi
@@ -214,3 +217,40 @@ def _intensity(rng, x: np.ndarray) -> np.ndarray:
     if rng.random() < 0.5:
         x = x + rng.normal(0.0, rng.uniform(0.0, 0.08), x.shape).astype(np.float32)
     return x
+
+
+@dataclass
+class TrainingData:
+    """Normalised pairs, their train/validation split, crop weights and 3-class targets."""
+
+    mcfg: UNetConfig
+    xs: list
+    ys: list
+    tx: list
+    ty: list
+    vx: list
+    vy: list
+    weights: object
+    targets: list
+    has_ignore: bool
+    to_targets: Callable
+
+
+def prepare_training_data(images, labels, config, sample_weights) -> TrainingData:
+    """The :class:`TrainingData` of ``images``/``labels`` for a :class:`~.train_config.TrainConfig`."""
+    mcfg = UNetConfig.from_dict(config.model)
+    xs, ys = prepare_pairs(images, labels, mcfg, config.normalization)
+    if not xs:
+        raise ValueError("no training data")
+    if not any(int(y.max()) > 0 for y in ys):
+        raise ValueError("the labels contain no objects to learn from")
+    tx, ty, vx, vy = split_train_val(xs, ys, config.val_fraction, config.seed)
+    weights = train_weights(sample_weights, len(xs), len(tx), config.val_fraction, config.seed)
+
+    def to_targets(y):  # labels < 0: outside the annotated region
+        return np.where(y < 0, IGNORE, make_targets(y, contact_width=config.contact_width,
+                                                    mark_contacts=True)).astype(np.uint8)
+
+    targets = [to_targets(y) for y in ty]
+    has_ignore = any(bool((t == IGNORE).any()) for t in targets)  # decided here: no per-step sync
+    return TrainingData(mcfg, xs, ys, tx, ty, vx, vy, weights, targets, has_ignore, to_targets)

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -27,115 +27,12 @@ from ...models.unet import UNet, UNetConfig, build_unet, count_parameters
 from ..runtime.device import Policy, resolve_policy, pin_fp32
 from ..runtime.cancel import CancelToken, ProgressFn, check, report
 from ..metrics import foreground_iou, object_f1
-from ..normalize import normalization_spec
 from .checkpoint import save_checkpoint
+from .train_config import MIN_CROP, TrainConfig, TrainConfigError, TrainEvent, TrainResult  # noqa: F401 - re-exported
 from .predict import predict_probabilities, probabilities_to_labels
 from .loss import dice_ce_loss
-from .train_data import (IGNORE, CropDataset, crop_tuple, make_targets, prepare_pairs, split_train_val,
-                         train_weights, val_indices)
+from .train_data import CropDataset, TrainingData, crop_tuple, prepare_training_data, val_indices
 from .train_output import SaveTarget, check_output_path, fallback_checkpoint_path  # noqa: F401
-
-
-@dataclass
-class TrainConfig:
-    """Knobs of :func:`train_unet` (all serialisable into the checkpoint)."""
-
-    model: dict = field(default_factory=lambda: UNetConfig().to_dict())
-    crop_size: int = 192
-    batch_size: int = 8
-    epochs: int = 40
-    iters_per_epoch: int = 50
-    lr: float = 2e-3
-    weight_decay: float = 1e-4
-    warmup_iters: int = 50
-    val_fraction: float = 0.15
-    patience: int = 10
-    seed: int = 0
-    num_workers: int | None = None  # None = 0 on CPU, up to 4 on CUDA
-    compile: bool = False
-    gradient_checkpointing: bool = False
-    channels_last: bool | None = None  # None = on CUDA for 2D
-    max_time_s: float | None = None
-    normalization: dict = field(default_factory=normalization_spec)
-    val_roi: int | None = None  # validation window edge (None = automatic, see engine.unet.default_roi)
-    contact_width: int = 2  # boundary thickness where objects touch (pixels)
-    contact_weight: float = 5.0  # cross-entropy weight of those contact pixels
-    scale_range: tuple | None = None  # (low, high) zoom of training crops, e.g. (0.5, 2.0)
-    strong_intensity: bool = False  # gamma, blur and noise on top of the scale/shift jitter
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def check(self) -> None:
-        """Raise :class:`TrainConfigError` naming the first knob with an unusable value."""
-        def bad(name, value, need):
-            raise TrainConfigError(name, f"{name} must be {need}, got {value!r}")
-
-        for name in ("batch_size", "epochs", "iters_per_epoch", "patience"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                bad(name, v, "an integer >= 1")
-        crops = self.crop_size if isinstance(self.crop_size, (tuple, list)) else [self.crop_size]
-        if not all(isinstance(c, (int, np.integer)) and c >= MIN_CROP for c in crops):
-            bad("crop_size", self.crop_size, f"an integer >= {MIN_CROP} (pixels)")
-        for name in ("lr", "weight_decay", "val_fraction", "contact_weight"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v):
-                bad(name, v, "a finite number")
-        if self.lr <= 0:
-            bad("lr", self.lr, "a positive number")
-        if self.weight_decay < 0:
-            bad("weight_decay", self.weight_decay, ">= 0")
-        if not 0 <= self.val_fraction < 1:
-            bad("val_fraction", self.val_fraction, "in [0, 1) (some data must be left to train on)")
-        if self.max_time_s is not None and not (math.isfinite(self.max_time_s) and self.max_time_s > 0):
-            bad("max_time_s", self.max_time_s, "a positive number of seconds")
-        if self.scale_range is not None:
-            lo_hi = tuple(self.scale_range) if isinstance(self.scale_range, (tuple, list)) else ()
-            if len(lo_hi) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0
-                                           for v in lo_hi) or lo_hi[0] > lo_hi[1]:
-                bad("scale_range", self.scale_range, "two positive numbers, low <= high")
-        if self.num_workers is not None and (not isinstance(self.num_workers, int) or self.num_workers < 0):
-            bad("num_workers", self.num_workers, "an integer >= 0")
-
-
-MIN_CROP = 8  # smallest crop edge (the smallest U-Net, depth 1-3, pads anything shorter)
-
-
-class TrainConfigError(ValueError):
-    """A :class:`TrainConfig` value that cannot work; ``name`` is the field."""
-
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(message)
-        self.name = name
-
-
-@dataclass
-class TrainEvent:
-    """Progress report: ``kind`` is "iter" (train loss) or "epoch" (validation)."""
-
-    kind: str
-    epoch: int
-    iteration: int
-    total_iterations: int
-    train_loss: float
-    val_score: float | None = None
-    val_f1: float | None = None
-    val_fg_iou: float | None = None
-    best_score: float | None = None
-    lr: float = 0.0
-
-
-@dataclass
-class TrainResult:
-    model: UNet
-    checkpoint: str | None
-    best_score: float | None
-    best_epoch: int
-    history: list
-    stopped: str  # "completed", "early_stopping", "time_limit"
-    seconds: float
-    notes: list = field(default_factory=list)  # e.g. crop clamped, checkpoint saved elsewhere
 
 
 def _lr_factor(it: int, total: int, warmup: int, time_fraction: float = 0.0) -> float:
@@ -260,28 +157,115 @@ def train_unet(
     torch.manual_seed(config.seed)
     init = None
     if init_checkpoint is not None:
-        from .checkpoint import load_checkpoint, load_unet_state
+        from .checkpoint import load_checkpoint
 
         init = load_checkpoint(init_checkpoint)
         config = replace(config, model=dict(init["config"]), normalization=dict(init["normalization"]))
-    mcfg = UNetConfig.from_dict(config.model)
-    xs, ys = prepare_pairs(images, labels, mcfg, config.normalization)
-    if not xs:
-        raise ValueError("no training data")
-    if not any(int(y.max()) > 0 for y in ys):
-        raise ValueError("the labels contain no objects to learn from")
-    tx, ty, vx, vy = split_train_val(xs, ys, config.val_fraction, config.seed)
-    weights = train_weights(sample_weights, len(xs), len(tx), config.val_fraction, config.seed)
+    data = prepare_training_data(images, labels, config, sample_weights)
+    model, channels_last = _build_model(data.mcfg, init, config, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                            fused=device.type == "cuda")
+    summary = _summary(len(images), data, model, device, config, data_summary)
+    stepper = _Stepper(model, opt, policy, config, data.has_ignore, summary)
+    summary["precision"] = policy.active_precision if stepper.use_amp else "fp32"
+    loader, notes = _loader(data, config, device)
+    total = config.epochs * config.iters_per_epoch
+    track = _Track()
+    stopped, it = "completed", 0
+    report(progress, 0, total)
+    model.train()
+    pending: list = []  # (iteration, loss on the device, lr): read back every few iterations
+    for epoch in range(config.epochs):
+        it, losses, timed_out = _run_epoch(loader, stepper, config, channels_last, epoch, it, total, t0,
+                                           pending, track, on_event, progress, cancel)
+        stopped = "time_limit" if timed_out else stopped
+        losses += _flush_losses(pending, on_event, epoch, total, track.best_score)
+        if data.vx:
+            check(cancel)
+        track.end_epoch(epoch, it, total, losses, model, data, config, policy, target, summary, t0,
+                        opt.param_groups[0]["lr"], on_event)
+        if track.bad_epochs >= config.patience:
+            stopped = "early_stopping"
+            break
+        if stopped == "time_limit":
+            break
+    if target is not None and track.saved is not None:
+        from .checkpoint import load_checkpoint, model_from_checkpoint
 
-    def to_targets(y):  # labels < 0: outside the annotated region
-        return np.where(y < 0, IGNORE, make_targets(y, contact_width=config.contact_width,
-                                                    mark_contacts=True)).astype(np.uint8)
+        model = model_from_checkpoint(load_checkpoint(track.saved), device)
+    model.eval()
+    if target is not None and target.failure:
+        notes.append(target.failure)
+    return TrainResult(model, str(track.saved) if track.saved else None, track.best_score, track.best_epoch,
+                       track.history, stopped, time.perf_counter() - t0, notes)
 
-    targets = [to_targets(y) for y in ty]
-    has_ignore = any(bool((t == IGNORE).any()) for t in targets)  # decided here: no per-step sync
 
+def _run_epoch(loader, stepper, config: TrainConfig, channels_last: bool, epoch: int, it: int, total: int,
+               t0: float, pending: list, track, on_event, progress, cancel) -> tuple[int, list, bool]:
+    """The steps of one epoch (learning rate by schedule, losses read back every
+    :data:`LOSS_SYNC_EVERY` steps); returns the iteration count, the losses read back and
+    whether the time budget ran out."""
+    device, opt = stepper.policy.device, stepper.opt
+    losses: list = []
+    for xb, yb in loader:
+        check(cancel)
+        for g in opt.param_groups:
+            g["lr"] = config.lr * _lr_factor(it, total, config.warmup_iters, _time_fraction(config, t0))
+        xb = xb.to(device, non_blocking=True)
+        if channels_last:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        loss = stepper.step(xb, yb.to(device, non_blocking=True))
+        it += 1
+        pending.append((it, loss.detach(), opt.param_groups[0]["lr"]))
+        if len(pending) >= LOSS_SYNC_EVERY:
+            flushed = _flush_losses(pending, on_event, epoch, total, track.best_score)
+            losses += flushed
+            stepper.after_flush(flushed)
+        report(progress, it, total)
+        if config.max_time_s and time.perf_counter() - t0 > config.max_time_s:
+            return it, losses, True
+    return it, losses, False
+
+
+def _summary(n_images: int, data, model, device, config: TrainConfig, extra: dict | None) -> dict:
+    """The data and run facts the checkpoint keeps (``precision`` is added by the caller)."""
+    return {
+        "n_images": n_images, "n_train": len(data.tx), "n_val": len(data.vx),
+        "train_shapes": [list(x.shape[1:]) for x in data.tx],
+        "n_objects": int(sum(len(np.unique(y)) - 1 for y in data.ty)),
+        "parameters": count_parameters(model), "device": str(device),
+        "torch": str(torch.__version__),
+        "val_image_indices": val_indices(len(data.xs), config.val_fraction, config.seed),
+        **(extra or {}),
+    }
+
+
+def _loader(data, config: TrainConfig, device) -> tuple:
+    """The DataLoader of random crops (workers and pinned memory on CUDA), and a note when
+    the crop had to shrink to the largest training image."""
+    workers = _workers(config, device)
+    dataset = CropDataset(data.tx, data.targets if config.scale_range is None else data.ty, config.crop_size,
+                          config.iters_per_epoch * config.batch_size, weights=data.weights,
+                          scale=config.scale_range, target_fn=data.to_targets,
+                          strong_intensity=config.strong_intensity)
+    notes = []
+    if dataset.crop != crop_tuple(config.crop_size, len(dataset.crop)):
+        notes.append(f"crop {config.crop_size} clamped to {'x'.join(map(str, dataset.crop))} "
+                     "(the largest training image)")
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=config.batch_size, num_workers=workers, pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0, drop_last=True,
+    )
+    return loader, notes
+
+
+def _build_model(mcfg: UNetConfig, init: dict | None, config: TrainConfig, device) -> tuple[UNet, bool]:
+    """The network (from ``init``'s weights when fine-tuning) on ``device``; channels-last
+    memory for 2D on CUDA unless the config says otherwise."""
     model = build_unet(mcfg)
     if init is not None:
+        from .checkpoint import load_unet_state
+
         load_unet_state(model, init["state_dict"])
     model = model.to(device)
     model.gradient_checkpointing = config.gradient_checkpointing
@@ -291,126 +275,90 @@ def train_unet(
     channels_last = channels_last and mcfg.spatial_dims == 2
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    fwd = _compiled(model) if config.compile else model
-    compile_pending = fwd is not model  # compilation happens (and can fail) on the first call
-    fused = device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=fused)
-    use_amp, scaler = amp_setup(policy)
-    check_each_step = device.type in SYNC_FREE_DEVICES  # elsewhere: checked when losses are read back
-    workers = _workers(config, device)
-    dataset = CropDataset(tx, targets if config.scale_range is None else ty, config.crop_size,
-                          config.iters_per_epoch * config.batch_size, weights=weights,
-                          scale=config.scale_range, target_fn=to_targets,
-                          strong_intensity=config.strong_intensity)
-    notes = []
-    if dataset.crop != crop_tuple(config.crop_size, len(dataset.crop)):
-        notes.append(f"crop {config.crop_size} clamped to {'x'.join(map(str, dataset.crop))} "
-                     "(the largest training image)")
-    out_path = target
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=config.batch_size, num_workers=workers, pin_memory=device.type == "cuda",
-        persistent_workers=workers > 0, drop_last=True,
-    )
-    total = config.epochs * config.iters_per_epoch
-    history: list = []
-    best_score, best_epoch, bad_epochs, it = None, -1, 0, 0
-    stopped = "completed"
-    saved = None
-    summary = {
-        "n_images": len(images), "n_train": len(tx), "n_val": len(vx),
-        "train_shapes": [list(x.shape[1:]) for x in tx], "n_objects": int(sum(len(np.unique(y)) - 1 for y in ty)),
-        "parameters": count_parameters(model), "device": str(device),
-        "precision": policy.active_precision if use_amp else "fp32",
-        "torch": str(torch.__version__), "val_image_indices": val_indices(len(xs), config.val_fraction, config.seed),
-        **(data_summary or {}),
-    }
-    report(progress, 0, total)
-    model.train()
-    pending: list = []  # (iteration, loss on the device, lr): read back every few iterations
-    for epoch in range(config.epochs):
-        losses = []
-        for xb, yb in loader:
-            check(cancel)
-            for g in opt.param_groups:
-                g["lr"] = config.lr * _lr_factor(it, total, config.warmup_iters, _time_fraction(config, t0))
-            xb = xb.to(device, non_blocking=True)
-            if channels_last:
-                xb = xb.contiguous(memory_format=torch.channels_last)
-            yb = yb.to(device, non_blocking=True)
-            def step_loss():
-                with policy.autocast() if use_amp else contextlib.nullcontext():
-                    logits = fwd(xb)
-                return dice_ce_loss(logits, yb, config.contact_weight, ignore=has_ignore)
+    return model, channels_last
 
-            if compile_pending:
-                try:
-                    loss = step_loss()
-                except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly
-                    warnings.warn(f"napari-gpuseg: torch.compile failed ({exc.__class__.__name__}: "
-                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); training "
-                                  "without compilation", RuntimeWarning, stacklevel=2)
-                    summary["compile"] = f"failed, eager: {exc.__class__.__name__}"
-                    fwd = model
-                    loss = step_loss()
-                compile_pending = False
-            else:
-                loss = step_loss()
-            if use_amp and check_each_step and not bool(torch.isfinite(loss)):  # free on a CPU
-                pin_fp32(device, f"non-finite training loss in {policy.precision}")
-                use_amp = False  # this batch and every later one in fp32
-                loss = step_loss()
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            it += 1
-            pending.append((it, loss.detach(), opt.param_groups[0]["lr"]))
-            if len(pending) >= LOSS_SYNC_EVERY:
-                flushed = _flush_losses(pending, on_event, epoch, total, best_score)
-                losses += flushed
-                if use_amp and not np.isfinite(flushed).all():
-                    # on a GPU the scaler skipped those steps on the device: fp32 from here on
-                    pin_fp32(device, f"non-finite training loss in {policy.precision}")
-                    use_amp, scaler = False, torch.amp.GradScaler("cuda", enabled=False)
-            report(progress, it, total)
-            if config.max_time_s and time.perf_counter() - t0 > config.max_time_s:
-                stopped = "time_limit"
-                break
-        losses += _flush_losses(pending, on_event, epoch, total, best_score)
+
+class _Stepper:
+    """One optimiser step: forward (compiled when asked; eager if compiling fails), Dice +
+    CE loss, backward with the gradient scaler. A non-finite loss under autocast pins the
+    device to fp32: on a CPU the step is redone at once, on a GPU after the next read-back."""
+
+    def __init__(self, model, opt, policy: Policy, config: TrainConfig, has_ignore: bool, summary: dict):
+        self.model, self.opt, self.policy, self.config = model, opt, policy, config
+        self.has_ignore, self.summary = has_ignore, summary
+        self.fwd = _compiled(model) if config.compile else model
+        self.compile_pending = self.fwd is not model  # compilation happens (and can fail) on the first call
+        self.use_amp, self.scaler = amp_setup(policy)
+        self.check_each_step = policy.device.type in SYNC_FREE_DEVICES  # elsewhere: at read-back
+
+    def _loss(self, xb, yb):
+        with self.policy.autocast() if self.use_amp else contextlib.nullcontext():
+            logits = self.fwd(xb)
+        return dice_ce_loss(logits, yb, self.config.contact_weight, ignore=self.has_ignore)
+
+    def _first_loss(self, xb, yb):
+        try:
+            return self._loss(xb, yb)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly
+            warnings.warn(f"napari-gpuseg: torch.compile failed ({exc.__class__.__name__}: "
+                          f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); training "
+                          "without compilation", RuntimeWarning, stacklevel=4)
+            self.summary["compile"] = f"failed, eager: {exc.__class__.__name__}"
+            self.fwd = self.model
+            return self._loss(xb, yb)
+        finally:
+            self.compile_pending = False
+
+    def step(self, xb, yb) -> torch.Tensor:
+        loss = self._first_loss(xb, yb) if self.compile_pending else self._loss(xb, yb)
+        if self.use_amp and self.check_each_step and not bool(torch.isfinite(loss)):  # free on a CPU
+            pin_fp32(self.policy.device, f"non-finite training loss in {self.policy.precision}")
+            self.use_amp = False  # this batch and every later one in fp32
+            loss = self._loss(xb, yb)
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        return loss
+
+    def after_flush(self, flushed: list[float]) -> None:
+        if self.use_amp and not np.isfinite(flushed).all():
+            # on a GPU the scaler skipped those steps on the device: fp32 from here on
+            pin_fp32(self.policy.device, f"non-finite training loss in {self.policy.precision}")
+            self.use_amp, self.scaler = False, torch.amp.GradScaler("cuda", enabled=False)
+
+
+@dataclass
+class _Track:
+    """The history, the best validation score so far and the checkpoint it was saved to."""
+
+    history: list = field(default_factory=list)
+    best_score: float | None = None
+    best_epoch: int = -1
+    bad_epochs: int = 0
+    saved: object = None
+
+    def end_epoch(self, epoch, it, total, losses, model, data: TrainingData, config, policy, target, summary, t0,
+                  lr, on_event) -> None:
+        """Validate, record the epoch, save when the score is the best so far, tell ``on_event``."""
         finite = [v for v in losses if math.isfinite(v)]  # skipped (non-finite) steps left out
         mean_loss = float(np.mean(finite)) if finite else float("nan")
         entry = {"epoch": epoch, "iteration": it, "train_loss": mean_loss}
-        if vx:
-            check(cancel)
-            f1, fg = evaluate(model, vx, vy, config, policy)
+        if data.vx:
+            f1, fg = evaluate(model, data.vx, data.vy, config, policy)
             score = 0.5 * (f1 + fg)
             entry.update(val_f1=f1, val_fg_iou=fg, val_score=score)
         else:
             score = -mean_loss
-        history.append(entry)
-        if best_score is None or score > best_score:
-            best_score, best_epoch, bad_epochs = score, epoch, 0
-            if out_path is not None:
-                saved = _save(out_path, model, config, summary, history, epoch, t0)
+        self.history.append(entry)
+        if self.best_score is None or score > self.best_score:
+            self.best_score, self.best_epoch, self.bad_epochs = score, epoch, 0
+            if target is not None:
+                self.saved = _save(target, model, config, summary, self.history, epoch, t0)
         else:
-            bad_epochs += 1
+            self.bad_epochs += 1
         _emit(on_event, TrainEvent("epoch", epoch, it, total, mean_loss, entry.get("val_score"),
-                                   entry.get("val_f1"), entry.get("val_fg_iou"), best_score,
-                                   opt.param_groups[0]["lr"]))
-        if bad_epochs >= config.patience:
-            stopped = "early_stopping"
-            break
-        if stopped == "time_limit":
-            break
-    if out_path is not None and saved is not None:
-        from .checkpoint import load_checkpoint, model_from_checkpoint
-
-        model = model_from_checkpoint(load_checkpoint(saved), device)
-    model.eval()
-    if target is not None and target.failure:
-        notes.append(target.failure)
-    return TrainResult(model, str(saved) if saved else None, best_score, best_epoch, history, stopped,
-                       time.perf_counter() - t0, notes)
+                                   entry.get("val_f1"), entry.get("val_fg_iou"), self.best_score, lr))
 
 
 def _emit(fn, event: TrainEvent) -> None:

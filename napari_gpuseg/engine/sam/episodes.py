@@ -1,0 +1,140 @@
+"""Simulated interaction for SAM decoder training and validation: one episode is a first
+prompt (a click, multimask, or a box) then corrective clicks with the previous low-res
+logits as mask input (:mod:`.interaction` places the clicks); the loss is BCE + Dice on
+the masks plus MSE of the IoU head against the true IoU. Used by :mod:`.finetune`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .interaction import corrective_point, interior_point, jitter_box, tight_box
+from .train_views import TrainView
+
+if TYPE_CHECKING:  # the config lives with the training loop
+    from .finetune import SamTuneConfig
+
+
+def _decode(sam, emb, points=None, labels=None, boxes=None, masks=None, multimask=False):
+    sparse, dense = sam.prompt_encoder(points=None if points is None else (points, labels),
+                                       boxes=boxes, masks=masks)
+    return sam.mask_decoder(emb, sam.prompt_encoder.get_dense_pe(), sparse, dense, multimask)
+
+
+def _iou(logits: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+    pred = logits > 0
+    inter = (pred & gt).flatten(-2).sum(-1).float()
+    union = (pred | gt).flatten(-2).sum(-1).float()
+    return torch.where(union > 0, inter / union.clamp(min=1), torch.ones_like(union))
+
+
+def _mask_loss(logits: torch.Tensor, iou_pred: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+    """(N, M, S, S) logits against (N, S, S) truth: BCE + Dice of the best candidate per
+    object, plus MSE of the predicted IoUs (all candidates) against the true ones."""
+    logits = logits.float()
+    g = gt[:, None].expand_as(logits).float()
+    bce = F.binary_cross_entropy_with_logits(logits, g, reduction="none").flatten(-2).mean(-1)
+    p = torch.sigmoid(logits)
+    dice = 1 - (2 * (p * g).flatten(-2).sum(-1) + 1) / ((p + g).flatten(-2).sum(-1) + 1)
+    per = (bce + dice).min(dim=1).values
+    true_iou = _iou(logits.detach(), gt[:, None].expand_as(logits))
+    return per.mean() + F.mse_loss(iou_pred.float(), true_iou)
+
+
+def _best(logits: torch.Tensor, iou_pred: torch.Tensor) -> torch.Tensor:
+    """The candidate with the highest predicted IoU per object, as the annotator picks."""
+    k = iou_pred.argmax(dim=1)
+    return logits[torch.arange(len(k)), k]
+
+
+def episode(sam, emb: torch.Tensor, gt: np.ndarray, use_box: bool, rng: np.random.Generator,
+            cfg: "SamTuneConfig", device, train: bool = True, n_corr: int | None = None,
+            record: list | None = None) -> torch.Tensor:
+    """Loss of one simulated interaction for N objects sharing a prompt kind.
+
+    ``emb`` (N, C, h, w) each object's view embedding; ``gt`` (N, S, S) bool masks at the
+    model input. ``record`` (evaluation) receives the true IoU after each round."""
+    n, s = len(gt), gt.shape[-1]
+    gt_t = torch.from_numpy(gt).to(device)
+    spread = cfg.click_spread if train else 0.0
+    boxes = pts = labs = None
+    if use_box:
+        b = [tight_box(m) for m in gt]
+        b = [jitter_box(x, rng, cfg.box_jitter, (s, s)) if train else x for x in b]
+        boxes = torch.as_tensor(np.stack(b), dtype=torch.float32, device=device)
+    else:
+        pts = np.stack([interior_point(m, rng, spread)[None] for m in gt])
+        labs = np.ones((n, 1), dtype=np.int64)
+    with torch.set_grad_enabled(train):
+        logits, iou = _decode(sam, emb, None if pts is None else torch.as_tensor(pts, dtype=torch.float32, device=device),
+                              None if labs is None else torch.as_tensor(labs, device=device),
+                              boxes, None, multimask=not use_box)
+        loss = _mask_loss(logits, iou, gt_t)
+    prev = _best(logits, iou).detach().float()
+    if record is not None:
+        record.append(_iou(prev, gt_t).cpu().numpy())
+    if n_corr is None:
+        n_corr = int(rng.integers(1, cfg.corrections + 1)) if cfg.corrections > 0 else 0
+    terms = 1
+    for r in range(n_corr):
+        pred = (prev > 0).cpu().numpy()
+        new_p, new_l = [], []
+        for m, g in zip(pred, gt):
+            c = corrective_point(m, g)
+            p, lab = c if c is not None else (interior_point(g), 1)
+            new_p.append(p)
+            new_l.append(lab)
+        new_p = np.stack(new_p)[:, None]
+        new_l = np.asarray(new_l, dtype=np.int64)[:, None]
+        pts = new_p if pts is None else np.concatenate([pts, new_p], 1)
+        labs = new_l if labs is None else np.concatenate([labs, new_l], 1)
+        grad = train and r == n_corr - 1
+        with torch.set_grad_enabled(grad):
+            logits, iou = _decode(sam, emb, torch.as_tensor(pts, dtype=torch.float32, device=device),
+                                  torch.as_tensor(labs, device=device), boxes, prev[:, None], False)
+            if grad:
+                loss = loss + _mask_loss(logits, iou, gt_t)
+                terms += 1
+        prev = logits[:, 0].detach().float()
+        if record is not None:
+            record.append(_iou(prev, gt_t).cpu().numpy())
+    return loss / terms
+
+
+def sample_objects(views: Sequence[TrainView], idx: Sequence[int], k: int, rng, device):
+    embs, gts = [], []
+    stack = []
+    for j, vi in enumerate(idx):
+        tv = views[vi]
+        ids = rng.choice(tv.ids, size=min(k, len(tv.ids)), replace=False)
+        stack.append(tv.embedding)
+        for oid in ids:
+            embs.append(j)
+            gts.append(tv.labels == oid)
+    e = torch.stack(stack).to(device, torch.float32)[torch.as_tensor(embs, device=device)]
+    return e, np.stack(gts)
+
+
+def evaluate(sam, views: Sequence[TrainView], pairs: Sequence[tuple[int, int]], cfg: "SamTuneConfig",
+             device, batch: int = 16) -> dict:
+    """Mean IoU on fixed (view, object) pairs at the model input: 1 click, 3 clicks
+    (two corrective), a tight box; ``score`` is their mean."""
+    out = {"iou_1click": [], "iou_3click": [], "iou_box": []}
+    rng = np.random.default_rng(0)
+    for start in range(0, len(pairs), batch):
+        chunk = pairs[start:start + batch]
+        e = torch.stack([views[v].embedding for v, _ in chunk]).to(device, torch.float32)
+        gt = np.stack([views[v].labels == o for v, o in chunk])
+        rec: list = []
+        episode(sam, e, gt, False, rng, cfg, device, train=False, n_corr=2, record=rec)
+        out["iou_1click"].append(rec[0])
+        out["iou_3click"].append(rec[2])
+        rec = []
+        episode(sam, e, gt, True, rng, cfg, device, train=False, n_corr=0, record=rec)
+        out["iou_box"].append(rec[0])
+    res = {k: float(np.concatenate(v).mean()) if v else float("nan") for k, v in out.items()}
+    res["score"] = float(np.mean([res["iou_1click"], res["iou_3click"], res["iou_box"]]))
+    return res

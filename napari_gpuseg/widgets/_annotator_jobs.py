@@ -1,0 +1,101 @@
+"""The SAM annotator's engine jobs: their bodies run in the inference worker's thread
+(the dock submits them and shows what they return on the GUI thread); and the stack
+precompute, which submits one of them in the background."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..engine.runtime.device import synchronize
+from ..engine.runtime.worker import IDLE
+from ..engine.sam.loader import load_engine
+from ..engine.sam.schedule import stack_steps
+from ._prompts import plane
+
+
+class AnnotatorJobs:
+    """Mixed into :class:`~.sam_annotator.SamAnnotatorWidget` (uses its ``worker``,
+    ``_cache``, ``_early``, ``_focus``, ``_plane`` and ``stack_order``)."""
+
+    def _submit(self, fn, *args, **kwargs):
+        job = self._submit_job(fn, *args, **kwargs)
+        self._jobs = [j for j in self._jobs if not j.wait(0)] + [job]
+        return job
+
+    def _cancel_own_jobs(self) -> int:
+        n = 0
+        for job in self._jobs:
+            if not job.wait(0):
+                job.cancel()
+                n += 1
+        return n
+
+    def _engine(self, model: str):
+        policy = self.worker.policy
+        # one embedding cache for every model of the dock: a tuned decoder on the same
+        # encoder (Adapt SAM) reuses the embeddings already made
+        return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy, cache=self._cache),
+                                 replace=True)
+
+    def _job_tiles(self, model: str, img: np.ndarray, step: int | None, key: tuple,
+                   progress=None, cancel=None):
+        """Every tile of one plane, one encoder batch per step (a stepped background job:
+        prompts run between steps, and inside an encoder call at its pause points)."""
+        engine = self._engine(model)
+        t0 = time.perf_counter()
+        image = engine.prepare(img)
+        self._early[key] = image  # prompts until the last tile reuse it
+        image = yield from engine.embed_steps(image, step=step, focus=lambda: self._focus,
+                                              progress=progress, cancel=cancel)
+        synchronize(engine.policy.device)  # the time includes the GPU work, not just its launch
+        return [image], time.perf_counter() - t0
+
+    def _job_stack(self, model: str, planes: dict, keys: dict, step: int | None,
+                   progress=None, cancel=None):
+        """Every plane of a stack, the displayed one first, then its neighbours outwards."""
+        out = yield from stack_steps(self._engine(model), planes, lambda: self._plane, step,
+                                     self.stack_order.append, progress, cancel)
+        return {keys[i]: image for i, image in out.items()}
+
+    def _job_warm(self, model: str, image, cancel=None) -> int:
+        return self._engine(model).warm_decoder(image, cancel=cancel)
+
+    def _job_predict(self, model: str, image, prompts, multimask: bool, cancel=None):
+        engine = self._engine(model)
+        # a box holds its object: the mask is computed near the box (as box mode does)
+        return engine.predict(image, prompts, multimask=multimask, cancel=cancel, near_box=True)
+
+    def _job_boxes(self, model: str, image, boxes, cancel=None):
+        return self._engine(model).predict_boxes(image, boxes, cancel=cancel)
+
+    def _job_load(self, model: str) -> float:
+        t0 = time.perf_counter()
+        self._engine(model)
+        return time.perf_counter() - t0
+
+    def precompute_stack(self) -> None:
+        if self.image_layer is None:
+            return
+        shape = self._spatial_shape()
+        if len(shape) <= 2:
+            self._embed_current()
+            return
+        lead = shape[:-2]
+        indices = [tuple(int(i) for i in np.unravel_index(k, lead)) for k in range(int(np.prod(lead)))]
+        indices = [i for i in indices if self._plane_key(i) not in self._prepared]
+        planes = {i: np.array(plane(self.image_layer, i), copy=True) for i in indices}
+        keys = {i: self._plane_key(i) for i in indices}
+        t0 = time.perf_counter()
+        self._set_status(f"precomputing {len(planes)} slices…")
+        self.stack_order = []
+
+        def done(result):
+            self._prepared.update(result)
+            self._set_status(f"stack ready: {len(result)} slices in {time.perf_counter() - t0:.1f} s")
+
+        self._stack_job = self._submit(
+            self._job_stack, self.model_name, planes, keys, self.batch_spin.value() or None,
+            tag="stack", priority=IDLE, on_result=done, on_error=self._on_error,
+            on_progress=self._on_progress,
+            on_cancelled=lambda: self._set_status("precompute cancelled"))
