@@ -9,11 +9,11 @@ annotator switches to it.
 """
 from __future__ import annotations
 
-from qtpy.QtWidgets import QComboBox, QFormLayout, QSpinBox, QVBoxLayout
+from qtpy.QtWidgets import QComboBox, QFormLayout, QSpinBox
 
-from ._choices import fill_layer_combos, image_file, layer_array, offer_sam_model, sam_model_names, watch_layers
-from ._dock import DockWidget
+from ._choices import image_file, offer_sam_model, sam_model_names
 from ._plot import HistoryPlot
+from ._train_dock import TrainDock
 from ._unet_jobs import default_output, train_worker
 
 LOSS = "train loss"
@@ -37,19 +37,16 @@ def adapt_job(image, labels, model, minutes, out_path, on_event, progress=None, 
             "steps": res.history[-1]["step"] if res.history else 0}
 
 
-class SamAdaptWidget(DockWidget):
+class SamAdaptWidget(TrainDock):
     """Image, Labels, starting model, time limit; Train / Cancel with a live loss."""
 
     TITLE = "Adapt SAM"
+    CANCELLED = "Cancelled: nothing was saved."
 
     def __init__(self, napari_viewer=None, parent=None):
         super().__init__(parent)
-        self.viewer = napari_viewer
+        self._init_train_dock(napari_viewer)
         self.setObjectName("SamAdaptWidget")
-        self.job = None
-        self.result: dict | None = None
-        self.model_path: str | None = None
-        self.image_combo, self.labels_combo = QComboBox(), QComboBox()
         self.model_combo = QComboBox()
         self.model_combo.addItems(sam_model_names())
         self.model_combo.setToolTip("the decoder to start from (a model adapted here joins the list)")
@@ -63,29 +60,16 @@ class SamAdaptWidget(DockWidget):
         form.addRow("Start from", self.model_combo)
         form.addRow("Time limit", self.minutes)
         _run, buttons = self._make_run_buttons("Adapt SAM", self.train, self.cancel)
-        self.plot = HistoryPlot((LOSS,), maxlen=1000)
-        self._make_status_parts("Label a few objects (annotator or corrected U-Net), then Adapt SAM.")
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addLayout(buttons)
-        layout.addWidget(self.plot)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status)
-        layout.addStretch(1)
-        watch_layers(self.viewer, self.refresh_layers)
-
-    def refresh_layers(self, *_args) -> None:
-        fill_layer_combos(self.viewer, [(self.image_combo, "Image"), (self.labels_combo, "Labels")])
+        self._layout_dock(form, buttons, HistoryPlot((LOSS,), maxlen=1000),
+                          "Label a few objects (annotator or corrected U-Net), then Adapt SAM.")
 
     def train(self):
         from ..engine.unet.finetune import default_output_path
 
-        img_name, lab_name = self.image_combo.currentText(), self.labels_combo.currentText()
-        if self.viewer is None or not img_name or not lab_name:
-            self._set_status("Pick an Image layer and a Labels layer.")
+        chosen = self._chosen_pair()
+        if chosen is None:
             return None
-        layer = self.viewer.layers[img_name]
-        image, labels = layer_array(layer), layer_array(self.viewer.layers[lab_name])
+        layer, image, labels = chosen
         if labels.ndim != 2 or image.shape[:2] != labels.shape:
             self._set_status(f"Need a 2D image and 2D labels of one size, got {image.shape} and {labels.shape}.")
             return None
@@ -100,20 +84,8 @@ class SamAdaptWidget(DockWidget):
         from ._bridge import relay
 
         forward = lambda ev: relay().call.emit(self._on_event, (ev,))  # noqa: E731
-        self.job = self._submit_train(adapt_job, image.copy(), labels.copy(), self.model_combo.currentText(),
-                                      self.minutes.value(), out, forward)
-        return self.job
-
-    def _submit_train(self, fn, *args):
-        from ._bridge import submit
-
-        return submit(fn, *args, worker=train_worker(), inference=False, owner=self,
-                      on_result=self._done, on_error=self._failed, on_progress=self._on_progress,
-                      on_cancelled=self._cancelled)
-
-    def cancel(self) -> None:
-        if self.job is not None:
-            self.job.cancel()
+        return self._submit_train(adapt_job, image.copy(), labels.copy(), self.model_combo.currentText(),
+                                  self.minutes.value(), out, forward)
 
     def _on_event(self, ev) -> None:
         self.plot.append(**{LOSS: ev.loss})
@@ -131,13 +103,3 @@ class SamAdaptWidget(DockWidget):
             taken = offer_sam_model(self.model_path)
             where = "; the SAM annotator uses it now" if taken else ""
             self._set_status(f"Saved {self.model_path} ({result['steps']} steps, {result['seconds']:.0f} s){where}.")
-
-    def _failed(self, exc: BaseException) -> None:
-        self.job = None  # a failed job's memory (weights, optimizer state) is not kept
-        self._set_busy(False)
-        self._report_error(exc)
-
-    def _cancelled(self) -> None:
-        self.job = None
-        self._set_busy(False)
-        self._set_status("Cancelled: nothing was saved.")

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 
 import numpy as np
-from qtpy.QtWidgets import QComboBox, QFormLayout, QPushButton, QSpinBox, QVBoxLayout
+from qtpy.QtWidgets import QComboBox, QFormLayout, QPushButton, QSpinBox
 
 from ._bridge import relay, submit
 from ._loss_plot import LossPlot
-from ._choices import fill_layer_combos, image_file, layer_array, offer_unet_model, watch_layers
-from ._dock import DockWidget
+from ._choices import image_file, layer_array, offer_unet_model
+from ._train_dock import TrainDock
 from ._unet_jobs import default_output, predict_job, train_worker
 
 WHOLE, RECTANGLE, LABELS = "Whole image", "Rectangle (Shapes layer)", "Bounding region of the labels"
@@ -44,7 +44,7 @@ def rectangle_of(shapes_layer) -> tuple[float, float, float, float]:
     return float(y0), float(x0), float(y1), float(x1)
 
 
-class UNetAdaptWidget(DockWidget):
+class UNetAdaptWidget(TrainDock):
     """Image, Labels, region, schedule; Train / Cancel with live loss; Predict the rest."""
 
     TITLE = "Adapt U-Net"
@@ -53,15 +53,13 @@ class UNetAdaptWidget(DockWidget):
         super().__init__(parent)
         from ..engine.unet.finetune import default_schedule
 
-        self.viewer = napari_viewer
+        self._init_train_dock(napari_viewer)  # model_path: the last adapted checkpoint
         self.setObjectName("UNetAdaptWidget")
         relay()
-        self.job = None
-        self.result: dict | None = None
-        self.model_path: str | None = None  # the last adapted checkpoint
         self.losses: list[float] = []
         d = default_schedule()
-        self.image_combo, self.labels_combo, self.shapes_combo = QComboBox(), QComboBox(), QComboBox()
+        self.shapes_combo = QComboBox()
+        self.extra_combos = [(self.shapes_combo, "Shapes")]
         self.region = QComboBox()
         self.region.addItems([LABELS, RECTANGLE, WHOLE])
         self.region.setToolTip("pixels outside the annotated region are ignored in the loss")
@@ -87,20 +85,7 @@ class UNetAdaptWidget(DockWidget):
         self.predict_button.setEnabled(False)
         self.predict_button.clicked.connect(self.predict)
         buttons.addWidget(self.predict_button)
-        self.plot = LossPlot(validation=False, maxlen=1000)
-        self._make_status_parts("")
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addLayout(buttons)
-        layout.addWidget(self.plot)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status)
-        layout.addStretch(1)
-        watch_layers(self.viewer, self.refresh_layers)
-
-    def refresh_layers(self, *_args) -> None:
-        fill_layer_combos(self.viewer, [(self.image_combo, "Image"), (self.labels_combo, "Labels"),
-                                        (self.shapes_combo, "Shapes")])
+        self._layout_dock(form, buttons, LossPlot(validation=False, maxlen=1000))
 
     def config(self):
         from dataclasses import replace
@@ -113,12 +98,10 @@ class UNetAdaptWidget(DockWidget):
                        warmup_iters=min(d.warmup_iters, max(1, n // 5)), max_time_s=60.0 * self.minutes.value())
 
     def train(self):
-        img_name, lab_name = self.image_combo.currentText(), self.labels_combo.currentText()
-        if self.viewer is None or not img_name or not lab_name:
-            self._set_status("Pick an Image layer and a Labels layer.")
+        chosen = self._chosen_pair()
+        if chosen is None:
             return None
-        layer = self.viewer.layers[img_name]
-        image, labels = layer_array(layer), layer_array(self.viewer.layers[lab_name])
+        layer, image, labels = chosen
         if getattr(layer, "rgb", False):
             from ..engine.normalize import model_input
 
@@ -151,11 +134,8 @@ class UNetAdaptWidget(DockWidget):
         self._busy(True)
         self._set_status("Fine-tuning…")
         forward = lambda ev: relay().call.emit(self._on_event, (ev,))  # noqa: E731
-        self.job = submit(_finetune_job, image.copy(), labels.copy(), region, rectangle, init, self.config(),
-                          out, forward, worker=train_worker(), inference=False, owner=self,
-                          on_result=self._done, on_error=self._failed, on_progress=self._on_progress,
-                          on_cancelled=self._cancelled)
-        return self.job
+        return self._submit_train(_finetune_job, image.copy(), labels.copy(), region, rectangle, init,
+                                  self.config(), out, forward)
 
     def predict(self):
         name = self.image_combo.currentText()
@@ -170,10 +150,6 @@ class UNetAdaptWidget(DockWidget):
                           on_result=lambda r, layer=layer: self._predicted(r, layer), on_error=self._failed,
                           on_progress=self._on_progress, on_cancelled=self._cancelled)
         return self.job
-
-    def cancel(self) -> None:
-        if self.job is not None:
-            self.job.cancel()
 
     # -- results ------------------------------------------------------------
     def _busy(self, busy: bool) -> None:
@@ -194,7 +170,7 @@ class UNetAdaptWidget(DockWidget):
             self.start.setCurrentText(CURRENT)
             offer_unet_model(self.model_path)
         self._set_status(f"Saved {result['checkpoint']} ({result['iterations']} iterations, "
-                            f"{result['seconds']:.0f} s); selected in U-Net predict. Predict the rest next.")
+                         f"{result['seconds']:.0f} s); selected in U-Net predict. Predict the rest next.")
 
     def _predicted(self, result: dict, layer) -> None:
         self._busy(False)
@@ -205,13 +181,4 @@ class UNetAdaptWidget(DockWidget):
             self.viewer.add_labels(result["labels"], name=name, scale=layer.scale, translate=layer.translate)
         self.labels_combo.setCurrentText(name)  # correct it, then Train again
         self._set_status(f"{int(result['labels'].max())} objects in '{name}': correct them and Train again "
-                            "(region: whole image).")
-
-    def _failed(self, exc: BaseException) -> None:
-        self.job = None  # a failed job is not kept (its error, its inputs): a retry gets the memory
-        self._busy(False)
-        self._report_error(exc)  # status line, napari notification and the log
-
-    def _cancelled(self) -> None:
-        self._busy(False)
-        self._set_status("Cancelled.")
+                         "(region: whole image).")
