@@ -45,14 +45,14 @@ def annotator(viewer, app):
     viewer.window.add_plugin_dock_widget("napari-gpuseg", "GPU monitor")
     pump(app, lambda: w._plane_key() in w._prepared)
     props = [p for p in regionprops(gt) if 60 < p.centroid[0] < 300 and 60 < p.centroid[1] < 400]
-    for p in props[:10]:
-        r0, c0, r1, c1 = p.bbox
-        w.box_layer.add_rectangles(np.array([[r0 - 3, c0 - 3], [r1 + 3, c1 + 3]], float))
+    for p in props[:10]:  # one click per nucleus (the default model is tuned for clicks)
+        r, c = p.coords[len(p.coords) // 2]
+        w.pos_layer.add(np.array([[r, c]], float))
         pump(app, w.has_preview, 120)
         w.commit()
     p = props[10]
-    r0, c0, r1, c1 = p.bbox
-    w.box_layer.add_rectangles(np.array([[r0 - 3, c0 - 3], [r1 + 3, c1 + 3]], float))
+    r, c = p.coords[len(p.coords) // 2]
+    w.pos_layer.add(np.array([[r, c]], float))
     pump(app, w.has_preview, 120)
     viewer.scene.camera.zoom = 1.6
     viewer.scene.camera.center = (180, 230)
