@@ -44,6 +44,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=4)
     ap.add_argument("--model", default="nuclei_sam")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a field of the dock's schedule (to try another one), e.g. lr=5e-4")
     args = ap.parse_args(argv)
     print(f"{platform.processor() or platform.machine()} ({cpu_flags()}), {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
@@ -57,6 +59,11 @@ def main(argv=None) -> int:
     out = Path(tempfile.mkdtemp()) / "adapted.pt"
     cfg = adapt_config(1)
     cfg.max_time = 60.0 * args.minutes
+    for item in args.set:
+        key, value = item.split("=", 1)
+        setattr(cfg, key, type(getattr(cfg, key))(value))
+    if args.set:
+        print("schedule overrides:", ", ".join(args.set))
     t0 = time.perf_counter()
     tuned = load_engine(args.model, cache=EmbeddingCache())  # a fresh cache: embedding is part of the time
     res = finetune_sam([img], [left], model=tuned, config=cfg, out_path=out)

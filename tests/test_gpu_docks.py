@@ -28,7 +28,9 @@ def test_adapt_dock_drops_a_failed_job():
         def setText(self, text):
             self.text = text
 
-    dock = types.SimpleNamespace(job=object(), _busy=lambda busy: None, status=Status())
+    status = Status()
+    dock = types.SimpleNamespace(job=object(), _busy=lambda busy: None, status=status,
+                                 _report_error=lambda exc: status.setText(f"Adapt U-Net: {exc}"))
     unet_adapt.UNetAdaptWidget._failed(dock, torch.OutOfMemoryError("CUDA out of memory"))
     assert dock.job is None  # its error and inputs are not held until the next start
     assert "out of memory" in dock.status.text

@@ -67,7 +67,7 @@ class ModelSpec:
         return (58.395, 57.12, 57.375) if self.normalization == "sam" else (1.0, 1.0, 1.0)
 
 
-NUCLEI_SAM_SHA256 = "d5963b0417660ccbbc30d46cfaef16959777eef9a13bb65d8b466b768fd3bd40"  # weights/nuclei_sam_decoder.pt (card: NUCLEI_SAM_CARD.md)
+NUCLEI_SAM_SHA256 = "c8a387aa2097fffec17118c887641d77e8190c311090a6b61bef11314fc3220e"  # weights/nuclei_sam_decoder.pt (card: NUCLEI_SAM_CARD.md)
 _SAM_SRC = "https://github.com/facebookresearch/segment-anything"
 _SAM_URL = "https://dl.fbaipublicfiles.com/segment_anything/"
 MODELS: Dict[str, ModelSpec] = {
@@ -82,7 +82,7 @@ MODELS: Dict[str, ModelSpec] = {
         ),
         ModelSpec(
             "nuclei_sam", "lite_medsam", 256, "minmax", "nuclei_sam_decoder.pt", None,
-            NUCLEI_SAM_SHA256, 8196845, "Apache-2.0",
+            NUCLEI_SAM_SHA256, 8209965, "Apache-2.0",
             "shipped with napari-gpuseg (weights/NUCLEI_SAM_CARD.md); encoder: LiteMedSAM",
             "LiteMedSAM with a decoder tuned on microscopy nuclei: clicks and boxes (default)",
             base="lite_medsam",
