@@ -203,3 +203,38 @@ def test_unet_on_a_zyx_volume_in_blocks_matches_the_volume_in_one_piece(shared_d
     assert rep.blocks == 8 and rep.objects > 50
     assert object_f1(whole, lab) >= 0.99
     assert seam_splits(whole, lab, plan_blocks(img.shape, (32, 64, 64), (4, 32, 32))) == 0
+
+
+def test_cli_segments_a_folder_of_zarr_stores(mosaic, shared_data, tmp_path, capsys):
+    """A folder IN holding zarr stores: each store in blocks, one after another (and the
+    folder's image files as usual); a store with a layout the reader cannot take gets one
+    error line and the others are still segmented (exit code 1)."""
+    import shutil
+
+    from napari_gpuseg.cli.batch import main
+
+    src = tmp_path / "in"
+    (src / "plate2").mkdir(parents=True)
+    shutil.copytree(mosaic, src / "a.ome.zarr")
+    shutil.copytree(mosaic, src / "plate2" / "b.ome.zarr")
+    bad = zarr.open_group(str(src / "c.zarr"), mode="w", zarr_format=2)
+    bad.create_array("x", shape=(8, 8), dtype="u2")
+    bad.create_array("y", shape=(8, 8), dtype="u2")
+    out = tmp_path / "out"
+    args = [str(src), str(out), "--block-size", "512", "--halo", "64", "--quiet", "--labels-to", "out",
+            "--set", "min_size=30"]
+    assert main(args) == 1  # c.zarr cannot be read: the run says so and goes on
+    text = capsys.readouterr()
+    assert "store 1/2: a.ome.zarr" in text.out and "store 2/2: c.zarr" in text.out  # not recursive
+    err = [line for line in text.err.splitlines() if line.startswith("napari-gpuseg batch:")]
+    assert len(err) == 1 and "c.zarr: unsupported zarr layout" in err[0]
+    lab = zarr.open_array(str(out / "a_labels.ome.zarr"), path="0")[:]
+    assert lab.shape == (1040, 1392) and lab.max() > 300
+    assert not (out / "plate2").exists()
+
+    assert main(args + ["--recursive"]) == 1  # subfolders too
+    text = capsys.readouterr()
+    assert "store 3/3: plate2/b.ome.zarr" in text.out
+    b = zarr.open_array(str(out / "plate2" / "b_labels.ome.zarr"), path="0")[:]
+    np.testing.assert_array_equal(b, lab)  # the same pixels give the same labels
+    assert (out / "plate2" / "b_objects.csv").is_file()

@@ -123,6 +123,42 @@ def _blocks(args, options: dict, handle, cancel) -> int:
     return 0
 
 
+def run_stores(args, options: dict, stores: list, cancel) -> int:
+    """Each zarr store found in the folder IN, in blocks, one after another (on the cluster
+    the options name, if any): the summary lines of each, or one error line for a store that
+    cannot be segmented, and the next one runs. Exit code: 0, 1 when a store failed, 130 when
+    cancelled."""
+    import copy
+    from pathlib import Path
+
+    from ..engine.jobs.clusters import connect
+
+    handle = None
+    if args.cluster or args.scheduler:
+        handle = connect(args.cluster, args.scheduler, args.cluster_config, args.workers,
+                         args.threads_per_worker)
+    failed = 0
+    try:
+        for k, store in enumerate(stores, 1):
+            one = copy.copy(args)
+            one.in_dir = str(store)
+            one.out_dir = str(Path(args.out_dir) / Path(store).parent.relative_to(args.in_dir))
+            print(f"store {k}/{len(stores)}: {Path(store).relative_to(args.in_dir)}")
+            try:
+                code = _blocks(one, options, handle, cancel)
+            except (ValueError, RuntimeError, OSError) as exc:  # one line; the next store runs
+                print(f"napari-gpuseg batch: {exc}", file=sys.stderr)
+                failed += 1
+                continue
+            if code == 130:
+                return 130
+            failed += code != 0
+    finally:
+        if handle is not None:
+            handle.close()
+    return 1 if failed else 0
+
+
 def _one_device(args) -> str | None:
     """``--devices`` names the device of every worker when it names one (else each worker
     takes its own: one GPU each on a LocalCluster)."""

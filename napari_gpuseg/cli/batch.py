@@ -17,7 +17,7 @@ import threading
 from ..engine.runtime.allocator import configure_allocator
 from ..engine.runtime.device import PRECISIONS
 from ._cluster import EPILOG as CLUSTER_EPILOG
-from ._cluster import add_cluster_arguments, folder_runner
+from ._cluster import add_cluster_arguments, folder_runner, run_stores
 
 EPILOG = """\
 examples:
@@ -177,7 +177,10 @@ def run_batch(args: argparse.Namespace) -> int:
         old = signal.signal(signal.SIGINT, on_sigint)
     bar = _Bar(args.quiet)
     max_bytes = int(args.max_image_gb * 2**30) if args.max_image_gb else None
+    stores, files_too = _stores_in(args)
     try:
+        if stores and not files_too:  # a folder of zarr stores: each in blocks
+            return run_stores(args, options, stores, cancel)
         report = folder_runner(args, run_folder)(  # in-process, on a Dask cluster, or in blocks
             args.in_dir, args.out_dir, args.method,
             method_options=options, pattern=args.pattern, recursive=args.recursive,
@@ -216,7 +219,23 @@ def run_batch(args: argparse.Namespace) -> int:
         print(f"report: {report.report_csv}")
     if report.cancelled or interrupted.is_set():
         return 130
-    return 1 if (report.failed or report.report_error) else 0
+    code = 1 if (report.failed or report.report_error) else 0
+    if stores:  # the folder's zarr stores after its files
+        code = max(code, run_stores(args, options, stores, cancel))
+    return code
+
+
+def _stores_in(args) -> tuple[list, bool]:
+    """(the zarr stores inside a folder IN, whether it also holds files to segment)."""
+    from ..engine.jobs.outputs import list_inputs
+    from ..io.zarr_images import find_stores, is_zarr
+
+    if not args.in_dir or is_zarr(args.in_dir):
+        return [], True
+    stores = find_stores(args.in_dir, args.recursive, exclude=[args.out_dir])
+    if not stores:
+        return [], True
+    return stores, bool(list_inputs(args.in_dir, args.out_dir, args.pattern, args.recursive))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,31 @@ def is_zarr(path: str | os.PathLike) -> bool:
     return p.is_dir() and any((p / m).is_file() for m in ZARR_MARKERS)
 
 
+def find_stores(folder: str | os.PathLike, recursive: bool = False, exclude=()) -> list[Path]:
+    """The zarr stores inside ``folder`` (its subfolders too with ``recursive``; never inside
+    a store, nor in the ``exclude`` folders), sorted by path."""
+    root = Path(folder)
+    skip = {Path(e).resolve() for e in exclude}
+    found: list[Path] = []
+
+    def walk(d: Path) -> None:
+        try:
+            children = sorted(c for c in d.iterdir() if c.is_dir())
+        except OSError:
+            return
+        for c in children:
+            if c.resolve() in skip:
+                continue
+            if is_zarr(c):
+                found.append(c)
+            elif recursive:
+                walk(c)
+
+    if root.is_dir() and not is_zarr(root):
+        walk(root)
+    return found
+
+
 def _axis_names(axes) -> list[str]:
     return [a["name"] if isinstance(a, dict) else str(a) for a in axes]
 
