@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from qtpy.QtWidgets import QComboBox, QVBoxLayout
 
-from ._choices import fill_layer_combos, watch_layers
+from ._choices import fill_layer_combos, layer_array, watch_layers
 from ._dock import DockWidget
 from ._unet_jobs import train_worker
 
@@ -44,8 +44,6 @@ class TrainDock(DockWidget):
     def _chosen_pair(self):
         """``(image layer, image, labels)`` of the chosen layers (full resolution), or None
         with the reason in the status line."""
-        from ._choices import layer_array
-
         img_name, lab_name = self.image_combo.currentText(), self.labels_combo.currentText()
         if self.viewer is None or not img_name or not lab_name:
             self._set_status("Pick an Image layer and a Labels layer.")

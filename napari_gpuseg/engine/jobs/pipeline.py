@@ -252,5 +252,5 @@ def _complete_report(report: RunReport, run: FolderRun, items: list[Item], metho
         report.disk_error = f"writing the outputs failed: {err.strerror or err}"
     why = (f"not processed: the run stopped ({report.disk_error})" if report.disk_error
            else "not processed (internal error)")
-    close_report(report, [it.rel for it in items], why, run.other_method, method_name, model)
-    report.rows = sorted(map(safe_row, report.rows), key=lambda r: r.file)
+    report.rows = [safe_row(r) for r in report.rows]
+    close_report(report, [it.rel for it in items], why, run.other_method, method_name, model)  # sorts the rows
