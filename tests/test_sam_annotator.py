@@ -129,7 +129,9 @@ def test_clicks_with_the_default_model_find_the_nucleus_and_refine(make_napari_v
         w.pos_layer.add([[y, x]])
         qtbot.waitUntil(w.has_preview, timeout=WAIT)
         first = w._preview[3]
-        assert first.all_scores is not None and len(first.all_scores) == 3  # best of three
+        # the best candidate: SAM's three multimask outputs and the tuned single-mask output
+        assert first.all_scores is not None and len(first.all_scores) == 4
+        assert first.score == first.all_scores.max()
         mask = first.full(gt.shape)
         scores.append(iou(mask, gt == oid))
         (cx, cy), label = corrective_point(mask, gt == oid) or ((x, y), 1)
@@ -152,7 +154,7 @@ def test_points_give_a_preview_and_negative_points_count(make_napari_viewer, qtb
     w.pos_layer.add([[cy, cx]])
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
     first = w._preview[3]
-    assert first.all_scores is not None  # point prompt: best of three
+    assert first.all_scores is not None  # point prompt: best of the candidates
     w.neg_layer.add([[b[1] - 5, b[0] - 5]])
     qtbot.waitUntil(lambda: w.has_preview() and w._preview[3] is not first, timeout=WAIT)
     add_box(w, b)  # a box together with the points

@@ -34,6 +34,12 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-time", type=float, default=None, help="seconds of training (embedding excluded)")
     p.add_argument("--views-per-image", action="append", type=int, default=None,
                    help="views embedded per image, at random (0 = every view; one number, or one per folder pair)")
+    p.add_argument("--zoom", action="append", type=float, default=None,
+                   help="scale of training views: 1 = native tiles, 1.5 = tiles 1/1.5 of the model "
+                        "input upscaled to it (repeatable; default: 1 and the scale the model "
+                        "decodes clicks at)")
+    p.add_argument("--click-zoom", type=float, default=None,
+                   help="scale the saved model decodes clicks at (default: the starting model's)")
     p.add_argument("--views-per-step", type=int, default=4)
     p.add_argument("--objects-per-view", type=int, default=6)
     p.add_argument("--lr", type=float, default=2e-4)
@@ -107,7 +113,7 @@ def config_from(args):
                         corrections=args.corrections, views_per_image=None,
                         val_fraction=args.val_fraction, val_objects=args.val_objects,
                         eval_every=args.eval_every, patience=args.patience, max_time=args.max_time,
-                        seed=args.seed)
+                        seed=args.seed, view_zooms=tuple(args.zoom) if args.zoom else None, click_zoom=args.click_zoom)
     try:
         cfg.check()
     except ValueError as exc:

@@ -46,7 +46,8 @@ class AnnotatorJobs:
         t0 = time.perf_counter()
         image = engine.prepare(img)
         self._early[key] = image  # prompts until the last tile reuse it
-        image = yield from engine.embed_steps(image, step=step, focus=lambda: self._focus,
+        image = yield from engine.embed_steps(image, engine.prompt_views(image), step=step,
+                                              focus=lambda: self._focus,
                                               progress=progress, cancel=cancel)
         synchronize(engine.policy.device)  # the time includes the GPU work, not just its launch
         return [image], time.perf_counter() - t0

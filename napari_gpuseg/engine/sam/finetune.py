@@ -47,7 +47,10 @@ class SamTuneConfig:
     corrections: int = 2  # corrective rounds per object: 1..corrections, the last one trained
     click_spread: float = 0.3  # first click anywhere within 30 % of the deepest interior
     box_jitter: float = 0.1
-    views_per_image: int | list | None = 4  # None = all; a list: one number per image
+    views_per_image: int | list | None = 4  # None = all; a list: one number per image (per zoom)
+    view_zooms: tuple | None = None  # scales of the training views (train_views.candidate_views);
+    # None: native and the scale the model decodes clicks at (SamEngine.click_zoom)
+    click_zoom: float | None = None  # saved with the decoder for the engine; None: the model's own
     val_fraction: float = 0.1  # of the images, for early stopping
     val_objects: int = 96
     eval_every: int = 25
@@ -63,6 +66,10 @@ class SamTuneConfig:
             raise ValueError(f"lr must be between 0 and 1, got {self.lr}")
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.view_zooms is not None and (not self.view_zooms or min(float(z) for z in self.view_zooms) < 1):
+            raise ValueError(f"view_zooms must be one or more scales >= 1, got {self.view_zooms}")
+        if self.click_zoom is not None and not 1 <= self.click_zoom <= 4:
+            raise ValueError(f"click_zoom must be between 1 and 4, got {self.click_zoom}")
         if self.max_time is not None and self.max_time <= 0:
             raise ValueError(f"max_time must be positive, got {self.max_time}")
 
@@ -125,7 +132,9 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     engine = _engine(model, policy, cache_dir)
     sam, device = engine.sam, engine.policy.device
     rng = np.random.default_rng(cfg.seed)
-    views = collect_views(engine, images, labels, cfg.views_per_image, rng, progress, cancel)
+    zooms = cfg.view_zooms or (1.0, cfg.click_zoom or engine.click_zoom)
+    views = collect_views(engine, images, labels, cfg.views_per_image, rng, progress, cancel,
+                          zooms=tuple(dict.fromkeys(float(z) for z in zooms)))
     train_imgs, val_imgs = _split(len(images), cfg)
     train = [i for i, v in enumerate(views) if v.source in train_imgs]
     val = [i for i, v in enumerate(views) if v.source in val_imgs]
@@ -289,5 +298,6 @@ def _save(out_path, engine, cfg, history, best_step, best_score, seconds, stoppe
                 "history": history, **meta}
     metrics = {k: v for k, v in (history[0] if history else {}).items() if k.startswith("val_")}
     best = next((h for h in history if h.get("step") == best_step and "val_score" in h), None)
-    return save_decoder(Path(out_path), engine.sam, base, sha, training=training,
+    click_zoom = float(cfg.click_zoom if cfg.click_zoom is not None else engine.click_zoom)
+    return save_decoder(Path(out_path), engine.sam, base, sha, training=training, click_zoom=click_zoom,
                         metrics={"before": metrics, "best": best or {}, "best_score": best_score})

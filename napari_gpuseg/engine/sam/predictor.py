@@ -9,7 +9,6 @@ Coordinates follow SAM: (x, y) in image pixels. Nothing here imports Qt or napar
 """
 from __future__ import annotations
 
-import re
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -23,9 +22,9 @@ from ..runtime.device import Policy, all_finite, resolve_policy, guard_finite
 from .cache import EmbeddingCache
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from .inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
-from .views import View, grid_views, prompt_box, route_box
+from .views import View, grid_views, prompt_box, route_box, route_click, touches_cut, zoom_grid
 from .prompt_types import MaskResult, Prompt, paste_labels, prompt_coords  # noqa: F401 - paste_labels re-exported
-from ..runtime.worker import pause_point
+from .encoder_pauses import add_pause_points
 
 
 GPU_EMBED_STEP = 2  # views per background encoder step on a GPU (embed_steps)
@@ -52,6 +51,13 @@ class SamEngine:
         self.cache = cache if cache is not None else EmbeddingCache()
         self.tile_overlap = tile_overlap
         self.contrast = contrast
+        # clicks are decoded in views this much finer than native (1 = the grid tiles), the
+        # scale the model's decoder was trained at (decoder_checkpoint.apply_decoder)
+        self.click_zoom = float(getattr(sam, "click_zoom", 1.0))
+        # the candidates of a multimask prompt: a decoder tuned here trains its single-mask
+        # output on every corrective click and box, so that output competes as a fourth
+        # candidate (measured: docs/benchmarks.md); a stock SAM decoder offers its three
+        self.candidates = "all" if getattr(sam, "decoder_tuned", False) else "multi"
         self.last_batch_size: int | None = None
         self._extra_views: dict[str, list[View]] = {}  # ad-hoc views made per image digest
         # per embedding: the decoder's work that depends on the image alone (see fast_decoder)
@@ -60,7 +66,7 @@ class SamEngine:
         self._factored = supports_factored(self.sam)
         encoder = getattr(self.sam, "image_encoder", None)
         if isinstance(encoder, torch.nn.Module):  # stand-in models in tests may have none
-            _add_pause_points(encoder)
+            add_pause_points(encoder)
 
     MEMOS = 4  # embeddings whose decoder products are kept (~35 MB each at 64 x 64)
     MASK_RENDER_BYTES = 64 * 2**20  # full-size mask logits of one decoder call rendered at once
@@ -114,6 +120,16 @@ class SamEngine:
 
     def views(self, image: PreparedImage) -> list[View]:
         return grid_views(image.shape, self.input_size, self.tile_overlap)
+
+    def click_views(self, image: PreparedImage) -> list[View]:
+        """The views a first click is decoded in: tiles :attr:`click_zoom` times finer than
+        the grid (none when the model decodes clicks at native scale)."""
+        return zoom_grid(image.shape, self.input_size, self.click_zoom) if self.click_zoom > 1 else []
+
+    def prompt_views(self, image: PreparedImage) -> list[View]:
+        """Every view a prompt may need: the grid (boxes), then the click views."""
+        grid = self.views(image)
+        return grid + [v for v in self.click_views(image) if v not in grid]
 
     def _key(self, image: PreparedImage, view: View) -> tuple:
         return (image.digest, self.info.encoder or self.info.name, self.policy.precision, str(self.policy.device),
@@ -229,10 +245,16 @@ class SamEngine:
         return emb
 
     # -- decoder --------------------------------------------------------------
-    def route(self, image: PreparedImage, prompt: Prompt) -> View:
-        """The view a prompt is decoded in: a grid tile, or a view made (and reused) for it."""
+    def route(self, image: PreparedImage, prompt: Prompt, zoom: bool = True) -> View:
+        """The view a prompt is decoded in: its mask input's; for a first click (points, no
+        box) the most central click view (:meth:`click_views`); else a grid tile, or a view
+        made (and reused) for it. ``zoom=False`` skips the click views."""
         if prompt.mask_input is not None:
             return prompt.mask_input.view
+        if zoom and prompt.box is None and prompt.points is not None:
+            view = route_click(prompt.points, self.click_views(image))
+            if view is not None:
+                return view
         extra = self._extra_views.setdefault(image.digest, [])
         view = route_box(prompt_box(prompt.points, prompt.box), self.views(image) + extra,
                          image.shape, self.input_size)
@@ -246,8 +268,9 @@ class SamEngine:
                 near_box: bool = False) -> list[MaskResult]:
         """Masks for ``prompts``; prompts sharing a view and a shape go in one decoder call.
 
-        ``multimask=True`` asks for three candidates and keeps the one with the highest
-        predicted IoU (``all_scores`` keeps the three scores). ``near_box=True``: the mask
+        ``multimask=True`` asks for the candidates (:attr:`candidates`: SAM's three, and
+        for a decoder tuned here its single-mask output too) and keeps the one with the
+        highest predicted IoU (``all_scores`` keeps every candidate's score). ``near_box=True``: the mask
         of a prompt with a box (and no mask input) is computed near its box only, the box
         grown by half its size per side (``fast_decoder.mask_region``, as box mode does);
         a mask reaching further is cut there. The same numbers inside; the decoder's mask
@@ -258,8 +281,24 @@ class SamEngine:
         image = self.prepare(image)
         for p in prompts:
             p.check_inside(image.shape)
-        groups: dict[tuple, list[int]] = defaultdict(list)
         routed = [self.route(image, p) for p in prompts]
+        results = self._decode_routed(image, prompts, routed, multimask, cancel, near_box)
+        # a click's object reaching the edge of its zoomed view may go on outside it:
+        # decoded again at native scale, where a view holds it whole
+        zoomed = set(self.click_views(image)) - set(self.views(image))
+        again = [i for i, (p, v, r) in enumerate(zip(prompts, routed, results))
+                 if p.mask_input is None and v in zoomed and touches_cut(r.mask, v, image.shape)]
+        if again:
+            redo = [prompts[i] for i in again]
+            native = [self.route(image, p, zoom=False) for p in redo]
+            for i, res in zip(again, self._decode_routed(image, redo, native, multimask, cancel, near_box)):
+                results[i] = res
+        return results
+
+    def _decode_routed(self, image: PreparedImage, prompts: Sequence[Prompt], routed: list[View],
+                       multimask: bool, cancel, near_box: bool) -> list[MaskResult]:
+        """Decode each prompt in its view; prompts sharing a view and a shape in one call."""
+        groups: dict[tuple, list[int]] = defaultdict(list)
         for i, (p, v) in enumerate(zip(prompts, routed)):
             k = (v, 0 if p.points is None else len(p.points), p.box is not None,
                  p.mask_input is not None)
@@ -295,17 +334,12 @@ class SamEngine:
             masks = torch.stack([p.mask_input.low_res for p in prompts])[:, None].to(dev)
         with torch.inference_mode(), self.policy.autocast():
             sparse, dense = self.sam.prompt_encoder(points=points, boxes=boxes, masks=masks)
+            outputs = self.candidates if multimask else "single"
             if masks is None and self._factored:
-                iou, _sel, low_res = decode_sparse(self.sam, emb, sparse, "multi" if multimask else "single",
+                iou, _sel, low_res = decode_sparse(self.sam, emb, sparse, outputs,
                                                    memo=memo, roi=roi, device=dev)  # emb copied once per memo
             else:
-                low_res, iou = self.sam.mask_decoder(
-                    image_embeddings=emb[None].to(dev),
-                    image_pe=self.sam.prompt_encoder.get_dense_pe(),
-                    sparse_prompt_embeddings=sparse,
-                    dense_prompt_embeddings=dense,
-                    multimask_output=multimask,
-                )
+                low_res, iou = self._decode_module(emb, sparse, dense, outputs)
         low_res, iou = low_res.float(), iou.float()
         if multimask:
             best = iou.argmax(dim=1)
@@ -318,6 +352,18 @@ class SamEngine:
         all_scores = iou.cpu().numpy()
         return [MaskResult(full_np[i], view.y0, view.x0, float(scores_np[i]), chosen[i].detach(),
                            view, all_scores[i]) for i in range(len(prompts))]
+
+    def _decode_module(self, emb, sparse, dense, outputs: str):
+        """The mask decoder module's (low-res logits, IoU) for ``outputs`` (see decode_sparse)."""
+        def run(multi: bool):
+            return self.sam.mask_decoder(image_embeddings=emb[None].to(self.policy.device),
+                                         image_pe=self.sam.prompt_encoder.get_dense_pe(),
+                                         sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
+                                         multimask_output=multi)
+        if outputs != "all":
+            return run(outputs == "multi")
+        (one, iou1), (three, iou3) = run(False), run(True)
+        return torch.cat([one, three], 1), torch.cat([iou1, iou3], 1)
 
     def _render_masks(self, low_res: torch.Tensor, view: View) -> np.ndarray:
         """Native-resolution bool masks (N, h, w) of ``low_res`` logits (N, L, L), rendered
@@ -341,24 +387,3 @@ class SamEngine:
         needed = sorted({self.route(image, p) for p in prompts})
         self.embed([image], [needed], batch_size=embed_batch_size, cancel=cancel)
         return self.predict(image, prompts, cancel=cancel)
-
-
-# before each block, its attention (and its qkv / output projections), MLP (and its layers),
-# convolutions and activations (a GELU fused into its convolution or linear layer has none of
-# its own), each downsampling and its layers, each layer of the neck and of the patch
-# embedding: 110 points per TinyViT forward (at 256 px the MBConv stage and the neck run on
-# large maps), so a queued prompt waits a fraction of a block
-_PAUSE_AT = re.compile(
-    r"(^|\.)(blocks\.\d+(\.(attn|mlp|local_conv|conv\d|act\d|(attn|mlp)\.\w+))?"
-    r"|downsample(\.\w+)?|neck(\.\d+)?|patch_embed(\.seq\.\d+)?)$")
-
-
-def _add_pause_points(encoder: torch.nn.Module) -> None:
-    """Call :func:`worker.pause_point` all through the encoder, so queued prompts are
-    answered (and a cancel takes effect) within a fraction of a block, not after a batch."""
-    if getattr(encoder, "_gpuseg_pause_points", False):
-        return
-    for name, module in encoder.named_modules():
-        if _PAUSE_AT.search(name):
-            module.register_forward_pre_hook(lambda _m, _a: pause_point())
-    encoder._gpuseg_pause_points = True

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..runtime.cancel import CancelToken, ProgressFn, check
-from .views import View
+from .views import View, zoom_grid
 
 MIN_AREA = 12  # px at the model input: smaller objects are not training targets
 
@@ -89,12 +89,23 @@ def whole_objects(labels: np.ndarray, view: View, image_shape: tuple[int, int],
     return np.array([i for i in ids[keep] if i not in cut], dtype=np.int64)
 
 
+def candidate_views(engine, prepared, zoom: float) -> list[View]:
+    """The views of one image at ``zoom`` (model input px per image px): the engine's grid
+    at 1, else a grid of tiles ``input_size / zoom`` px a side, upscaled to the input (the
+    views clicks are decoded in when the model's ``click_zoom`` is ``zoom``)."""
+    if zoom == 1.0:
+        return engine.views(prepared)
+    return zoom_grid(prepared.shape, engine.input_size, zoom)
+
+
 def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndarray],
                   views_per_image: int | Sequence[int | None] | None = None, rng: np.random.Generator | None = None,
-                  progress: ProgressFn = None, cancel: CancelToken | None = None) -> list[TrainView]:
-    """Embedded training views of every image (at most ``views_per_image`` each, chosen at
-    random among the views that hold at least one whole object; None = all; a sequence
-    gives one number per image)."""
+                  progress: ProgressFn = None, cancel: CancelToken | None = None,
+                  zooms: Sequence[float] = (1.0,)) -> list[TrainView]:
+    """Embedded training views of every image (at most ``views_per_image`` each per zoom,
+    chosen at random among the views that hold at least one whole object; None = all; a
+    sequence gives one number per image), at every scale in ``zooms`` (see
+    :func:`candidate_views`)."""
     if len(images) != len(labels):
         raise ValueError(f"{len(images)} images but {len(labels)} label images")
     rng = rng or np.random.default_rng(0)
@@ -108,14 +119,17 @@ def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndar
         lab = check_pair(image, lab, f"image {i}")
         prepared = engine.prepare(image)
         picked = []
-        for view in engine.views(prepared):
-            vl = view_labels(lab, view)
-            ids = whole_objects(lab, view, prepared.shape, vl)
-            if len(ids):
-                picked.append((view, vl, ids))
-        if per[i] and len(picked) > per[i]:
-            order = rng.permutation(len(picked))[:per[i]]
-            picked = [picked[k] for k in sorted(order)]
+        for zoom in zooms:
+            found = []
+            for view in candidate_views(engine, prepared, float(zoom)):
+                vl = view_labels(lab, view)
+                ids = whole_objects(lab, view, prepared.shape, vl)
+                if len(ids):
+                    found.append((view, vl, ids))
+            if per[i] and len(found) > per[i]:
+                order = rng.permutation(len(found))[:per[i]]
+                found = [found[k] for k in sorted(order)]
+            picked += found
         if picked:
             engine.embed([prepared], [[v for v, _, _ in picked]], cancel=cancel)
         for view, vl, ids in picked:

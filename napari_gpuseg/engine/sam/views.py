@@ -87,6 +87,31 @@ def grid_views(shape: tuple[int, int], input_size: int, overlap: int | None = No
             for y in _starts(h, th, overlap) for x in _starts(w, tw, overlap)]
 
 
+def zoom_grid(shape: tuple[int, int], input_size: int, zoom: float) -> list[View]:
+    """Views ``zoom`` times finer than native: tiles ``input_size / zoom`` px a side,
+    overlapping by a quarter, each upscaled to the model input (``zoom`` 1: the native grid)."""
+    if zoom <= 1.0:
+        return grid_views(shape, input_size)
+    return grid_views(shape, input_size, tile=max(8, int(round(input_size / zoom))))
+
+
+def route_click(points: np.ndarray, views: list[View]) -> View | None:
+    """The view of ``views`` that holds every (x, y) of ``points`` most centrally (the
+    object clicked on is the most likely to lie whole inside it); None if none holds them."""
+    pts = np.asarray(points, float).reshape(-1, 2)
+    box = np.r_[pts.min(0), pts.max(0)]
+    holding = [v for v in views if v.contains_box(box)]
+    return max(holding, key=lambda v: v.centrality(box)) if holding else None
+
+
+def touches_cut(mask: np.ndarray, view: View, shape: tuple[int, int]) -> bool:
+    """Whether a view's (h, w) ``mask`` reaches an edge of the view that cuts the image (not
+    the image's own border): the object may go on outside the view."""
+    m = np.asarray(mask, bool)
+    return bool((view.y0 > 0 and m[0].any()) or (view.x0 > 0 and m[:, 0].any())
+                or (view.y1 < shape[0] and m[-1].any()) or (view.x1 < shape[1] and m[:, -1].any()))
+
+
 def centred_view(box: np.ndarray, shape: tuple[int, int], input_size: int,
                  context: float = 1.25) -> View:
     """A view centred on ``box`` (x0, y0, x1, y1): native size if the box fits, larger otherwise."""

@@ -88,5 +88,6 @@ def apply_decoder(sam: nn.Module, doc: Mapping) -> nn.Module:
         ref = module.state_dict()
         module.load_state_dict({k: v.to(ref[k].dtype) for k, v in sub.items()}, strict=True)
     sam.decoder_tuned = True
+    sam.click_zoom = float(doc.get("click_zoom", 1.0))  # the scale its clicks were trained at
     sam.decoder_base = doc.get("base")
     return sam

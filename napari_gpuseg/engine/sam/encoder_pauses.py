@@ -1,0 +1,33 @@
+"""Pause points all through a SAM image encoder: a queued prompt waits a fraction of a block.
+
+The annotator embeds an image in a background worker job; :func:`worker.pause_point` lets a
+prompt (or a cancel) in between two modules, so the encoder's forward pass is cut into about
+a hundred pieces instead of being one uninterruptible call.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ..runtime.worker import pause_point
+
+# before each block, its attention (and its qkv / output projections), MLP (and its layers),
+# convolutions and activations (a GELU fused into its convolution or linear layer has none of
+# its own), each downsampling and its layers, each layer of the neck and of the patch
+# embedding: 110 points per TinyViT forward (at 256 px the MBConv stage and the neck run on
+# large maps), so a queued prompt waits a fraction of a block
+_PAUSE_AT = re.compile(
+    r"(^|\.)(blocks\.\d+(\.(attn|mlp|local_conv|conv\d|act\d|(attn|mlp)\.\w+))?"
+    r"|downsample(\.\w+)?|neck(\.\d+)?|patch_embed(\.seq\.\d+)?)$")
+
+
+def add_pause_points(encoder: torch.nn.Module) -> None:
+    """Call :func:`worker.pause_point` all through the encoder, so queued prompts are
+    answered (and a cancel takes effect) within a fraction of a block, not after a batch."""
+    if getattr(encoder, "_gpuseg_pause_points", False):
+        return
+    for name, module in encoder.named_modules():
+        if _PAUSE_AT.search(name):
+            module.register_forward_pre_hook(lambda _m, _a: pause_point())
+    encoder._gpuseg_pause_points = True

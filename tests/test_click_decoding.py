@@ -1,0 +1,142 @@
+"""Clicks: zoomed views (geometry, routing, the checkpoint field) and the first click's candidates."""
+import numpy as np
+import pytest
+import torch
+
+from napari_gpuseg.engine import load_engine
+from napari_gpuseg.engine.sam.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.finetune import SamTuneConfig, finetune_sam
+from napari_gpuseg.engine.sam.predictor import MaskResult, Prompt
+from napari_gpuseg.engine.sam.train_views import collect_views
+from napari_gpuseg.engine.sam.views import View, route_click, touches_cut, zoom_grid
+from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder
+
+from sam_fixtures import require_lite_medsam
+
+
+def test_zoom_grid_tiles_cover_the_image_at_the_finer_scale():
+    views = zoom_grid((520, 696), 256, 1.5)
+    assert {(v.h, v.w) for v in views} == {(171, 171)}
+    assert all(v.scale == pytest.approx(256 / 171) for v in views)
+    covered = np.zeros((520, 696), bool)
+    for v in views:
+        covered[v.y0:v.y1, v.x0:v.x1] = True
+    assert covered.all()
+    assert zoom_grid((520, 696), 256, 1.0) == zoom_grid((520, 696), 256, 0.5)  # the native grid
+    assert {(v.h, v.w) for v in zoom_grid((520, 696), 256, 1.0)} == {(256, 256)}
+
+
+def test_a_click_goes_to_the_view_holding_it_most_centrally():
+    views = zoom_grid((520, 696), 256, 1.5)
+    v = route_click(np.array([[300.0, 200.0]]), views)
+    assert v.contains_box(np.array([300, 200, 300, 200]))
+    best = max(v2.centrality(np.array([300, 200, 300, 200])) for v2 in views
+               if v2.contains_box(np.array([300, 200, 300, 200])))
+    assert v.centrality(np.array([300, 200, 300, 200])) == best >= 21
+    # several points: the view holds them all
+    pts = np.array([[10.0, 10.0], [150.0, 120.0]])
+    v = route_click(pts, views)
+    assert v.contains_box(np.r_[pts.min(0), pts.max(0)])
+    assert route_click(np.array([[10.0, 10.0], [600.0, 500.0]]), views) is None
+
+
+def test_touching_a_cut_edge_but_not_the_image_border():
+    shape = (300, 300)
+    inner, corner = View(50, 50, 100, 100, 256), View(0, 0, 100, 100, 256)
+    m = np.zeros((100, 100), bool)
+    m[40:60, 40:60] = True
+    assert not touches_cut(m, inner, shape)
+    m[0, 50] = True  # the top edge of an inner view cuts the image
+    assert touches_cut(m, inner, shape)
+    assert not touches_cut(m, corner, shape)  # the corner view's top edge is the image border
+    m[50, 99] = True
+    assert touches_cut(m, corner, shape)
+
+
+@pytest.fixture(scope="module")
+def zoomed():
+    require_lite_medsam()
+    engine = load_engine("lite_medsam", cache=EmbeddingCache())
+    engine.click_zoom = 1.5
+    return engine
+
+
+def test_first_clicks_are_decoded_in_zoomed_views_and_later_ones_stay_there(zoomed, monkeypatch):
+    img = np.zeros((512, 512), np.uint16)
+    img[200:230, 300:330] = 1000
+    prepared = zoomed.prepare(img)
+    zoom_views = set(zoomed.click_views(prepared))
+    assert zoom_views and not zoom_views & set(zoomed.views(prepared))
+    assert zoomed.prompt_views(prepared)[:len(zoomed.views(prepared))] == zoomed.views(prepared)
+    first = zoomed.predict(prepared, [Prompt(points=[[315, 215]], labels=[1])], multimask=True)[0]
+    assert first.view in zoom_views and first.view.h == 171
+    # a box still goes to the native grid; a corrective click to its mask input's view
+    box = zoomed.predict(prepared, [Prompt(box=[295, 195, 335, 235])])[0]
+    assert box.view.h == 256
+    second = zoomed.predict(prepared, [Prompt(points=[[315, 215], [250, 150]], labels=[1, 0],
+                                              mask_input=first)])[0]
+    assert second.view == first.view
+
+
+def test_a_mask_reaching_a_cut_edge_of_its_zoomed_view_is_decoded_again_natively(zoomed, monkeypatch):
+    img = np.random.default_rng(0).integers(0, 1000, (512, 512)).astype(np.uint16)
+    prepared = zoomed.prepare(img)
+    seen = []
+
+    def whole_view(emb, view, prompts, multimask, memo=None, near_box=False):
+        seen.append(view)
+        return [MaskResult(np.ones((view.h, view.w), bool), view.y0, view.x0, 0.9,
+                           torch.zeros(256, 256), view, np.zeros(3)) for _ in prompts]
+
+    monkeypatch.setattr(zoomed, "_decode", whole_view)
+    res = zoomed.predict(prepared, [Prompt(points=[[256, 256]], labels=[1])], multimask=True)[0]
+    assert [v.h for v in seen] == [171, 256]  # the zoomed view, then the native grid tile
+    assert res.view == seen[-1] and res.view in zoomed.views(prepared)
+
+
+def test_training_views_follow_the_models_click_zoom_and_the_checkpoint_keeps_it(
+        zoomed, shared_data, tmp_path):
+    import tifffile
+
+    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[0]
+    img = tifffile.imread(f)[:256, :256]
+    lab = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[:256, :256]
+    views = collect_views(zoomed, [img], [lab], zooms=(1.0, 1.5))
+    sizes = sorted({v.view.h for v in views})
+    assert sizes == [171, 256] and all(len(v.ids) for v in views)
+    # the labels of a zoomed view are resized the way its pixels are
+    z = next(v for v in views if v.view.h == 171)
+    assert z.labels.shape == (256, 256) and set(np.unique(z.labels)) - {0} >= set(z.ids)
+    cfg = SamTuneConfig(max_steps=2, views_per_step=1, objects_per_view=2, warmup=1, corrections=1,
+                        views_per_image=None, val_fraction=0.0)
+    out = tmp_path / "zoomed.pt"
+    res = finetune_sam([img], [lab], model=zoomed, config=cfg, out_path=out)
+    assert res.n_train_views == len(views)  # native and zoomed: the default follows click_zoom
+    assert read_decoder(out)["click_zoom"] == 1.5
+    assert load_engine(str(out), cache=zoomed.cache).click_zoom == 1.5
+    with pytest.raises(ValueError, match="view_zooms"):
+        SamTuneConfig(view_zooms=(0.5,)).check()
+
+
+def test_a_tuned_decoder_offers_its_single_mask_output_as_a_fourth_candidate(zoomed):
+    from napari_gpuseg.engine.sam.fast_decoder import decode_sparse
+
+    shipped = load_engine(cache=zoomed.cache)  # the default model: a decoder tuned here
+    assert shipped.candidates == "all" and zoomed.candidates == "multi"
+    img = np.zeros((256, 256), np.uint16)
+    img[100:130, 90:125] = 800
+    prepared = shipped.prepare(img)
+    (res,) = shipped.predict(prepared, [Prompt(points=[[107, 115]], labels=[1])], multimask=True)
+    assert res.all_scores.shape == (4,) and res.score == res.all_scores.max()
+    (stock,) = zoomed.predict(zoomed.prepare(img), [Prompt(points=[[107, 115]], labels=[1])], multimask=True)
+    assert stock.all_scores.shape == (3,)
+    # the module path (used with a mask input) gives the same four candidates as the factored one
+    emb = shipped.embedding(prepared, res.view)
+    with torch.inference_mode():
+        pts = torch.as_tensor(res.view.to_input(np.array([[107.0, 115.0]]))[None], dtype=torch.float32)
+        sparse, dense = shipped.sam.prompt_encoder(points=(pts, torch.ones(1, 1, dtype=torch.int64)),
+                                                   boxes=None, masks=None)
+        iou_f, _sel, low_f = decode_sparse(shipped.sam, emb, sparse, "all")
+        low_m, iou_m = shipped._decode_module(emb, sparse, dense, "all")
+    assert low_m.shape == low_f.shape and low_m.shape[1] == 4
+    torch.testing.assert_close(iou_m.float(), iou_f, atol=1e-3, rtol=1e-3)
