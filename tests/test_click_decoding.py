@@ -94,6 +94,23 @@ def test_a_mask_reaching_a_cut_edge_of_its_zoomed_view_is_decoded_again_natively
     assert res.view == seen[-1] and res.view in zoomed.views(prepared)
 
 
+@pytest.mark.parametrize("zoom_score, wins", [(0.95, "zoomed"), (0.5, "native")])
+def test_a_first_click_keeps_the_scale_with_the_higher_predicted_iou(zoomed, monkeypatch, zoom_score, wins):
+    img = np.random.default_rng(1).integers(0, 1000, (512, 512)).astype(np.uint16)
+    prepared = zoomed.prepare(img)
+
+    def small_mask(emb, view, prompts, multimask, memo=None, near_box=False):
+        m = np.zeros((view.h, view.w), bool)
+        m[view.h // 2 - 5:view.h // 2 + 5, view.w // 2 - 5:view.w // 2 + 5] = True  # inside, no cut
+        score = zoom_score if view.h == 171 else 0.8
+        return [MaskResult(m, view.y0, view.x0, score, torch.zeros(256, 256), view, np.zeros(4))
+                for _ in prompts]
+
+    monkeypatch.setattr(zoomed, "_decode", small_mask)
+    res = zoomed.predict(prepared, [Prompt(points=[[256, 256]], labels=[1])], multimask=True)[0]
+    assert (res.view.h == 171) == (wins == "zoomed")
+
+
 def test_training_views_follow_the_models_click_zoom_and_the_checkpoint_keeps_it(
         zoomed, shared_data, tmp_path):
     import tifffile

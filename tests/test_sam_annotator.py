@@ -122,6 +122,13 @@ def test_clicks_with_the_default_model_find_the_nucleus_and_refine(make_napari_v
     viewer.add_image(img, name="nuclei")
     w = open_dock(viewer)
     wait_embedded(qtbot, w)
+    # the background job embeds the grid, then the views first clicks are decoded in
+    engine = w._engine(w.model_name)
+    prepared = w._prepared[w._plane_key()]
+    views = engine.prompt_views(prepared)
+    assert engine.click_zoom > 1 and len(views) > len(engine.views(prepared))
+    qtbot.waitUntil(lambda: engine.is_embedded(prepared, views), timeout=WAIT)
+    assert w._tiles[w._plane_key()] == (len(views), len(views))
     ids, _boxes = gt_boxes(gt)
     scores = []
     for oid in ids[:6]:

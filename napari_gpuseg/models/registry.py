@@ -67,7 +67,7 @@ class ModelSpec:
         return (58.395, 57.12, 57.375) if self.normalization == "sam" else (1.0, 1.0, 1.0)
 
 
-NUCLEI_SAM_SHA256 = "c8a387aa2097fffec17118c887641d77e8190c311090a6b61bef11314fc3220e"  # weights/nuclei_sam_decoder.pt (card: NUCLEI_SAM_CARD.md)
+NUCLEI_SAM_SHA256 = "fc51a2a549e17eab49925aaa0766034909014dafe737625715760865a3ece9b4"  # weights/nuclei_sam_decoder.pt (card: NUCLEI_SAM_CARD.md)
 _SAM_SRC = "https://github.com/facebookresearch/segment-anything"
 _SAM_URL = "https://dl.fbaipublicfiles.com/segment_anything/"
 MODELS: Dict[str, ModelSpec] = {

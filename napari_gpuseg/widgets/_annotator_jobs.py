@@ -46,9 +46,14 @@ class AnnotatorJobs:
         t0 = time.perf_counter()
         image = engine.prepare(img)
         self._early[key] = image  # prompts until the last tile reuse it
-        image = yield from engine.embed_steps(image, engine.prompt_views(image), step=step,
-                                              focus=lambda: self._focus,
-                                              progress=progress, cancel=cancel)
+        # the grid first (boxes, and the first mask after a drop), then the click views
+        grid = engine.views(image)
+        extra = engine.prompt_views(image)[len(grid):]
+        total = len(grid) + len(extra)
+        for before, views in ((0, grid), (len(grid), extra)):
+            report = None if progress is None else (lambda done, _n, b=before: progress(b + done, total))
+            image = yield from engine.embed_steps(image, views, step=step, focus=lambda: self._focus,
+                                                  progress=report, cancel=cancel)
         synchronize(engine.policy.device)  # the time includes the GPU work, not just its launch
         return [image], time.perf_counter() - t0
 

@@ -100,7 +100,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.hint_label = QLabel()
         self.hint_label.setWordWrap(True)
         self._make_status_parts()
-        self.multimask = QCheckBox("best of 3 masks for point prompts")
+        self.multimask = QCheckBox("best of the candidate masks for a first click")
         self.multimask.setChecked(True)
 
         self.commit_btn = QPushButton("Commit [Shift-C]")
@@ -360,7 +360,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
     def _follow_up(self, prompt, index: tuple):
         """(prompt, multimask): a click added to the shown mask's prompt refines that mask
         (its logits go back as mask input); an object's first click takes the best of
-        three masks (the "best of 3" box); anything else starts over."""
+        the candidate masks (the "best of the candidates" box); anything else starts over."""
         shown = self._preview
         if shown is not None and shown[0] is self.image_layer and shown[1] == index:
             refined = follow_up(prompt, self._preview_prompt, shown[3])

@@ -1,7 +1,7 @@
 """Interactive segmentation measured as a user works: clicks, corrections, a box.
 
 For each object of a labelled image, through the public :meth:`SamEngine.predict`: one
-positive click at the object's most interior pixel (the best of the multimask outputs,
+positive click at the object's most interior pixel (the best of the candidate masks,
 as the annotator's first click), then corrective clicks at the most interior pixel of
 the larger error (positive in a missed part, negative in a false one) with the previous
 mask's logits as mask input (as the annotator's later clicks); separately, one tight box.

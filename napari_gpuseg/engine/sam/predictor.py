@@ -247,8 +247,9 @@ class SamEngine:
     # -- decoder --------------------------------------------------------------
     def route(self, image: PreparedImage, prompt: Prompt, zoom: bool = True) -> View:
         """The view a prompt is decoded in: its mask input's; for a first click (points, no
-        box) the most central click view (:meth:`click_views`); else a grid tile, or a view
-        made (and reused) for it. ``zoom=False`` skips the click views."""
+        box) the most central click view (:meth:`click_views`; :meth:`predict` tries the
+        grid too); else a grid tile, or a view made (and reused) for it. ``zoom=False``
+        skips the click views."""
         if prompt.mask_input is not None:
             return prompt.mask_input.view
         if zoom and prompt.box is None and prompt.points is not None:
@@ -283,16 +284,17 @@ class SamEngine:
             p.check_inside(image.shape)
         routed = [self.route(image, p) for p in prompts]
         results = self._decode_routed(image, prompts, routed, multimask, cancel, near_box)
-        # a click's object reaching the edge of its zoomed view may go on outside it:
-        # decoded again at native scale, where a view holds it whole
+        # a first click in a zoomed view is also decoded at native scale; the candidate with
+        # the higher predicted IoU wins, and the native one always when the zoomed mask
+        # reaches a cut edge of its view (the object may go on outside it)
         zoomed = set(self.click_views(image)) - set(self.views(image))
-        again = [i for i, (p, v, r) in enumerate(zip(prompts, routed, results))
-                 if p.mask_input is None and v in zoomed and touches_cut(r.mask, v, image.shape)]
+        again = [i for i, (p, v) in enumerate(zip(prompts, routed)) if p.mask_input is None and v in zoomed]
         if again:
             redo = [prompts[i] for i in again]
             native = [self.route(image, p, zoom=False) for p in redo]
             for i, res in zip(again, self._decode_routed(image, redo, native, multimask, cancel, near_box)):
-                results[i] = res
+                if res.score > results[i].score or touches_cut(results[i].mask, routed[i], image.shape):
+                    results[i] = res
         return results
 
     def _decode_routed(self, image: PreparedImage, prompts: Sequence[Prompt], routed: list[View],
