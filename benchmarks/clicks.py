@@ -1,6 +1,7 @@
 """Iterative prompting: mean IoU per object after 1, 3 and 5 clicks and with a box.
 
     python benchmarks/clicks.py [--models lite_medsam nuclei_sam] [--per-field 20] [--json out.json]
+                                [--cache-dir DIR]
 
 Validation data no model here trained on: the last 8 BBBC039 fields (``--per-field``
 objects drawn per field, seed 0) and the DSB2018 field in ``shared/data/dsb2018`` (every
@@ -8,7 +9,8 @@ object). Every model runs on the same objects in the same run, through the publi
 API (``engine.sam.click_eval.click_ious``): a first click at the object's most interior
 pixel (best of the multimask outputs), corrective clicks at the most interior pixel of
 the larger error with the previous logits as mask input, and a tight box on its own.
-The models share one embedding cache (they share LiteMedSAM's encoder).
+The models share one embedding cache (they share LiteMedSAM's encoder); ``--cache-dir``
+keeps the embeddings on disk, so a rerun (another decoder file, say) skips the encoder.
 """
 import argparse
 import json
@@ -40,10 +42,11 @@ def main(argv=None) -> int:
     ap.add_argument("--per-field", type=int, default=20)
     ap.add_argument("--clicks", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cache-dir", default=None, help="keep the embeddings in this folder across runs")
     args = ap.parse_args(argv)
     print(f"{platform.processor() or platform.machine()} ({cpu_flags()}), {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
-    cache = EmbeddingCache(max_bytes=4 << 30)
+    cache = EmbeddingCache(max_bytes=4 << 30, disk_dir=args.cache_dir)
     engines = {m: load_engine(m, cache=cache) for m in args.models}
     rows = []
     for name, items in datasets(args.per_field).items():

@@ -1,7 +1,7 @@
-"""First mask on a new image, against embedding the whole field (LiteMedSAM, real viewer).
+"""First mask on a new image, against embedding the whole field (real viewer, the dock's model).
 
     xvfb-run -a python benchmarks/first_mask.py [--fields 3] [--edits 20] [--precision auto]
-                                                [--hold alternate|on|off]
+                                                [--hold alternate|on|off] [--model NAME]
 
 Per held-out 520x696 BBBC039 field (12 native 256 px tiles), in one run:
 
@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--hold", choices=("alternate", "on", "off"), default="alternate")
+    ap.add_argument("--model", default=None, help="SAM model of the dock (default: the dock's default)")
     args = ap.parse_args()
 
     import napari
@@ -85,7 +86,11 @@ def main() -> None:
         pump_until(app, until, timeout)
 
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    if args.model:
+        w.model_combo.setCurrentText(args.model)
+        w._on_model_chosen(0)
     pump(lambda: "ready" in w.status.text())
+    print(f"model: {w.model_name}", flush=True)
     shown = {}
     original = w._show_preview
 

@@ -208,3 +208,32 @@ def test_out_of_memory_halves_the_objects_per_step(lite, train_crop, monkeypatch
     cfg = tiny_config(max_steps=1, objects_per_view=4, box_fraction=0.0)
     res = finetune_sam([img], [lab], model=load_engine("lite_medsam", cache=lite.cache), config=cfg)
     assert res.stopped == "done" and sizes == [4, 2]
+
+
+@pytest.mark.parametrize("first", ["all", "multi"])
+def test_a_first_click_trains_the_candidates_the_engine_offers(lite, train_crop, first):
+    """A tuned decoder's first click is picked from four masks (SamEngine.candidates
+    "all"): training ranks the single-mask output beside the three multimask ones, so its
+    IoU prediction learns from first clicks too; "multi" trains the three only."""
+    from napari_gpuseg.engine.sam.episodes import episode
+
+    img, lab = train_crop
+    engine = load_engine("lite_medsam", cache=lite.cache)
+    views = collect_views(engine, [img], [lab])
+    gt = np.stack([views[0].labels == o for o in views[0].ids[:4]])
+    emb = views[0].embedding[None].float().expand(len(gt), -1, -1, -1)
+    sam = engine.sam
+    for p in sam.mask_decoder.parameters():
+        p.requires_grad_(True)
+    rec = []
+    loss = episode(sam, emb, gt, False, np.random.default_rng(0), tiny_config(first_candidates=first),
+                   engine.policy.device, n_corr=0, record=rec)
+    loss.backward()
+    head = sam.mask_decoder.iou_prediction_head.layers[-1]
+    single_row = head.weight.grad[0].abs().sum().item()
+    multi_rows = head.weight.grad[1:].abs().sum().item()
+    assert multi_rows > 0 and np.isfinite(loss.item())
+    assert (single_row > 0) == (first == "all")
+    assert len(rec) == 1 and rec[0].shape == (len(gt),)
+    with pytest.raises(ValueError, match="first_candidates"):
+        tiny_config(first_candidates="two").check()

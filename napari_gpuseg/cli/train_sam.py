@@ -45,6 +45,9 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--box-fraction", type=float, default=0.3)
     p.add_argument("--corrections", type=int, default=2)
+    p.add_argument("--first-candidates", default="multi", choices=("multi", "all"),
+                   help="a first click's masks in training: multi = the three multimask outputs, "
+                        "all = the single-mask output as well (as the annotator picks)")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--val-objects", type=int, default=96)
     p.add_argument("--val-fraction", type=float, default=0.1)
@@ -110,7 +113,8 @@ def config_from(args):
 
     cfg = SamTuneConfig(max_steps=args.max_steps, views_per_step=args.views_per_step,
                         objects_per_view=args.objects_per_view, lr=args.lr, box_fraction=args.box_fraction,
-                        corrections=args.corrections, views_per_image=None,
+                        corrections=args.corrections, first_candidates=args.first_candidates,
+                        views_per_image=None,
                         val_fraction=args.val_fraction, val_objects=args.val_objects,
                         eval_every=args.eval_every, patience=args.patience, max_time=args.max_time,
                         seed=args.seed, view_zooms=tuple(args.zoom) if args.zoom else None, click_zoom=args.click_zoom)

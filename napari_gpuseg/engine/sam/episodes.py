@@ -19,9 +19,14 @@ if TYPE_CHECKING:  # the config lives with the training loop
 
 
 def _decode(sam, emb, points=None, labels=None, boxes=None, masks=None, multimask=False):
+    """Low-res logits and predicted IoUs: ``multimask`` False (the single-mask output),
+    True (the three multimask outputs) or ``"all"`` (the single one, then the three)."""
     sparse, dense = sam.prompt_encoder(points=None if points is None else (points, labels),
                                        boxes=boxes, masks=masks)
-    return sam.mask_decoder(emb, sam.prompt_encoder.get_dense_pe(), sparse, dense, multimask)
+    pe = sam.prompt_encoder.get_dense_pe()
+    if multimask == "all":
+        return sam.mask_decoder.predict_masks(emb, pe, sparse, dense)
+    return sam.mask_decoder(emb, pe, sparse, dense, bool(multimask))
 
 
 def _iou(logits: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
@@ -33,7 +38,8 @@ def _iou(logits: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
 
 def _mask_loss(logits: torch.Tensor, iou_pred: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
     """(N, M, S, S) logits against (N, S, S) truth: BCE + Dice of the best candidate per
-    object, plus MSE of the predicted IoUs (all candidates) against the true ones."""
+    object, plus MSE of the predicted IoUs (all candidates) against the true ones; with
+    four candidates the IoU head learns to rank the single-mask output beside the three."""
     logits = logits.float()
     g = gt[:, None].expand_as(logits).float()
     bce = F.binary_cross_entropy_with_logits(logits, g, reduction="none").flatten(-2).mean(-1)
@@ -42,6 +48,12 @@ def _mask_loss(logits: torch.Tensor, iou_pred: torch.Tensor, gt: torch.Tensor) -
     per = (bce + dice).min(dim=1).values
     true_iou = _iou(logits.detach(), gt[:, None].expand_as(logits))
     return per.mean() + F.mse_loss(iou_pred.float(), true_iou)
+
+
+def _first(cfg) -> bool | str:
+    """The first click's candidates: ``"all"`` (single + three multimask, as the engine
+    offers a tuned decoder's first click) or the three multimask outputs (SAM's training)."""
+    return "all" if getattr(cfg, "first_candidates", "multi") == "all" else True
 
 
 def _best(logits: torch.Tensor, iou_pred: torch.Tensor) -> torch.Tensor:
@@ -71,7 +83,7 @@ def episode(sam, emb: torch.Tensor, gt: np.ndarray, use_box: bool, rng: np.rando
     with torch.set_grad_enabled(train):
         logits, iou = _decode(sam, emb, None if pts is None else torch.as_tensor(pts, dtype=torch.float32, device=device),
                               None if labs is None else torch.as_tensor(labs, device=device),
-                              boxes, None, multimask=not use_box)
+                              boxes, None, multimask=False if use_box else _first(cfg))
         loss = _mask_loss(logits, iou, gt_t)
     prev = _best(logits, iou).detach().float()
     if record is not None:

@@ -6,8 +6,9 @@
 Every training view is embedded once (:mod:`train_views`; with ``cache_dir`` the
 embeddings persist on disk and a rerun skips the encoder). The prompt encoder and mask
 decoder then learn from simulated users (:mod:`interaction`): each object starts with one
-positive click (multimask output, the best of the three candidates counts, as SAM trains)
-or a jittered box, then one or more corrective clicks with the previous low-res logits as
+positive click (multimask output, the best of the three candidates counts, as SAM trains;
+``first_candidates="all"`` adds the single-mask output, so the IoU head learns to rank all
+four as the engine picks a tuned decoder's first click) or a jittered box, then one or more corrective clicks with the previous low-res logits as
 mask input. Loss: BCE + Dice on the masks, MSE of the IoU head against the true IoU. AdamW
 with warm-up and cosine decay over steps or the time budget, a validation split of whole
 images with early stopping, a loss callback, Cancel. CPU fp32 by default; on CUDA the
@@ -45,6 +46,8 @@ class SamTuneConfig:
     warmup: int = 10
     box_fraction: float = 0.3  # objects whose first prompt is a box (else one click)
     corrections: int = 2  # corrective rounds per object: 1..corrections, the last one trained
+    first_candidates: str = "multi"  # a first click's masks: "multi" (the 3 multimask outputs,
+    # as SAM trains) or "all" (single + 3, as the engine offers a tuned decoder's first click)
     click_spread: float = 0.3  # first click anywhere within 30 % of the deepest interior
     box_jitter: float = 0.1
     views_per_image: int | list | None = 4  # None = all; a list: one number per image (per zoom)
@@ -66,6 +69,8 @@ class SamTuneConfig:
             raise ValueError(f"lr must be between 0 and 1, got {self.lr}")
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.first_candidates not in ("all", "multi"):
+            raise ValueError(f"first_candidates must be 'all' or 'multi', got {self.first_candidates!r}")
         if self.view_zooms is not None and (not self.view_zooms or min(float(z) for z in self.view_zooms) < 1):
             raise ValueError(f"view_zooms must be one or more scales >= 1, got {self.view_zooms}")
         if self.click_zoom is not None and not 1 <= self.click_zoom <= 4:
