@@ -237,3 +237,18 @@ def test_a_first_click_trains_the_candidates_the_engine_offers(lite, train_crop,
     assert len(rec) == 1 and rec[0].shape == (len(gt),)
     with pytest.raises(ValueError, match="first_candidates"):
         tiny_config(first_candidates="two").check()
+
+
+def test_train_sam_options_reach_the_config(tmp_path):
+    import argparse
+
+    from napari_gpuseg.cli.train_sam import add_train_sam_parser, config_from
+
+    parser = argparse.ArgumentParser()
+    add_train_sam_parser(parser.add_subparsers())
+    base = ["train-sam", "--images", "i", "--labels", "l", "--out", str(tmp_path / "o.pt")]
+    cfg = config_from(parser.parse_args(base))
+    assert cfg.first_candidates == "multi" and cfg.view_zooms is None and cfg.click_zoom is None
+    cfg = config_from(parser.parse_args(
+        base + ["--first-candidates", "all", "--zoom", "1", "--zoom", "1.5", "--click-zoom", "1.5"]))
+    assert cfg.first_candidates == "all" and cfg.view_zooms == (1.0, 1.5) and cfg.click_zoom == 1.5
