@@ -87,8 +87,7 @@ def main() -> None:
 
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     if args.model:
-        w.model_combo.setCurrentText(args.model)
-        w._on_model_chosen(0)
+        w.use_sam_model(args.model)
     pump(lambda: "ready" in w.status.text())
     print(f"model: {w.model_name}", flush=True)
     shown = {}

@@ -50,12 +50,6 @@ def _mask_loss(logits: torch.Tensor, iou_pred: torch.Tensor, gt: torch.Tensor) -
     return per.mean() + F.mse_loss(iou_pred.float(), true_iou)
 
 
-def _first(cfg) -> bool | str:
-    """The first click's candidates: ``"all"`` (single + three multimask, as the engine
-    offers a tuned decoder's first click) or the three multimask outputs (SAM's training)."""
-    return "all" if getattr(cfg, "first_candidates", "multi") == "all" else True
-
-
 def _best(logits: torch.Tensor, iou_pred: torch.Tensor) -> torch.Tensor:
     """The candidate with the highest predicted IoU per object, as the annotator picks."""
     k = iou_pred.argmax(dim=1)
@@ -80,10 +74,12 @@ def episode(sam, emb: torch.Tensor, gt: np.ndarray, use_box: bool, rng: np.rando
     else:
         pts = np.stack([interior_point(m, rng, spread)[None] for m in gt])
         labs = np.ones((n, 1), dtype=np.int64)
+    # a first click: the 3 multimask outputs, or with the single-mask one ("all")
+    first = False if use_box else ("all" if cfg.first_candidates == "all" else True)
     with torch.set_grad_enabled(train):
         logits, iou = _decode(sam, emb, None if pts is None else torch.as_tensor(pts, dtype=torch.float32, device=device),
                               None if labs is None else torch.as_tensor(labs, device=device),
-                              boxes, None, multimask=False if use_box else _first(cfg))
+                              boxes, None, multimask=first)
         loss = _mask_loss(logits, iou, gt_t)
     prev = _best(logits, iou).detach().float()
     if record is not None:
