@@ -11,3 +11,14 @@ def cpu_flags() -> str:
     except (OSError, StopIteration):
         return "flags unknown"
     return ", ".join(f for f in FLAGS if f in flags) or "no avx2"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    import platform
+
+    try:
+        line = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name"))
+        return line.split(":", 1)[1].strip()
+    except (OSError, StopIteration, IndexError):
+        return platform.processor() or platform.machine()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 import time
 from dataclasses import replace
@@ -25,6 +24,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
+from _machine import cpu_name  # noqa: E402  (benchmarks/, the script's folder)
 DATA = shared_data() / "dsb2018"
 
 
@@ -102,7 +102,7 @@ def main() -> None:
     emit(f"| bundled | {b_right:.3f} | {b_whole:.3f} |")
     emit(f"| adapted (left half, default schedule) | {a_right:.3f} | {a_whole:.3f} |")
     emit("")
-    emit(f"machine: {platform.processor() or platform.machine()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+    emit(f"machine: {cpu_name()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
          f"load average {os.getloadavg()[0]:.1f}")
     if args.out:
         Path(args.out).write_text("\n".join(rows) + "\n")

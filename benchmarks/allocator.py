@@ -37,7 +37,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
+from _machine import cpu_name  # noqa: E402  (benchmarks/, the script's folder)
 DATA = shared_data() / "bbbc039"
 GLIBC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296",
              "MALLOC_TOP_PAD_": "1073741824"}
@@ -167,7 +167,7 @@ def main() -> None:
         return
     setups = tuple(args.setups.split(","))
     ref = setups[0]
-    lines = [f"date {datetime.date.today()}, {platform.processor() or platform.machine()}, "
+    lines = [f"date {datetime.date.today()}, {cpu_name()}, "
              f"{os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, "
              f"{args.rounds} rounds taking turns, medians",
              "", f"| workload | set-up | wall s | user s | sys s | sys / CPU | wall vs {ref} | CPU vs {ref} "

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 import statistics
 import sys
 import time
@@ -41,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import sam_reference as ref  # noqa: E402
 from sam import PeakRSS, val_crops  # noqa: E402  (benchmarks/sam.py)
+from _machine import cpu_name  # noqa: E402  (benchmarks/, the script's folder)
 
 from napari_gpuseg.engine.sam.everything import AutomaticParams, segment_everything  # noqa: E402
 from napari_gpuseg.engine.runtime.device import Policy, device_name  # noqa: E402
@@ -228,7 +228,7 @@ def main() -> None:
     emit("# Automatic SAM benchmark")
     emit()
     emit(f"`OMP_NUM_THREADS={torch.get_num_threads()} python benchmarks/automatic.py --pps {args.pps} "
-         f"--repeats {args.repeats}` on {platform.processor() or platform.machine()}, "
+         f"--repeats {args.repeats}` on {cpu_name()}, "
          f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
          f"{datetime.date.today().isoformat()}. Shared machine: compare columns of one run only.")
     emit()

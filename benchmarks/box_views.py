@@ -28,13 +28,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _machine import cpu_flags  # benchmarks/, the script's folder
+from _machine import cpu_flags, cpu_name  # benchmarks/, the script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
@@ -120,7 +119,7 @@ def main() -> None:
             r = run_child(f.name, s)
             res[s].append(r)
             print(f.name, s, json.dumps({k: v for k, v in r.items() if k != "per_box"}), flush=True)
-    lines = [f"date {datetime.date.today()}, {platform.machine()} ({cpu_flags()}), {os.cpu_count()} cores, "
+    lines = [f"date {datetime.date.today()}, {cpu_name()} ({cpu_flags()}), {os.cpu_count()} cores, "
              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, {args.fields} fields, "
              f"set-ups taking turns per field, run took {time.time() - t_start:.0f} s", "",
              "| set-up | routing | allocator set-up | field map | one piece | boxes | encoder passes | s | boxes/s | vs before "

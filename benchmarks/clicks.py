@@ -14,7 +14,6 @@ keeps the embeddings on disk, so a rerun (another decoder file, say) skips the e
 """
 import argparse
 import json
-import platform
 import sys
 import time
 
@@ -23,7 +22,7 @@ import tifffile
 import torch
 
 from _data import bbbc039_validation, shared_data
-from _machine import cpu_flags
+from _machine import cpu_flags, cpu_name
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.click_eval import click_ious
@@ -44,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--cache-dir", default=None, help="keep the embeddings in this folder across runs")
     args = ap.parse_args(argv)
-    print(f"{platform.processor() or platform.machine()} ({cpu_flags()}), {torch.get_num_threads()} threads, "
+    print(f"{cpu_name()} ({cpu_flags()}), {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
     cache = EmbeddingCache(max_bytes=4 << 30, disk_dir=args.cache_dir)
     engines = {m: load_engine(m, cache=cache) for m in args.models}

@@ -13,7 +13,6 @@ the ratio to ``plain`` and the largest difference to ``plain``'s output.
     python benchmarks/encoder_cpu.py [--threads 1,2] [--rounds 5] [--batch 1]
 """
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from napari_gpuseg.engine.sam.loader import load_sam_model  # noqa: E402
 from napari_gpuseg.models.sam import cpu_fused  # noqa: E402
 
-from _machine import cpu_flags  # noqa: E402  (benchmarks/, the script's folder)
+from _machine import cpu_flags, cpu_name  # noqa: E402  (benchmarks/, the script's folder)
 
 
 def main() -> None:
@@ -41,7 +40,7 @@ def main() -> None:
         "fused_nchw": ("nchw", x),
         "fused": (True, x),
     }
-    print(f"{platform.processor() or platform.machine()} ({cpu_flags()}), torch {torch.__version__}, "
+    print(f"{cpu_name()} ({cpu_flags()}), torch {torch.__version__}, "
           f"oneDNN fused kernels available: {cpu_fused._available}, batch {args.batch}")
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)

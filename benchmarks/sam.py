@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 import sam_reference as ref  # noqa: E402  (tests/: torchvision + timm stand-ins)
+from _machine import cpu_name  # noqa: E402  (benchmarks/, the script's folder)
 
 from napari_gpuseg.engine.runtime.device import Policy, make_policy  # noqa: E402
 from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine  # noqa: E402
@@ -507,7 +508,7 @@ def cpu_model() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def git_rev() -> str:

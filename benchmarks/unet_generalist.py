@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -30,6 +29,7 @@ import numpy as np
 import tifffile
 import torch
 
+from _machine import cpu_name  # benchmarks/, the script's folder
 from napari_gpuseg.engine import metrics
 from napari_gpuseg.engine.jobs.pipeline import output_paths, run_folder
 from napari_gpuseg.engine.normalize import is_color
@@ -104,7 +104,7 @@ def main() -> None:
             "dsb2018_more colour, 6 trained on (new: fit)": [
                 (p, more / "masks" / p.name) for p in colour if p.name not in SELECTION_ONLY],
         }
-        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        print(f"machine: {cpu_name()}, {os.cpu_count()} cores, "
               f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32; "
               f"old = git {args.old_rev}:{WEIGHTS}, new = {models['new']}", flush=True)
         print("\n| data | fields | model | F1@0.5 | F1@0.75 | fg IoU | precision / recall @0.5 |")
