@@ -1,0 +1,62 @@
+"""The annotator pays napari's first-layer work (imports, pint's unit registry) when it
+opens, before the first drop, rather than after it."""
+import threading
+
+import numpy as np
+import pint
+import pytest
+
+import napari_gpuseg.widgets.sam_annotator as annotator
+from napari_gpuseg.widgets import _first_layer
+
+from sam_fixtures import require_lite_medsam
+
+WAIT = 120_000
+
+
+def test_the_unit_registry_is_built_ahead():
+    app = pint.get_application_registry()
+    built = app.get()
+    app.set(pint.registry.LazyRegistry())
+    try:
+        assert type(app.get()) is pint.registry.LazyRegistry  # what a fresh session has
+        _first_layer.build_unit_registry()
+        assert type(app.get()) is pint.UnitRegistry
+        assert app.get().pixel == app.get().Unit("pixel")
+    finally:
+        app.set(built)
+
+
+def test_layer_modules_import_and_a_missing_one_is_skipped(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(_first_layer, "LAYER_MODULES", ("scipy.ndimage", "no_such_module_here"))
+    assert _first_layer.import_layer_modules() >= 0
+    assert "scipy.ndimage" in sys.modules and "no_such_module_here" not in sys.modules
+
+
+@pytest.mark.parametrize("with_image", [False, True])
+def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
+        make_napari_viewer, qtbot, monkeypatch, with_image):
+    require_lite_medsam()
+    calls, threads = [], {}
+
+    def record(what):
+        calls.append(what)
+        threads[what] = threading.current_thread()
+        return 0.0
+
+    monkeypatch.setattr(annotator, "build_unit_registry", lambda: record("units"))
+    monkeypatch.setattr(annotator, "import_layer_modules", lambda: record("imports"))
+    viewer = make_napari_viewer()
+    if with_image:
+        viewer.add_image(np.zeros((64, 64), np.uint16), name="there")
+    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    qtbot.waitUntil(lambda: "imports" in calls, timeout=WAIT)  # a worker job
+    qtbot.wait(50)  # the event loop runs a zero-delay timer by now
+    assert calls.count("units") == (0 if with_image else 1)
+    assert calls.count("imports") == 1
+    # imports in the dock's worker; pint's registry (built lazily, without a lock) on the GUI thread
+    assert threads["imports"] is not threading.main_thread()
+    if not with_image:
+        assert threads["units"] is threading.main_thread()
