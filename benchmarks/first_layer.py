@@ -1,0 +1,86 @@
+"""A session's first drop: the annotator's first-layer warm-up against none.
+
+    xvfb-run -a python benchmarks/first_layer.py [--pairs 3]
+
+Each trial is a fresh process (the work is one-off per session): a real napari window, the
+SAM annotator docked and its model loaded, the worker idle; then the first BBBC039
+validation field is added. Timed on the GUI thread: ``viewer.add_image`` and, after it,
+until the dock follows the image (its prompt layers made). ``warm`` is the dock as shipped
+(``widgets/_first_layer.py``: napari's layer imports in the dock's worker and pint's unit
+registry on the GUI thread, when the dock opens); ``cold`` replaces both with no-ops.
+Trials alternate cold, warm; medians and the ratio cold / warm are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _machine import cpu_flags, cpu_name  # noqa: E402  (benchmarks/, the script's folder)
+
+DATA = HERE.parents[1] / "shared" / "data"
+
+
+def trial(warm: bool) -> dict:
+    """One session: dock open and ready, then the first field dropped (runs in a child)."""
+    import napari
+    import tifffile
+    from qtpy.QtWidgets import QApplication
+
+    import napari_gpuseg.widgets.sam_annotator as annotator
+    from _viewer import pump
+
+    if not warm:
+        annotator.import_layer_modules = lambda: 0.0
+        annotator.build_unit_registry = lambda: None
+    field = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[16]
+    viewer = napari.Viewer(show=True)
+    app = QApplication.instance()
+    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    pump(app, lambda: "ready" in w.status.text(), 600)
+    pump(app, lambda: not w.worker.busy, 600)
+    img = tifffile.imread(field)
+    t0 = time.perf_counter()
+    viewer.add_image(img, name=field.stem)
+    t1 = time.perf_counter()
+    pump(app, lambda: w.image_layer is not None and w.box_layer is not None, 600)
+    t2 = time.perf_counter()
+    viewer.close()
+    return {"add_image": t1 - t0, "follow": t2 - t1, "total": t2 - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--child", choices=("warm", "cold"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(trial(args.child == "warm")), flush=True)
+        return
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    print(f"{cpu_name()} ({cpu_flags()}), {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+    rows: dict[str, list[dict]] = {"cold": [], "warm": []}
+    for _ in range(args.pairs):
+        for kind in ("cold", "warm"):
+            out = subprocess.run([sys.executable, __file__, "--child", kind], env=env, check=True,
+                                 capture_output=True, text=True).stdout
+            res = json.loads(out.strip().splitlines()[-1])
+            rows[kind].append(res)
+            print(f"{kind}: add_image {res['add_image']:.2f} s, dock following {res['follow']:.2f} s, "
+                  f"total {res['total']:.2f} s", flush=True)
+    med = {k: {part: statistics.median(r[part] for r in v) for part in ("add_image", "follow", "total")}
+           for k, v in rows.items()}
+    for part in ("add_image", "follow", "total"):
+        print(f"median {part}: cold {med['cold'][part]:.2f} s, warm {med['warm'][part]:.2f} s, "
+              f"cold / warm {med['cold'][part] / med['warm'][part]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
