@@ -2,9 +2,9 @@
 
 napari's first layer in a session imports what its layers use (scipy.ndimage, pandas for
 point and shape features, parts of scikit-image) and builds pint's unit registry, all on
-the GUI thread. Measured on a 2-core AVX2 machine: ``add_image`` of the first field took
-0.9-1.4 s against 0.2-0.3 s for later ones (docs/benchmarks.md, *first mask*). The
-annotator opens before the drop, usually, so it does that work then:
+the GUI thread. On a 2-core AVX2 machine ``add_image`` of a session's first field took
+0.88 s without this warm-up and 0.17 s with it (``benchmarks/first_layer.py``, medians).
+The annotator opens before the drop, usually, so it does that work then:
 
 * :func:`import_layer_modules` runs in the dock's worker thread. A concurrent import of
   the same module on the GUI thread waits for Python's per-module import lock; it never
