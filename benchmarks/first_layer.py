@@ -1,8 +1,8 @@
-"""A session's first drop: the annotator's first-layer warm-up against none.
+"""The first drop after napari starts: the annotator's first-layer warm-up against none.
 
     xvfb-run -a python benchmarks/first_layer.py [--pairs 3]
 
-Each trial is a fresh process (the work is one-off per session): a real napari window, the
+Each trial is a fresh process (the work is one-off per process): a real napari window, the
 SAM annotator docked and its model loaded, the worker idle; then the first BBBC039
 validation field is added. Timed on the GUI thread: ``viewer.add_image`` and, after it,
 until the dock follows the image (its prompt layers made). ``warm`` is the dock as shipped
@@ -29,17 +29,17 @@ DATA = HERE.parents[1] / "shared" / "data"
 
 
 def trial(warm: bool) -> dict:
-    """One session: dock open and ready, then the first field dropped (runs in a child)."""
+    """One process: dock open and ready, then the first field dropped (runs in a child)."""
     import napari
     import tifffile
     from qtpy.QtWidgets import QApplication
 
-    import napari_gpuseg.widgets.sam_annotator as annotator
+    from napari_gpuseg.widgets import _first_layer
     from _viewer import pump
 
     if not warm:
-        annotator.import_layer_modules = lambda: 0.0
-        annotator.build_unit_registry = lambda: None
+        _first_layer.import_layer_modules = lambda: 0.0
+        _first_layer.build_unit_registry = lambda: None
     field = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[16]
     viewer = napari.Viewer(show=True)
     app = QApplication.instance()

@@ -6,7 +6,6 @@ import numpy as np
 import pint
 import pytest
 
-import napari_gpuseg.widgets.sam_annotator as annotator
 from napari_gpuseg.widgets import _first_layer
 
 from sam_fixtures import require_lite_medsam
@@ -19,7 +18,7 @@ def test_the_unit_registry_is_built_ahead():
     built = app.get()
     app.set(pint.registry.LazyRegistry())
     try:
-        assert type(app.get()) is pint.registry.LazyRegistry  # what a fresh session has
+        assert type(app.get()) is pint.registry.LazyRegistry  # what a newly started process has
         _first_layer.build_unit_registry()
         assert type(app.get()) is pint.UnitRegistry
         assert app.get().pixel == app.get().Unit("pixel")
@@ -46,8 +45,8 @@ def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
         threads[what] = threading.current_thread()
         return 0.0
 
-    monkeypatch.setattr(annotator, "build_unit_registry", lambda: record("units"))
-    monkeypatch.setattr(annotator, "import_layer_modules", lambda: record("imports"))
+    monkeypatch.setattr(_first_layer, "build_unit_registry", lambda: record("units"))
+    monkeypatch.setattr(_first_layer, "import_layer_modules", lambda: record("imports"))
     viewer = make_napari_viewer()
     if with_image:
         viewer.add_image(np.zeros((64, 64), np.uint16), name="there")

@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 from napari.layers import Image
-from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import (
     QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
@@ -27,7 +26,7 @@ from ..engine.runtime.worker import BACKGROUND, INTERACTIVE, InferenceWorker, de
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
 from ._annotation_layers import ensure_layers, spatial_shape
-from ._first_layer import build_unit_registry, import_layer_modules
+from ._first_layer import warm_up
 from ._prompts import current_prompt, follow_up, plane, plane_index, prompt_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
 from ._annotator_commit import CommitActions
@@ -82,10 +81,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
                         ("Shift-Z", self.undo)):
             self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
         self._preload_model()
-        # napari's one-off work for a session's first layers, before the first drop
-        self._submit(import_layer_modules, tag="first-layer", priority=BACKGROUND, inference=False)
-        if not len(self.viewer.layers):
-            QTimer.singleShot(0, build_unit_registry)
+        warm_up(self)  # napari's one-off work for its first layers, before the first drop
         take_sam_models(self)
         active = self.viewer.layers.selection.active
         if isinstance(active, Image):

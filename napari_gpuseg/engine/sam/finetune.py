@@ -9,10 +9,11 @@ decoder then learn from simulated users (:mod:`interaction`): each object starts
 positive click (multimask output, the best of the three candidates counts, as SAM trains;
 ``first_candidates="all"`` adds the single-mask output, so the IoU head learns to rank all
 four as the engine picks a tuned decoder's first click) or a jittered box, then one or more
-corrective clicks with the previous low-res logits as mask input. Loss: BCE + Dice on the masks, MSE of the IoU head against the true IoU. AdamW
-with warm-up and cosine decay over steps or the time budget, a validation split of whole
-images with early stopping, a loss callback, Cancel. CPU fp32 by default; on CUDA the
-precision policy's autocast (a GradScaler for fp16) and a halved batch on out-of-memory.
+corrective clicks with the previous low-res logits as mask input. Loss: BCE + Dice on the
+masks, MSE of the IoU head against the true IoU. AdamW with warm-up and cosine decay over
+steps or the time budget, a validation split of whole images with early stopping, a loss
+callback, Cancel. CPU fp32 by default; on CUDA the precision policy's autocast (a
+GradScaler for fp16) and a halved batch on out-of-memory.
 The checkpoint holds only the decoder (:mod:`...models.sam.decoder_checkpoint`).
 """
 from __future__ import annotations
