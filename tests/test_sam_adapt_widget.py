@@ -22,8 +22,10 @@ def field(shared_data, tmp_path):
 
 
 def short(minutes):
+    """The dock's schedule cut to 3 steps on native views with 2 objects each (the dock's
+    flow is tested here; what the schedule learns is ``benchmarks/adapt_sam.py``'s)."""
     cfg = ADAPT(minutes)
-    cfg.max_steps = 3
+    cfg.max_steps, cfg.view_zooms, cfg.objects_per_view = 3, (1.0,), 2
     return cfg
 
 
