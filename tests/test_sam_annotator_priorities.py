@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tifffile
 
+from napari_gpuseg.engine.runtime.job import RUNNING
 from napari_gpuseg.engine.runtime.worker import CANCELLED, DONE
 from napari_gpuseg.engine.sam.schedule import outward
 
@@ -82,12 +83,13 @@ def test_a_box_on_a_new_image_needs_only_its_own_tile(make_napari_viewer, qtbot,
     assert result.view.x0 > 256 and iou(result.full(gt.shape), gt == ids[k]) > 0.6
     # the decode (and the embedding of its one tile) ran before the image's tiles
     assert log_index(w.worker, "end", preview) < log_index(w.worker, "start", tiles)
-    qtbot.waitUntil(lambda: w._plane_key() in w._prepared, timeout=WAIT)
-    prepared = w._prepared[w._plane_key()]
-    assert engine.views_ready(prepared) == 3
-    # the count covers the grid's 3 tiles and then the finer views first clicks use
+    prepared = engine.prepare(img)  # the dock's image (embeddings are keyed by content)
+    qtbot.waitUntil(lambda: engine.views_ready(prepared) == 3, timeout=WAIT)
+    # the count covers the grid's 3 tiles and then the finer views first clicks use (the
+    # test stops once the count has passed the grid: the rest is the same job going on)
     n = len(engine.prompt_views(prepared))
-    assert n > 3 and f"{n}/{n} tiles" in w.status.text()
+    assert n > 3
+    qtbot.waitUntil(lambda: any(f"{k}/{n} tiles" in w.status.text() for k in range(4, n + 1)), timeout=WAIT)
     counts = [t for t in texts if f"/{n} tiles" in t]
     assert any(f"1/{n} tiles" in t or f"2/{n} tiles" in t for t in counts), texts
 
@@ -121,8 +123,8 @@ def test_image_switch_cancels_the_old_tiles_and_serves_the_new_prompt_first(
     assert log_index(w.worker, "end", preview) < log_index(w.worker, "start", new_tiles)
     assert w._preview[0].name == "new"
     assert iou(w._preview[3].full(gt.shape), gt == ids[k]) > 0.6
-    qtbot.waitUntil(lambda: w._plane_key() in w._prepared, timeout=WAIT)
-    assert new_tiles.status == DONE
+    # the new image's tiles go on after the prompt (started above, not cancelled)
+    assert new_tiles.status in (RUNNING, DONE)
 
 
 def test_stack_precompute_starts_at_the_displayed_slice(make_napari_viewer, qtbot, shared_data):
