@@ -99,6 +99,28 @@ def test_a_worker_killed_mid_run(cluster, images, tmp_path):
     cluster.client.wait_for_workers(2, timeout=60)
 
 
+def test_a_temp_file_left_mid_run_by_a_dead_writer_is_removed(cluster, images, tmp_path):
+    """A worker killed while writing leaves its temp file after the run's first sweep; the
+    sweep at the end removes it (its writer is gone; the file was written again elsewhere)."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "out"
+    left = []
+
+    def progress(_p):
+        if not left and out.is_dir():
+            target = sorted(images.glob("*.tif"))[0].stem + "_objects.csv"
+            left.append(out / f"{label_files.TEMP_PREFIX}{target}.{dead.pid}-0badcafe.tmp")
+            left[0].write_text("half a table")
+
+    rep = run_folder_dask(cluster.client, images, out, "threshold", progress=progress)
+    assert rep.ok == 8 and left and not left[0].exists()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(label_files.TEMP_PREFIX)]
+
+
 def test_worker_without_the_model_is_one_line(cluster, images, tmp_path):
     with pytest.raises(PipelineError) as err:
         run_folder_dask(cluster.client, images, tmp_path / "o", "unet",

@@ -172,7 +172,10 @@ def run_folder_dask(
     counter.emit(None)
     futures = [client.submit(process_file, job, *t, key=f"gpuseg-file-{job.run_id}-{i}", retries=retries,
                              pure=False) for i, t in enumerate(todo)]
-    _collect(client, futures, {f.key: t[1] for f, t in zip(futures, todo)}, counter, cancel)
+    try:
+        _collect(client, futures, {f.key: t[1] for f, t in zip(futures, todo)}, counter, cancel)
+    finally:  # a worker killed mid-write leaves its temp file; its task ran again elsewhere
+        label_files.remove_temp_files(out_dir, targets=ours)
     close_report(report, [t[1] for t in todo], "not processed (internal error)", other_method, method, model)
     report.seconds = time.perf_counter() - t_start
     try:
