@@ -15,10 +15,6 @@ def cpu_flags() -> str:
 
 def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
-    import platform
+    from napari_gpuseg.engine.runtime.device import cpu_model_name
 
-    try:
-        line = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name"))
-        return line.split(":", 1)[1].strip()
-    except (OSError, StopIteration, IndexError):
-        return platform.processor() or platform.machine()
+    return cpu_model_name()

@@ -116,3 +116,19 @@ def test_cli_refuses_a_precision_the_device_cannot_run(monkeypatch, capsys):
     monkeypatch.setenv("NAPARI_GPUSEG_DEVICE", "tpu")
     assert main(["info"]) == 2
     assert "NAPARI_GPUSEG_DEVICE='tpu'" in capsys.readouterr().err
+
+
+def test_the_cpu_is_named_by_its_model(tmp_path, monkeypatch):
+    """The device line names the CPU model (benchmark numbers and the docks say which CPU),
+    from ``/proc/cpuinfo`` on Linux; without it, what ``platform`` knows."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                    "model name\t: AMD EPYC  7B13 64-Core Processor\nflags\t\t: fpu avx2\n")
+    assert dev.cpu_model_name(str(info)) == "AMD EPYC 7B13 64-Core Processor"
+    import platform
+
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert dev.cpu_model_name(str(tmp_path / "missing")) == "aarch64"
+    monkeypatch.setattr(dev, "cpu_model_name", lambda: "Test CPU 9000")
+    assert dev.device_name(torch.device("cpu")) == f"CPU (Test CPU 9000, {torch.get_num_threads()} threads)"
