@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from napari_gpuseg.engine.runtime.job import RUNNING
-from napari_gpuseg.engine.runtime.worker import CANCELLED, DONE
+from napari_gpuseg.engine.runtime.worker import CANCELLED, DONE, RUNNING
 from napari_gpuseg.engine.sam.schedule import outward
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam

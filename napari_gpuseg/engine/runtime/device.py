@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .cpu_info import cpu_model_name
+
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ENV_DEVICE = "NAPARI_GPUSEG_DEVICE"
@@ -343,23 +345,6 @@ def device_name(device: torch.device) -> str:
     if device.type == "mps":
         return "Apple GPU (mps)"
     return f"CPU ({cpu_model_name()}, {torch.get_num_threads()} threads)"
-
-
-def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name (Linux: ``model name`` in ``cpuinfo``), else what ``platform``
-    knows (the architecture, e.g. ``x86_64``, where it knows nothing more)."""
-    import platform
-
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("model name") and ":" in line:
-                    name = " ".join(line.split(":", 1)[1].split())
-                    if name:
-                        return name
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def make_policy(device: str | None = None, precision: str | None = None) -> Policy:
