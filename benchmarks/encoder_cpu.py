@@ -10,7 +10,7 @@ input) run as
 Rounds interleave the variants; prints the median wall and process CPU seconds per batch,
 the ratio to ``plain`` and the largest difference to ``plain``'s output.
 
-    python benchmarks/encoder_cpu.py [--threads 1,2] [--rounds 5] [--batch 1]
+    python benchmarks/encoder_cpu.py [--threads 1,2] [--rounds 5] [--batch 1] [--size 256,256]
 """
 import argparse
 import sys
@@ -31,9 +31,11 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--size", default="256,256", help="input H,W (box mode embeds whole fields: 520,696)")
     args = ap.parse_args()
     enc = load_sam_model("lite_medsam", "cpu").image_encoder.eval()
-    x = torch.rand(args.batch, 3, 256, 256)
+    h, w = (int(v) for v in args.size.split(","))
+    x = torch.rand(args.batch, 3, h, w)
     variants = {
         "plain": (False, x),
         "channels_last": (False, x.contiguous(memory_format=torch.channels_last)),
@@ -41,7 +43,8 @@ def main() -> None:
         "fused": (True, x),
     }
     print(f"{cpu_name()} ({cpu_flags()}), torch {torch.__version__}, "
-          f"oneDNN fused kernels available: {cpu_fused._available}, batch {args.batch}")
+          f"oneDNN fused kernels available: {cpu_fused._available}, batch {args.batch}, "
+          f"input {h}x{w}")
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         res: dict = {k: [] for k in variants}

@@ -92,6 +92,7 @@ def test_training_mode_keeps_autograd():
     assert enc.layers[0].blocks[0].conv1.c.weight.grad is not None
 
 
-def test_off_unless_asked_for():
-    assert not cpu_fused.enabled_by(None) and not cpu_fused.enabled_by("") and not cpu_fused.enabled_by("0")
-    assert cpu_fused.enabled_by("1") and cpu_fused.enabled_by(" On ")
+def test_on_unless_turned_off():
+    assert cpu_fused.enabled_by(None) and cpu_fused.enabled_by("") and cpu_fused.enabled_by("1")
+    assert not cpu_fused.enabled_by("0") and not cpu_fused.enabled_by(" Off ")
+    assert not cpu_fused.enabled_by("false") and not cpu_fused.enabled_by("no")
