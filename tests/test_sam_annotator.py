@@ -323,6 +323,9 @@ def test_a_held_edit_repaints_what_changed_not_the_whole_window(make_napari_view
     w = open_dock(viewer)
     wait_embedded(qtbot, w)
     qtbot.wait(200)  # the window's first paints are done
+    # what a hold paints, not how long it lasts (the test above): a busy machine may take
+    # longer than HOLD_MS to decode, so this hold waits for the mask however long it takes
+    w.redraw._timer.setInterval(60_000)
     _ids, boxes = gt_boxes(gt)
     painted: list[str] = []  # what was painted, by kind (no references kept)
 
@@ -340,11 +343,13 @@ def test_a_held_edit_repaints_what_changed_not_the_whole_window(make_napari_view
         shown = []
         real = w._show_preview
         w._show_preview = lambda *a: (shown.append(len(painted)), real(*a))
+        timeouts = w.redraw.timeouts
         add_box(w, boxes[0])
         assert w.redraw.held
         qtbot.waitUntil(lambda: bool(shown), timeout=WAIT)
         assert shown[0] == 0  # nothing was painted between the edit and the mask
         qtbot.waitUntil(lambda: not w.redraw.held, timeout=WAIT)
+        assert w.redraw.timeouts == timeouts  # released by the mask, not by the time limit
         qtbot.wait(100)
     finally:
         app.removeEventFilter(spy)
