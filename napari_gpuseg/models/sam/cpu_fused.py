@@ -96,7 +96,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                 x.contiguous(memory_format=torch.channels_last) if _channels_last else x, weight, bias,
                 list(padding),
                 list(stride), list(dilation), groups, act, [None], "none")
-        except RuntimeError as err:
+        except (RuntimeError, TypeError, AttributeError) as err:  # a build whose op differs
             _disable(err)
     y = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     return F.gelu(y) if act == "gelu" else y
@@ -109,7 +109,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
         try:
             y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias, act, [None], "none")
             return y.view(*x.shape[:-1], weight.shape[0])
-        except RuntimeError as err:
+        except (RuntimeError, TypeError, AttributeError) as err:  # a build whose op differs
             _disable(err)
     y = F.linear(x, weight, bias)
     return F.gelu(y) if act == "gelu" else y
