@@ -232,6 +232,39 @@ def test_switching_images_mid_embedding_never_mixes_them(make_napari_viewer, qtb
     assert iou(result.full(gt.shape), gt == ids[1]) > 0.6
 
 
+def test_a_second_image_keeps_the_prompt_layers_above_it_and_embeds_first(make_napari_viewer, qtbot, crop):
+    """An image dropped beside an annotated one lands on top of the layer list: the shared
+    prompt and preview layers move above it (its pixels would hide the boxes drawn on it)
+    and are kept, the preview taking the new shape, rather than made again. The encoder
+    starts on the new image before napari builds its labels layer."""
+    img, gt = crop
+    viewer = make_napari_viewer()
+    viewer.add_image(img[:128, :128], name="first")
+    w = open_dock(viewer)
+    kept = (w.pos_layer, w.neg_layer, w.box_layer, w.preview_layer)
+    order = []
+    submit = w._submit
+
+    def spy(fn, *a, **kw):
+        order.append(("submit", kw.get("tag")))
+        return submit(fn, *a, **kw)
+
+    w._submit = spy
+    viewer.layers.events.inserted.connect(lambda e: order.append(("layer", e.value.name)))
+    viewer.add_image(img, name="second")
+    qtbot.waitUntil(lambda: w.image_layer.name == "second", timeout=WAIT)
+    assert order.index(("submit", "embed")) < order.index(("layer", "second SAM labels"))
+    assert (w.pos_layer, w.neg_layer, w.box_layer, w.preview_layer) == kept
+    assert w.preview_layer.data.shape == img.shape and not w.preview_layer.data.any()
+    names = [ly.name for ly in viewer.layers]
+    assert names[names.index("second"):] == ["second", "SAM positive", "SAM negative", "SAM boxes",
+                                             "second SAM labels", "SAM preview"]
+    ids, boxes = gt_boxes(gt)
+    add_box(w, boxes[0])
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    assert w._preview[0].name == "second"
+    assert iou(w.preview_layer.data > 0, gt == ids[0]) > 0.6
+
 def test_deleting_every_layer_then_dropping_an_image(make_napari_viewer, qtbot, crop):
     """Select all, delete, drop a new image: the dock rebuilds its layers for the new image
     after napari's layer-list change (rebuilding inside it once crashed Qt's model)."""

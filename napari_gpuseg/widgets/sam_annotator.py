@@ -227,10 +227,12 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.image_layer = layer
         self.image_label.setText(layer.name)
         self._plane = plane_index(layer, self.viewer)
-        self._ensure_layers()
         self._generation += 1
-        self._clear_preview()
+        # the encoder starts before napari builds the prompt layers (the slow part of
+        # following a new image), so the tiles embed while the GUI thread makes them
         self._embed_current()
+        self._ensure_layers()
+        self._clear_preview()
 
     def _spatial_shape(self) -> tuple:
         return spatial_shape(self.image_layer)
