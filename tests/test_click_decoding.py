@@ -157,3 +157,24 @@ def test_a_tuned_decoder_offers_its_single_mask_output_as_a_fourth_candidate(zoo
         low_m, iou_m = shipped._decode_module(emb, sparse, dense, "all")
     assert low_m.shape == low_f.shape and low_m.shape[1] == 4
     torch.testing.assert_close(iou_m.float(), iou_f, atol=1e-3, rtol=1e-3)
+
+
+def test_a_click_refines_fp16_logits_inside_a_bf16_autocast():
+    """Box batches keep their low-res logits in fp16; a click refining such a mask in a
+    worker job (the job runs inside the policy's autocast) on a CPU whose policy picks bf16
+    must not meet torch's refusal to stack fp16 tensors under a bf16 autocast."""
+    from napari_gpuseg.engine.runtime.device import make_policy
+
+    require_lite_medsam()
+    engine = load_engine("lite_medsam", cache=EmbeddingCache(), policy=make_policy("cpu", "bf16"))
+    yy, xx = np.mgrid[:128, :128]
+    img = (120 * (((yy - 64) ** 2 + (xx - 60) ** 2) < 20 ** 2) + 20).astype(np.uint8)
+    first = engine.predict(img, [Prompt(box=[38, 42, 84, 86])])[0]
+    click = dict(points=[[60, 64]], labels=[1])
+    ref = engine.predict(img, [Prompt(**click, mask_input=first)])[0]  # fp32 logits, no autocast
+    first.low_res = first.low_res.half()  # as segment_boxes keeps them
+    with engine.policy.autocast():
+        again = engine.predict(img, [Prompt(**click, mask_input=first)])[0]
+    assert again.low_res is not None and np.isfinite(again.score)
+    a, b = again.full(img.shape), ref.full(img.shape)
+    assert b.sum() > 100 and (a & b).sum() / (a | b).sum() > 0.9

@@ -52,8 +52,12 @@ def tiny_config(**kw):
 
 
 def test_short_training_learns_clicks_and_the_checkpoint_round_trips(lite, train_crop, tmp_path):
+    from napari_gpuseg.engine.runtime.device import make_policy
+
     img, lab = train_crop
-    engine = load_engine("lite_medsam", cache=lite.cache)
+    # fp32 embeddings on every CPU: eight steps at lr 1e-3 are tuned to them (a CPU whose
+    # policy picks bf16 embeds in bf16; the next test covers training there)
+    engine = load_engine("lite_medsam", cache=lite.cache, policy=make_policy("cpu", "fp32"))
     cfg = tiny_config()
     views = collect_views(engine, [img], [lab])
     pairs = [(0, int(o)) for o in views[0].ids[:8]]
@@ -80,6 +84,35 @@ def test_short_training_learns_clicks_and_the_checkpoint_round_trips(lite, train
         assert torch.allclose(p, q, atol=2e-3, rtol=2e-3), name
     again = evaluate(reloaded.sam, views, pairs, cfg, reloaded.policy.device)
     assert abs(again["score"] - after["score"]) < 0.05
+
+
+def test_training_steps_run_in_fp32_on_a_cpu_whose_policy_picks_bf16(lite, train_crop, monkeypatch):
+    """A CPU with AVX512-BF16 or AMX gets bf16 for inference; the decoder's training steps
+    stay fp32 there (at the short run's lr 1e-3 they diverged in bf16), while validation
+    decodes in the policy's precision, as the annotator does."""
+    from napari_gpuseg.engine.runtime.device import make_policy
+    from napari_gpuseg.engine.sam import finetune as ft
+
+    img, lab = train_crop
+    engine = load_engine("lite_medsam", cache=lite.cache, policy=make_policy("cpu", "bf16"))
+    seen = {"train": [], "eval": []}
+    real_episode, real_evaluate = ft.episode, ft.evaluate
+
+    def spy_episode(*a, **kw):
+        seen["train"].append(torch.is_autocast_enabled("cpu"))
+        return real_episode(*a, **kw)
+
+    def spy_evaluate(*a, **kw):
+        seen["eval"].append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return real_evaluate(*a, **kw)
+
+    monkeypatch.setattr(ft, "episode", spy_episode)
+    monkeypatch.setattr(ft, "evaluate", spy_evaluate)
+    cfg = tiny_config(max_steps=2, eval_every=2, val_fraction=0.5)
+    res = finetune_sam([img, img[::-1].copy()], [lab, lab[::-1].copy()], model=engine, config=cfg)
+    assert res.stopped == "done" and np.isfinite([h["loss"] for h in res.history[1:]]).all()
+    assert seen["train"] and not any(seen["train"])
+    assert seen["eval"] and all(e == (True, torch.bfloat16) for e in seen["eval"])
 
 
 def test_a_decoder_that_does_not_fit_names_the_keys(lite, tmp_path):

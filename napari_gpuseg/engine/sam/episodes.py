@@ -122,8 +122,15 @@ def sample_objects(views: Sequence[TrainView], idx: Sequence[int], k: int, rng, 
         for oid in ids:
             embs.append(j)
             gts.append(tv.labels == oid)
-    e = torch.stack(stack).to(device, torch.float32)[torch.as_tensor(embs, device=device)]
+    e = stack_fp32(stack, device)[torch.as_tensor(embs, device=device)]
     return e, np.stack(gts)
+
+
+def stack_fp32(embeddings: Sequence[torch.Tensor], device) -> torch.Tensor:
+    """The views' fp16 embeddings as one fp32 batch on ``device``. Cast before stacking: a
+    stack of fp16 tensors inside a bf16 autocast (validation on a CPU whose policy picks
+    bf16) is refused by torch ("Unexpected floating ScalarType")."""
+    return torch.stack([e.to(device, torch.float32) for e in embeddings])
 
 
 def evaluate(sam, views: Sequence[TrainView], pairs: Sequence[tuple[int, int]], cfg: "SamTuneConfig",
@@ -134,7 +141,7 @@ def evaluate(sam, views: Sequence[TrainView], pairs: Sequence[tuple[int, int]], 
     rng = np.random.default_rng(0)
     for start in range(0, len(pairs), batch):
         chunk = pairs[start:start + batch]
-        e = torch.stack([views[v].embedding for v, _ in chunk]).to(device, torch.float32)
+        e = stack_fp32([views[v].embedding for v, _ in chunk], device)
         gt = np.stack([views[v].labels == o for v, o in chunk])
         rec: list = []
         episode(sam, e, gt, False, rng, cfg, device, train=False, n_corr=2, record=rec)

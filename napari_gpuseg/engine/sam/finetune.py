@@ -12,8 +12,11 @@ four as the engine picks a tuned decoder's first click) or a jittered box, then 
 corrective clicks with the previous low-res logits as mask input. Loss: BCE + Dice on the
 masks, MSE of the IoU head against the true IoU. AdamW with warm-up and cosine decay over
 steps or the time budget, a validation split of whole images with early stopping, a loss
-callback, Cancel. CPU fp32 by default; on CUDA the precision policy's autocast (a
-GradScaler for fp16) and a halved batch on out-of-memory.
+callback, Cancel. The training steps run in fp32 on a CPU, also where the device policy
+picks bf16 for inference (a CPU with AVX512-BF16 or AMX: bf16 steps were only 1.05-1.12x
+faster there, and a short high-lr run that learned in fp32 diverged in bf16); on CUDA the
+policy's autocast (a GradScaler for fp16) and a halved batch on out-of-memory. The views are
+embedded, and validation decodes, in the policy's precision, as the annotator will.
 The checkpoint holds only the decoder (:mod:`...models.sam.decoder_checkpoint`).
 """
 from __future__ import annotations
@@ -217,6 +220,13 @@ def _optimizer(engine, cfg: SamTuneConfig):
     return opt, torch.amp.GradScaler("cuda", enabled=use_scaler)
 
 
+def train_autocast(policy):
+    """The precision of a training step: fp32 on a CPU, the policy's elsewhere."""
+    if policy.device.type == "cpu" and policy.precision != "fp32":
+        policy = dataclasses.replace(policy, precision="fp32")
+    return policy.autocast()
+
+
 def _engine(model, policy, cache_dir):
     """The engine whose decoder is tuned: ``model`` itself when it is a loaded engine."""
     from .cache import EmbeddingCache
@@ -250,7 +260,7 @@ def _step(engine, views, train, k, rng, cfg: SamTuneConfig, opt, scaler) -> floa
         sel = np.nonzero(is_box == use_box)[0]
         if len(sel) == 0:
             continue
-        with engine.policy.autocast():
+        with train_autocast(engine.policy):
             loss = episode(sam, emb[torch.as_tensor(sel, device=device)], gt[sel], use_box,
                            rng, cfg, device) * (len(sel) / len(gt))
         scaler.scale(loss).backward()

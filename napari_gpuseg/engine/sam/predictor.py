@@ -333,7 +333,9 @@ class SamEngine:
             if near_box:
                 roi = torch.as_tensor(mask_region(boxes_in, self.input_size, emb.shape[-1]), device=dev)
         if prompts[0].mask_input is not None:
-            masks = torch.stack([p.mask_input.low_res for p in prompts])[:, None].to(dev)
+            # fp32 before the stack: box batches keep fp16 logits, and torch refuses to stack
+            # fp16 inside a bf16 autocast (a worker job on a CPU whose policy picks bf16)
+            masks = torch.stack([p.mask_input.low_res.to(dev, torch.float32) for p in prompts])[:, None]
         with torch.inference_mode(), self.policy.autocast():
             sparse, dense = self.sam.prompt_encoder(points=points, boxes=boxes, masks=masks)
             outputs = self.candidates if multimask else "single"
