@@ -10,9 +10,14 @@ input) run as
 Rounds interleave the variants; prints the median wall and process CPU seconds per batch,
 the ratio to ``plain`` and the largest difference to ``plain``'s output.
 
+``--precision bf16`` runs every variant inside a CPU bf16 autocast (the device policy's
+precision on a CPU with AVX512-BF16 or AMX; the fused variants then take bf16 operands).
+
     python benchmarks/encoder_cpu.py [--threads 1,2] [--rounds 5] [--batch 1] [--size 256,256]
+                                     [--precision fp32|bf16]
 """
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -32,7 +37,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--size", default="256,256", help="input H,W (box mode embeds whole fields: 520,696)")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     args = ap.parse_args()
+
+    def precision():
+        if args.precision == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
     enc = load_sam_model("lite_medsam", "cpu").image_encoder.eval()
     h, w = (int(v) for v in args.size.split(","))
     x = torch.rand(args.batch, 3, h, w)
@@ -44,16 +55,16 @@ def main() -> None:
     }
     print(f"{cpu_name()} ({cpu_flags()}), torch {torch.__version__}, "
           f"oneDNN fused kernels available: {cpu_fused._available}, batch {args.batch}, "
-          f"input {h}x{w}")
+          f"input {h}x{w}, {args.precision}")
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         res: dict = {k: [] for k in variants}
         outs = {}
-        with torch.inference_mode():
+        with torch.inference_mode(), precision():
             for name, (fused, inp) in variants.items():  # warm-up, outputs
                 cpu_fused.set_enabled(bool(fused))
                 cpu_fused.set_channels_last(fused != "nchw")
-                outs[name] = enc(inp)
+                outs[name] = enc(inp).float()
             for _ in range(args.rounds):
                 for name, (fused, inp) in variants.items():
                     cpu_fused.set_enabled(bool(fused))

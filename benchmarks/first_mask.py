@@ -145,9 +145,12 @@ def main() -> None:
         pump(lambda: w.image_layer is not None and w.image_layer.name == name
              and w.box_layer is not None)
         follow_s = time.perf_counter() - t_add
+        stamps.clear()
+        t_box = time.perf_counter()
         w.box_layer.data = [corners(box)]  # drawn at once
         pump(lambda: "t" in shown)
         first_s = shown["t"] - t_add
+        first_split = parts(t_box)  # its view is embedded inside "decode"
         ready_at_first = w._tiles.get(w._plane_key(), (0, 12))
 
         ticks: list[float] = []
@@ -222,6 +225,9 @@ def main() -> None:
               f"in), worker idle {statistics.median(idle) if idle else float('nan'):.0f} ms; "
               f"stall max {r['stall']:.0f} ms",
               flush=True)
+        print("  first mask after the dock followed: " +
+              ", ".join(f"{k} {v:.0f} ms" for k, v in zip(PARTS, first_split)) +
+              " (its view is embedded inside the decode)", flush=True)
         for kind, g in kinds.items():
             if g:
                 print(f"  probe gaps, {kind}: max {max(g):.0f} ms, p99 {np.percentile(g, 99):.0f} ms "

@@ -43,14 +43,17 @@ def test_fused_ops_match_the_plain_ops():
     assert lin.shape == (3, 50, 64)
 
 
-def test_only_cpu_fp32_inference_without_autocast_is_fused():
+def test_only_cpu_inference_in_fp32_or_a_bf16_autocast_is_fused():
     x = torch.randn(1, 4, 8, 8)
     assert not cpu_fused.active(x)  # autograd on
     with torch.inference_mode():
         assert cpu_fused.active(x)
-        assert not cpu_fused.active(x.to(torch.bfloat16))
+        assert not cpu_fused.active(x.to(torch.bfloat16))  # bf16 outside an autocast
         assert not cpu_fused.active(x.double())
         with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert cpu_fused.active(x) and cpu_fused.active(x.to(torch.bfloat16))
+            assert not cpu_fused.active(x.double())
+        with torch.autocast("cpu", dtype=torch.float16):
             assert not cpu_fused.active(x)
         cpu_fused.set_enabled(False)
         assert not cpu_fused.active(x)
@@ -96,3 +99,44 @@ def test_on_unless_turned_off():
     assert cpu_fused.enabled_by(None) and cpu_fused.enabled_by("") and cpu_fused.enabled_by("1")
     assert not cpu_fused.enabled_by("0") and not cpu_fused.enabled_by(" Off ")
     assert not cpu_fused.enabled_by("false") and not cpu_fused.enabled_by("no")
+
+
+def test_in_a_cpu_bf16_autocast_the_fused_ops_take_bf16_operands_and_match_autocast():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 20, 24, generator=g)
+    w, b = torch.randn(16, 1, 3, 3, generator=g), torch.randn(16, generator=g)
+    t, wl, bl = torch.randn(3, 50, 32, generator=g), torch.randn(64, 32, generator=g), torch.randn(64, generator=g)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        conv = cpu_fused.conv2d(x, w, b, (1, 1), (1, 1), (1, 1), 16, "gelu")
+        lin = cpu_fused.linear(t, wl, bl, "gelu")
+        ref_conv, ref_lin = F.gelu(F.conv2d(x, w, b, 1, 1, 1, 16)), F.gelu(F.linear(t, wl, bl))
+    assert conv.dtype == ref_conv.dtype == torch.bfloat16 and lin.dtype == ref_lin.dtype == torch.bfloat16
+    torch.testing.assert_close(conv.float(), ref_conv.float(), rtol=0.02, atol=0.02)
+    torch.testing.assert_close(lin.float(), ref_lin.float(), rtol=0.02, atol=0.02)
+
+
+def test_tinyvit_in_a_cpu_bf16_autocast_runs_fused_on_channels_last_input(monkeypatch):
+    """The policy's precision on a CPU with AVX512-BF16 or AMX: the encoder's convolutions
+    get a channels-last input and the fused kernels bf16 operands; NCHW, bf16 result."""
+    torch.manual_seed(0)
+    enc = TinyViT(img_size=64, patch_embed="conv1x1", num_classes=0).eval()
+    x = torch.rand(1, 3, 64, 64)
+    layouts = []
+    real = enc.patch_embed.forward
+    monkeypatch.setattr(enc.patch_embed, "forward", lambda t: (layouts.append(
+        t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()), real(t))[1])
+    seen = _calls(monkeypatch)
+    with torch.inference_mode():
+        cpu_fused.set_enabled(False)
+        ref = enc(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            plain = enc(x)
+            assert not seen
+            cpu_fused.set_enabled(True)
+            fast = enc(x)
+    assert layouts == [False, False, True] and len(seen) >= 7
+    assert fast.is_contiguous() and fast.dtype == plain.dtype == torch.bfloat16
+    err_fast, err_plain = ((y.float() - ref).norm() / ref.norm() for y in (fast, plain))
+    assert err_fast < 0.05 and err_fast < 1.5 * err_plain, (err_fast, err_plain)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not cpu_fused.channels_last_input(x)  # autograd on: training keeps its layout

@@ -299,7 +299,7 @@ class TinyViT(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_fused.active(x) and cpu_fused.channels_last():  # oneDNN's channels-last convolutions
+        if cpu_fused.channels_last_input(x):  # oneDNN's channels-last convolutions (fp32 fused, bf16)
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.patch_embed(x)
         hw = (x.shape[2], x.shape[3])
