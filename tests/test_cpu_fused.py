@@ -8,6 +8,8 @@ from napari_gpuseg.models.sam import cpu_fused
 from napari_gpuseg.models.sam.tiny_vit import TinyViT
 
 pytestmark = pytest.mark.skipif(not cpu_fused._available, reason="PyTorch built without oneDNN")
+fast_bf16 = pytest.mark.skipif(not cpu_fused._fast_bf16, reason="a CPU without AVX512-BF16 or AMX runs bf16 "
+                               "through the plain ops (the policy picks fp32 there)")
 
 
 @pytest.fixture(autouse=True)
@@ -43,18 +45,19 @@ def test_fused_ops_match_the_plain_ops():
     assert lin.shape == (3, 50, 64)
 
 
-def test_only_cpu_inference_in_fp32_or_a_bf16_autocast_is_fused():
+def test_only_cpu_inference_in_fp32_or_a_bf16_autocast_is_fused(monkeypatch):
     x = torch.randn(1, 4, 8, 8)
     assert not cpu_fused.active(x)  # autograd on
     with torch.inference_mode():
         assert cpu_fused.active(x)
         assert not cpu_fused.active(x.to(torch.bfloat16))  # bf16 outside an autocast
         assert not cpu_fused.active(x.double())
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16), monkeypatch.context() as m:
+            m.setattr(cpu_fused, "_fast_bf16", True)  # AVX512-BF16 or AMX
             assert cpu_fused.active(x) and cpu_fused.active(x.to(torch.bfloat16))
             assert not cpu_fused.active(x.double())
-        with torch.autocast("cpu", dtype=torch.float16):
-            assert not cpu_fused.active(x)
+            m.setattr(cpu_fused, "_fast_bf16", False)  # a forced bf16 elsewhere: the plain ops
+            assert not cpu_fused.active(x) and not cpu_fused.channels_last_input(x)
         cpu_fused.set_enabled(False)
         assert not cpu_fused.active(x)
 
@@ -101,6 +104,7 @@ def test_on_unless_turned_off():
     assert not cpu_fused.enabled_by("false") and not cpu_fused.enabled_by("no")
 
 
+@fast_bf16
 def test_in_a_cpu_bf16_autocast_the_fused_ops_take_bf16_operands_and_match_autocast():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 16, 20, 24, generator=g)
@@ -115,6 +119,7 @@ def test_in_a_cpu_bf16_autocast_the_fused_ops_take_bf16_operands_and_match_autoc
     torch.testing.assert_close(lin.float(), ref_lin.float(), rtol=0.02, atol=0.02)
 
 
+@fast_bf16
 def test_tinyvit_in_a_cpu_bf16_autocast_runs_fused_on_channels_last_input(monkeypatch):
     """The policy's precision on a CPU with AVX512-BF16 or AMX: the encoder's convolutions
     get a channels-last input and the fused kernels bf16 operands; NCHW, bf16 result."""

@@ -94,22 +94,34 @@ def test_training_steps_run_in_fp32_on_a_cpu_whose_policy_picks_bf16(lite, train
     from napari_gpuseg.engine.sam import finetune as ft
 
     img, lab = train_crop
+    images, labels = [img, img[::-1].copy()], [lab, lab[::-1].copy()]
+    # the views embedded once in fp32 (a CPU without fast bf16 would take a minute per view
+    # in bf16); the bf16 engine then runs the decoder only
+    fp32 = load_engine("lite_medsam", cache=lite.cache, policy=make_policy("cpu", "fp32"))
+    views = collect_views(fp32, images, labels)
+    monkeypatch.setattr(ft, "collect_views", lambda *_a, **_k: views)
     engine = load_engine("lite_medsam", cache=lite.cache, policy=make_policy("cpu", "bf16"))
     seen = {"train": [], "eval": []}
     real_episode, real_evaluate = ft.episode, ft.evaluate
 
+    def cpu_autocast():
+        try:
+            return torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+        except (TypeError, AttributeError):  # torch < 2.4
+            return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+
     def spy_episode(*a, **kw):
-        seen["train"].append(torch.is_autocast_enabled("cpu"))
+        seen["train"].append(cpu_autocast()[0])
         return real_episode(*a, **kw)
 
     def spy_evaluate(*a, **kw):
-        seen["eval"].append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        seen["eval"].append(cpu_autocast())
         return real_evaluate(*a, **kw)
 
     monkeypatch.setattr(ft, "episode", spy_episode)
     monkeypatch.setattr(ft, "evaluate", spy_evaluate)
     cfg = tiny_config(max_steps=2, eval_every=2, val_fraction=0.5)
-    res = finetune_sam([img, img[::-1].copy()], [lab, lab[::-1].copy()], model=engine, config=cfg)
+    res = finetune_sam(images, labels, model=engine, config=cfg)
     assert res.stopped == "done" and np.isfinite([h["loss"] for h in res.history[1:]]).all()
     assert seen["train"] and not any(seen["train"])
     assert seen["eval"] and all(e == (True, torch.bfloat16) for e in seen["eval"])

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...models.cpu_caps import cpu_has_fast_bf16
 from .cpu_info import cpu_model_name
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -85,19 +86,6 @@ def cuda_no_tensor_cores(device: torch.device) -> bool:
     except Exception:  # noqa: BLE001 - a probe that fails: decide by the name alone
         sms = None
     return _no_tensor_cores(name, cc, sms)
-
-
-def cpu_has_fast_bf16() -> bool:
-    """True when the CPU runs bf16 matmuls natively (AMX tiles or AVX512-BF16)."""
-    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    for name in checks:
-        fn = getattr(torch.cpu, name, None)
-        try:
-            if fn is not None and fn():
-                return True
-        except Exception:  # pragma: no cover - exotic builds
-            continue
-    return False
 
 
 def mps_available() -> bool:

@@ -8,9 +8,9 @@ convolution or matrix product instead (the ops PyTorch's own CPU compiler emits,
 on channels-last tensors, where oneDNN's depthwise kernels are much faster.
 
 Used only where it cannot change what a caller sees: CPU tensors, no autograd, a PyTorch
-built with oneDNN, and either float32 without autocast or a CPU bf16 autocast (the policy's
-on a CPU with AVX512-BF16 or AMX; the operands go to bf16 as autocast would send them, and
-the result is bf16). Anything else takes the plain ops.
+built with oneDNN, and either float32 without autocast or a CPU bf16 autocast on a CPU with
+AVX512-BF16 or AMX (where the policy picks bf16; the operands go to bf16 as autocast would
+send them, and the result is bf16). Anything else takes the plain ops.
 If a fused call fails once (an older or unusual build), the plain ops are used from then on.
 
 On by default where the kernels exist; ``NAPARI_GPUSEG_CPU_FUSION=0`` turns it off.
@@ -29,6 +29,8 @@ from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from ..cpu_caps import cpu_has_fast_bf16
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ def _ops_present() -> bool:
 
 
 _available = _ops_present()
+_fast_bf16 = cpu_has_fast_bf16()  # bf16 operands only where the CPU computes them natively
 _channels_last = True  # fused convolutions on channels-last tensors (False: as they come, NCHW)
 
 
@@ -96,7 +99,7 @@ def active(x: torch.Tensor) -> bool:
     if not (_enabled and _available and x.device.type == "cpu") or torch.is_grad_enabled():
         return False
     if _cpu_autocast():
-        return _bf16_autocast() and x.dtype in (torch.float32, torch.bfloat16)
+        return _fast_bf16 and _bf16_autocast() and x.dtype in (torch.float32, torch.bfloat16)
     return x.dtype == torch.float32
 
 
