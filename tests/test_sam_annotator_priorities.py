@@ -176,3 +176,43 @@ def test_tiles_wait_while_the_preview_is_drawn(make_napari_viewer, qtbot, strip)
     qtbot.waitUntil(lambda: tiles.wait(0), timeout=WAIT)  # released after the repaint
     assert tiles.status == DONE and not w.worker.holding
     assert ("unheld", tiles.id) in [(ev, i) for ev, i, _t in w.worker.log]
+
+
+def test_the_tiles_at_the_canvas_centre_come_first_and_follow_a_pan(make_napari_viewer, qtbot, strip):
+    """Before any prompt, the background tiles start where the user looks: the canvas centre
+    (after a drop napari shows the whole image: its middle tile), and a pan or zoom moves
+    that start to the tile now in the middle."""
+    img, _gt = strip
+    viewer = make_napari_viewer()
+    w = open_dock(viewer)
+    qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)
+    engine = w._engine(w.model_name)
+    order = []
+    real_embed = engine.embed
+
+    def spy(images, views=None, *a, **kw):
+        if views is not None:
+            order.extend(v.x0 for v in views[0])
+        return real_embed(images, views, *a, **kw)
+
+    engine.embed = spy
+    release = hold_worker(w.worker)
+    try:
+        viewer.add_image(img + 7, name="strip")  # content no test has embedded
+        qtbot.waitUntil(lambda: w.image_layer is not None and w.image_layer.name == "strip",
+                        timeout=WAIT)
+        assert w._focus == pytest.approx((img.shape[1] / 2 - 0.5, img.shape[0] / 2 - 0.5), abs=3)
+        viewer.camera.zoom *= 4
+        viewer.camera.center = (128, 600)  # (y, x): the right end of the strip
+        assert w._focus == pytest.approx((600, 128), abs=1)
+    finally:
+        release.set()
+    qtbot.waitUntil(lambda: len(order) >= 2, timeout=WAIT)
+    w.cancel()
+    grid = sorted({v.x0 for v in engine.views(engine.prepare(img + 7))})
+    assert order[0] == grid[-1] and order[1] == grid[-2], (order, grid)
+    # a prompt moves the start to itself, and a later pan leaves it there
+    w.pos_layer.data = np.array([[100.0, 20.0]])
+    assert w._focus == pytest.approx((20, 100))
+    viewer.camera.center = (128, 300)
+    assert w._focus == pytest.approx((20, 100))

@@ -81,6 +81,21 @@ def prompt_focus(prompt: Prompt) -> tuple[float, float]:
     return float(pts[:, 0].mean()), float(pts[:, 1].mean())
 
 
+def view_focus(viewer, layer) -> tuple[float, float] | None:
+    """The (x, y) pixel of ``layer`` at the centre of the canvas (2D display), where the
+    user looks before any prompt: its tiles are embedded first. None in 3D display."""
+    if layer is None or viewer.dims.ndisplay != 2:
+        return None
+    world = np.array(viewer.dims.point, dtype=float)
+    shown = list(viewer.dims.displayed)
+    world[shown] = np.asarray(viewer.camera.center, dtype=float)[-len(shown):]
+    try:
+        y, x = np.asarray(layer.world_to_data(world), dtype=float)[-2:]
+    except (ValueError, IndexError):  # a layer whose dimensions do not map (mid-change)
+        return None
+    return float(x), float(y)
+
+
 def follow_up(prompt: Prompt, previous: Prompt | None, result) -> Prompt:
     """``prompt`` as a refinement of ``previous`` when it is ``previous`` plus one click
     (same box or none): the points keep click order and ``result`` (the mask shown for

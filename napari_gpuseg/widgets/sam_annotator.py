@@ -3,10 +3,10 @@
 All network work runs in the shared inference worker; this dock only reads prompts from
 layers, submits jobs, and shows results that still match what the user is looking at.
 A prompt's decode is interactive work: it embeds just the view it needs and runs before
-the rest of the image's tiles, which are embedded in the background ("5/12 tiles").
-When a preview's decode ends, the worker holds that background work (``hold_after``) until
-the window has repainted with the mask, so the repaint does not share the cores with the
-encoder.
+the rest of the image's tiles, which are embedded in the background ("5/12 tiles"), those
+at the canvas centre first (then those near the last prompt). When a preview's decode
+ends, the worker holds that background work (``hold_after``) until the window has
+repainted with the mask, so the repaint does not share the cores with the encoder.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names
 from ._dock import DockWidget, auto_spin, scrollable
 from ._annotation_layers import ensure_layers, spatial_shape
 from ._first_layer import warm_up
-from ._prompts import current_prompt, follow_up, plane, plane_index, prompt_focus
+from ._prompts import current_prompt, follow_up, plane, plane_index, prompt_focus, view_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
 from ._annotator_commit import CommitActions
 from ._annotator_jobs import AnnotatorJobs
@@ -49,22 +49,20 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.policy = get_policy()
         self.committer = LabelCommitter()
         self.image_layer: Image | None = None
-        self.pos_layer = self.neg_layer = self.box_layer = None
-        self.labels_layer = self.preview_layer = None
+        self.pos_layer = self.neg_layer = self.box_layer = self.labels_layer = self.preview_layer = None
         self._generation = 0
         self._plane: tuple | None = None  # the plane of the image on display
         self._prepared: dict[tuple, object] = {}  # plane key -> image with every tile embedded
         self._early: dict[tuple, object] = {}  # plane key -> prepared image, tiles still coming
         self._tiles: dict[tuple, tuple[int, int]] = {}  # plane key -> (tiles ready, tiles)
-        self._focus: tuple[float, float] | None = None  # (x, y) of the last prompt
+        self._focus, self._focus_on_view = None, True  # (x, y) the tiles start from; the canvas's
         self._status_text = "idle"
         self._preview = None  # (layer, index, generation, MaskResult)
         self._preview_prompt = None  # the prompt that gave the shown mask
         self._cache = EmbeddingCache()
         self._embed_job = self._stack_job = self._preview_job = None
         self.stack_order: list[tuple] = []  # planes in the order the last precompute took them
-        self._embed_started = 0.0
-        self.last_embed_seconds: float | None = None
+        self._embed_started, self.last_embed_seconds = 0.0, None  # last: seconds of the last embedding
         self._jobs: list = []
         self.redraw = RedrawHold(self)  # a prompt and its mask appear in one redraw
         # background work waits from a preview's decode until its repaint (0: no hold)
@@ -77,6 +75,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
                                            worker.release_background()))
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
+        self.viewer.camera.events.center.connect(self._on_camera)
         for key, fn in (("Shift-C", self.commit), ("Shift-X", self.clear_prompts),
                         ("Shift-Z", self.undo)):
             self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
@@ -125,13 +124,11 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         form.addRow("Device", self.device_label)
         form.addRow("Image", self.image_label)
         form.addRow("Batch size", self.batch_spin)
-        row1, row2, row3 = QHBoxLayout(), QHBoxLayout(), QHBoxLayout()
-        row1.addWidget(self.commit_btn)
-        row1.addWidget(self.clear_btn)
-        row2.addWidget(self.undo_btn)
-        row2.addWidget(self.all_boxes_btn)
-        row3.addWidget(self.precompute_btn)
-        row3.addWidget(self.cancel_btn)
+        rows = [QHBoxLayout() for _ in range(3)]
+        for row, pair in zip(rows, ((self.commit_btn, self.clear_btn), (self.undo_btn, self.all_boxes_btn),
+                                    (self.precompute_btn, self.cancel_btn))):
+            row.addWidget(pair[0])
+            row.addWidget(pair[1])
         # the rows live in a scroll area: a dock sharing the window's height with others
         # scrolls instead of squeezing its top rows (Model, Image) to nothing
         self.content = QWidget()
@@ -146,9 +143,8 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         layout.addWidget(self.progress)
         layout.addWidget(self.hint_label)
         layout.addWidget(self.multimask)
-        layout.addLayout(row1)
-        layout.addLayout(row2)
-        layout.addLayout(row3)
+        for row in rows:
+            layout.addLayout(row)
         from ._propagate import PropagatePanel  # Propagate / Segment all objects in 3D
         self.propagate_panel = PropagatePanel(self)
         layout.addWidget(self.propagate_panel)
@@ -260,7 +256,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
             return
         index = plane_index(self.image_layer, self.viewer)
         key = self._plane_key(index)
-        self._focus = None
+        self._focus, self._focus_on_view = view_focus(self.viewer, self.image_layer), True
         if key in self._prepared:
             self._set_status("embedding cached")
             self._submit(self._job_warm, self.model_name, self._prepared[key], tag="warm",
@@ -318,6 +314,10 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self._embed_current()
         self._on_prompts_changed()
 
+    def _on_camera(self, event=None) -> None:
+        if self._focus_on_view and self._image_alive():  # panned or zoomed before a prompt
+            self._focus = view_focus(self.viewer, self.image_layer)
+
     def cancel(self) -> None:
         n = self._cancel_own_jobs()
         self._set_status(f"cancelled {n} job(s)")
@@ -346,7 +346,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         image = self._prepared.get(key) or self._early.get(key)
         if image is None:
             image = np.array(plane(self.image_layer, index), copy=True)
-        self._focus = prompt_focus(prompt)  # the background tiles near the prompt come next
+        self._focus, self._focus_on_view = prompt_focus(prompt), False  # its tiles come next
         gen, layer = self._generation, self.image_layer
         prompt, multimask = self._follow_up(prompt, index)
         self._preview_job = self._submit(
