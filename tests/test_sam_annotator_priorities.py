@@ -216,3 +216,43 @@ def test_the_tiles_at_the_canvas_centre_come_first_and_follow_a_pan(make_napari_
     assert w._focus == pytest.approx((20, 100))
     viewer.camera.center = (128, 300)
     assert w._focus == pytest.approx((20, 100))
+
+
+def test_a_box_in_the_tile_being_embedded_waits_for_it_instead_of_embedding_it_again(
+        make_napari_viewer, qtbot, strip):
+    img, gt = strip
+    img = img + 11  # content no test has embedded
+    viewer = make_napari_viewer()
+    w = open_dock(viewer)
+    qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)
+    engine = w._engine(w.model_name)
+    embedded = []
+    real_embed = engine.embed
+
+    def spy(images, views=None, *a, **kw):
+        if views is not None:
+            embedded.extend((v.x0, v.y0, v.w) for v in views[0])
+        return real_embed(images, views, *a, **kw)
+
+    engine.embed = spy
+    # the first tile's encoder pass stops half-way until the box is queued
+    midway, go_on = threading.Event(), threading.Event()
+    hook = engine.sam.image_encoder.layers[1].register_forward_pre_hook(
+        lambda *_a: None if midway.is_set() else (midway.set(), go_on.wait(60)) and None)
+    try:
+        viewer.add_image(img, name="strip")
+        qtbot.waitUntil(midway.is_set, timeout=WAIT)  # the middle tile (the canvas centre) comes first
+        ids, boxes = gt_boxes(gt)
+        k = next(i for i, b in enumerate(boxes) if 260 < b[0] and b[2] < 380)
+        add_box(w, boxes[k])
+        assert w._preview_job is not None and w._preview_job.status == "pending"  # queued, waiting
+    finally:
+        go_on.set()
+        hook.remove()
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    result = w._preview[3]
+    view = (result.view.x0, result.view.y0, result.view.w)
+    assert embedded[0] == view  # the tile in progress was the box's
+    assert embedded.count(view) == 1, embedded  # embedded once: the box waited for it
+    assert iou(result.full(gt.shape), gt == ids[k]) > 0.6
+    w.cancel()

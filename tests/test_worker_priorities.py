@@ -226,3 +226,93 @@ def test_a_held_background_job_can_be_cancelled(worker):
     job.cancel()
     assert job.wait(10) and job.status == CANCELLED and not inside.is_set()
     worker.release_background()
+
+
+def test_a_job_deferred_at_pause_points_runs_after_the_step_it_waits_for(worker):
+    """A prompt whose view the background encoder is computing (``defer`` True while that
+    step runs) is not served at the step's pause points but right after the step; a prompt
+    without ``defer`` is served at the first pause point, as before."""
+    inside, go_on = threading.Event(), threading.Event()
+    encoding = {"view": None}
+    seen = []
+
+    def tiles():
+        for view in ("a", "b"):
+            encoding["view"] = view
+            if view == "a":
+                inside.set()
+                go_on.wait(10)
+            for i in range(3):
+                pause_point()  # e.g. between two encoder blocks
+                seen.append(f"{view}{i}")
+            encoding["view"] = None
+            yield view
+
+    bg = worker.submit(tiles, tag="tiles", priority=BACKGROUND)
+    assert inside.wait(10)
+    waits = worker.submit(lambda: seen.append("prompt on a"), tag="prompt-a", priority=INTERACTIVE,
+                          defer=lambda: encoding["view"] == "a")
+    go_on.set()
+    waits.result(10)
+    bg.result(10)
+    assert seen == ["a0", "a1", "a2", "prompt on a", "b0", "b1", "b2"]
+    # the same, needing a view not in progress: served at the first pause point
+    seen.clear()
+    inside.clear()
+    go_on.clear()
+    bg = worker.submit(tiles, tag="tiles", priority=BACKGROUND)
+    assert inside.wait(10)
+    other = worker.submit(lambda: seen.append("prompt on c"), tag="prompt-c", priority=INTERACTIVE,
+                          defer=lambda: encoding["view"] == "c")
+    go_on.set()
+    other.result(10)
+    bg.result(10)
+    assert seen == ["prompt on c", "a0", "a1", "a2", "b0", "b1", "b2"]
+
+
+def test_a_hold_stops_parking_work_that_a_waiting_prompt_needs(worker):
+    """The dock holds background work while napari applies a prompt's edit; once the
+    prompt is queued and waits for the step in progress, that step goes on at once."""
+    inside, go_on = threading.Event(), threading.Event()
+    progress = []
+
+    def tiles():
+        inside.set()
+        go_on.wait(10)
+        for i in range(3):
+            pause_point()
+            progress.append(i)
+        yield "a"
+
+    bg = worker.submit(tiles, tag="tiles", priority=BACKGROUND)
+    assert inside.wait(10)
+    worker.hold_background(600)
+    go_on.set()
+    wait_log(worker, "held", bg)
+    assert progress == []
+    prompt = worker.submit(lambda: list(progress), tag="prompt", priority=INTERACTIVE,
+                           defer=lambda: len(progress) < 3 and not bg.wait(0))
+    assert prompt.result(10) == [0, 1, 2]  # served after the step, not inside it
+    worker.release_background()
+    bg.result(10)
+
+
+def test_a_failing_defer_check_serves_the_job(worker):
+    inside, go_on = threading.Event(), threading.Event()
+    seen = []
+
+    def encoder():
+        inside.set()
+        go_on.wait(10)
+        pause_point()
+        seen.append("after pause")
+
+    def broken():
+        raise RuntimeError("no engine")
+
+    bg = worker.submit(encoder, tag="encoder", priority=BACKGROUND)
+    assert inside.wait(10)
+    worker.submit(lambda: seen.append("prompt"), tag="prompt", priority=INTERACTIVE, defer=broken)
+    go_on.set()
+    bg.result(10)
+    assert seen == ["prompt", "after pause"]

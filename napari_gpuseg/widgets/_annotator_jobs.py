@@ -67,6 +67,14 @@ class AnnotatorJobs:
     def _job_warm(self, model: str, image, cancel=None) -> int:
         return self._engine(model).warm_decoder(image, cancel=cancel)
 
+    def _defer_for(self, model: str, image, prompt):
+        """``Job.defer`` of a preview: wait while the background encoder is computing the
+        prompt's view rather than embed it a second time at a pause point."""
+        def defer() -> bool:
+            engine = self.worker.cached_model(("sam", model, self.worker.policy))
+            return engine is not None and engine.waits_for_encoder(image, prompt)
+        return defer
+
     def _job_predict(self, model: str, image, prompts, multimask: bool, cancel=None):
         engine = self._engine(model)
         # a box holds its object: the mask is computed near the box (as box mode does)

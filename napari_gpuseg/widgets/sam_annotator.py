@@ -56,8 +56,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self._early: dict[tuple, object] = {}  # plane key -> prepared image, tiles still coming
         self._tiles: dict[tuple, tuple[int, int]] = {}  # plane key -> (tiles ready, tiles)
         self._focus, self._focus_on_view = None, True  # (x, y) the tiles start from; the canvas's
-        self._status_text = "idle"
-        self._preview = None  # (layer, index, generation, MaskResult)
+        self._status_text, self._preview = "idle", None  # preview: (layer, index, generation, MaskResult)
         self._preview_prompt = None  # the prompt that gave the shown mask
         self._cache = EmbeddingCache()
         self._embed_job = self._stack_job = self._preview_job = None
@@ -352,6 +351,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self._preview_job = self._submit(
             self._job_predict, self.model_name, image, [prompt], multimask,
             tag="preview", replace=True, priority=INTERACTIVE, hold_after=self.hold_background_s,
+            defer=self._defer_for(self.model_name, image, prompt),
             on_result=lambda res: self._show_preview(layer, index, gen, res[0], prompt),
             on_error=self._on_preview_error)
         self.redraw.hold()

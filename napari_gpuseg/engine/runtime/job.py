@@ -28,9 +28,12 @@ class Job:
 
     def __init__(self, fn, args, kwargs, tag=None, inference=True,
                  on_result=None, on_error=None, on_progress=None, on_cancelled=None,
-                 priority: int = NORMAL, hold_after: float = 0.0):
+                 priority: int = NORMAL, hold_after: float = 0.0, defer=None):
         self.id = next(Job._ids)
         self.hold_after = hold_after  # seconds of background hold once it ends
+        # asked at a pause point (worker thread): True leaves the job queued until the
+        # interrupted work reaches its next step or ends (the job waits for its result)
+        self.defer = defer
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.tag = tag
         self.inference = inference

@@ -128,6 +128,11 @@ class InferenceWorker:
                 self._models[key] = loader()
             return self._models[key]
 
+    def cached_model(self, key: Hashable) -> Any | None:
+        """The model cached for ``key``, or None (never loads one)."""
+        with self._models_lock:
+            return self._models.get(key)
+
     def loaded_models(self) -> list[Hashable]:
         with self._models_lock:
             return list(self._models)
@@ -143,18 +148,22 @@ class InferenceWorker:
     def submit(self, fn: Callable, *args, tag: Hashable | None = None, replace: bool = False,
                inference: bool = True, priority: int = NORMAL, hold_after: float = 0.0,
                on_result=None, on_error=None, on_progress=None, on_cancelled=None,
-               **kwargs) -> Job:
+               defer: Callable[[], bool] | None = None, **kwargs) -> Job:
         """Queue ``fn(*args, **kwargs)`` at ``priority`` (lower runs first).
         ``replace=True`` cancels earlier jobs with ``tag``. ``hold_after`` (seconds): when
         the job ends, background work is held that long (:meth:`hold_background`) before
         its callbacks run, so the GUI can show the result on free cores and release the
-        hold (:meth:`release_background`) once it has."""
+        hold (:meth:`release_background`) once it has. ``defer()`` (called in the worker
+        thread at a pause point): True when the job is better served after the work that
+        pause point interrupted (a prompt whose view that work is embedding); it then runs
+        at that work's next step or end, not inside it, and a background hold stops
+        parking that work."""
         if self._stopping or not self._thread.is_alive():
             raise RuntimeError("worker is shut down")
         if replace and tag is not None:
             self.cancel(tag)
         job = Job(fn, args, kwargs, tag, inference, on_result, on_error, on_progress, on_cancelled,
-                  priority, hold_after)
+                  priority, hold_after, defer)
         job._seq = next(self._seq)
         self._push(job, job._seq)
         return job
@@ -228,23 +237,22 @@ class InferenceWorker:
             return
         held = False
         try:
-            while True:
-                with self._cond:
-                    if self._stopping or job.cancelled:
+            while not (self._stopping or job.cancelled):
+                if self._waiting_above(job.priority):
+                    nxt = self._pop_ready(job.priority)
+                    if nxt is None:  # the waiting jobs want this work's result: park no longer
                         break
-                    if self._heap and self._heap[0][0] < job.priority:
-                        nxt = heapq.heappop(self._heap)[2]
-                    else:
-                        left = self._hold_until - time.monotonic()
-                        if left <= 0:
-                            break
-                        if not held:
-                            held = True
-                            self.log.append(("held", job.id, job.tag))
-                        # in slices: Job.cancel() (unlike cancel()) does not wake the worker
-                        self._cond.wait(min(left, 0.05))
-                        continue
-                self._execute(nxt)  # outside the lock, like every job
+                    self._execute(nxt)  # outside the lock, like every job
+                    continue
+                with self._cond:
+                    left = self._hold_until - time.monotonic()
+                    if left <= 0:
+                        break
+                    if not held:
+                        held = True
+                        self.log.append(("held", job.id, job.tag))
+                    # in slices: Job.cancel() (unlike cancel()) does not wake the worker
+                    self._cond.wait(min(left, 0.05))
         finally:
             if held:
                 self.log.append(("unheld", job.id, job.tag))
@@ -287,9 +295,33 @@ class InferenceWorker:
             if not self.busy:  # idle: large work is over, give its freed host memory back
                 allocator.trim()
 
+    def _waiting_above(self, priority: int) -> bool:
+        with self._cond:
+            return bool(self._heap) and self._heap[0][0] < priority
+
+    def _pop_ready(self, above: int) -> Job | None:
+        """At a pause point: the next queued job of a higher priority than ``above`` whose
+        ``defer()`` is not True (asked outside the lock), or None."""
+        with self._cond:
+            waiting = sorted(e for e in self._heap if e[0] < above)
+        for entry in waiting:
+            defer = entry[2].defer
+            if defer is not None:
+                try:
+                    if defer():
+                        continue
+                except Exception:  # noqa: BLE001 - a failing check never holds a job back
+                    logger.debug("defer check of job %s failed", entry[2].id, exc_info=True)
+            with self._cond:
+                if entry in self._heap:
+                    self._heap.remove(entry)
+                    heapq.heapify(self._heap)
+                    return entry[2]
+        return None
+
     def _serve_above(self, priority: int) -> None:
         while True:
-            job = self._pop(above=priority)
+            job = self._pop_ready(priority)
             if job is None:
                 return
             self._execute(job)

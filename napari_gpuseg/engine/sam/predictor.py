@@ -63,6 +63,7 @@ class SamEngine:
         # per embedding: the decoder's work that depends on the image alone (see fast_decoder)
         self._memos: OrderedDict[tuple, dict] = OrderedDict()
         self._nonfinite: set = set()  # keys of views whose embedding was not finite (never cached)
+        self._encoding: frozenset = frozenset()  # keys of the views the encoder is computing
         self._factored = supports_factored(self.sam)
         encoder = getattr(self.sam, "image_encoder", None)
         if isinstance(encoder, torch.nn.Module):  # stand-in models in tests may have none
@@ -213,7 +214,12 @@ class SamEngine:
         def encode(pairs):
             check(cancel)
             x = torch.stack([view_input(img, v, self.info.normalization) for img, v in pairs])
-            out = self.encode(x)
+            outer = self._encoding  # a prompt served at a pause point may embed its own views
+            self._encoding = outer | frozenset(self._key(img, v) for img, v in pairs)
+            try:
+                out = self.encode(x)
+            finally:
+                self._encoding = outer
             # each embedding to its own host copy, inside the OOM back-off; the batch output
             # is dropped here, so the peak is the embeddings plus one batch, not twice them.
             # A non-finite one (even after the fp32 re-run) is never cached: the next call
@@ -243,6 +249,17 @@ class SamEngine:
             if emb is None:  # cache too small to hold even one entry
                 raise MemoryError("embedding cache is too small for one embedding")
         return emb
+
+    def waits_for_encoder(self, image, prompt: Prompt) -> bool:
+        """True while the encoder is computing a view ``prompt`` is decoded in, in a call a
+        pause point interrupted (worker thread): the prompt is served sooner once that view
+        is done than by embedding it again at the pause point (``Job.defer``)."""
+        if not self._encoding or not isinstance(image, PreparedImage):
+            return False
+        views = {self.route(image, prompt)}
+        if prompt.mask_input is None and prompt.box is None and prompt.points is not None:
+            views.add(self.route(image, prompt, zoom=False))  # a first click tries both scales
+        return any(self._key(image, v) in self._encoding for v in views)
 
     # -- decoder --------------------------------------------------------------
     def route(self, image: PreparedImage, prompt: Prompt, zoom: bool = True) -> View:
