@@ -181,3 +181,24 @@ def test_a_click_refines_fp16_logits_inside_a_bf16_autocast():
     assert again.low_res is not None and np.isfinite(again.score)
     a, b = again.full(img.shape), ref.full(img.shape)
     assert b.sum() > 100 and (a & b).sum() / (a | b).sum() > 0.9
+
+
+def test_waits_for_encoder_names_a_prompt_whose_view_is_being_embedded():
+    from napari_gpuseg.engine.sam.encoder_pauses import waits_for_encoder
+
+    require_lite_medsam()
+    engine = load_engine("lite_medsam", cache=EmbeddingCache())
+    img = np.random.default_rng(3).integers(0, 255, (256, 640), dtype=np.uint8)
+    prepared = engine.prepare(img)
+    left, right = Prompt(box=[20, 40, 60, 90]), Prompt(box=[560, 40, 600, 90])
+    seen = []
+    hook = engine.sam.image_encoder.layers[1].register_forward_pre_hook(
+        lambda *_a: seen.append((waits_for_encoder(engine, prepared, left),
+                                 waits_for_encoder(engine, prepared, right),
+                                 waits_for_encoder(engine, img, left))))
+    try:
+        engine.embed([prepared], [[engine.route(prepared, left)]])
+    finally:
+        hook.remove()
+    assert seen == [(True, False, False)]  # a raw array is never in progress
+    assert not waits_for_encoder(engine, prepared, left)  # the call is over

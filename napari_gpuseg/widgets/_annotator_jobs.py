@@ -10,6 +10,7 @@ import numpy as np
 from ..engine.runtime.device import synchronize
 from ..engine.runtime.worker import IDLE
 from ..engine.sam.loader import load_engine
+from ..engine.sam.encoder_pauses import waits_for_encoder
 from ..engine.sam.schedule import stack_steps
 from ._prompts import plane
 
@@ -72,7 +73,7 @@ class AnnotatorJobs:
         prompt's view rather than embed it a second time at a pause point."""
         def defer() -> bool:
             engine = self.worker.cached_model(("sam", model, self.worker.policy))
-            return engine is not None and engine.waits_for_encoder(image, prompt)
+            return engine is not None and waits_for_encoder(engine, image, prompt)
         return defer
 
     def _job_predict(self, model: str, image, prompts, multimask: bool, cancel=None):

@@ -43,6 +43,7 @@ import torch
 from . import allocator
 from .device import Policy, get_policy
 from .cancel import Cancelled
+from .model_slots import ModelSlots
 from .job import (BACKGROUND, CANCELLED, DONE, FAILED, IDLE, INTERACTIVE, NORMAL,  # noqa: F401 - re-exported
                   PENDING, RUNNING, Job, accepts_keyword, release_frames)
 
@@ -66,7 +67,7 @@ def pause_point() -> None:
     worker._wait_hold(job)
 
 
-class InferenceWorker:
+class InferenceWorker(ModelSlots):
     """One background thread that owns loaded models and runs submitted jobs by priority
     (first come, first served within a priority)."""
 
@@ -104,45 +105,6 @@ class InferenceWorker:
     @policy.setter
     def policy(self, value: Policy | None) -> None:
         self._policy = value
-
-    # -- models -------------------------------------------------------------
-    def model(self, key: Hashable, loader: Callable[[], Any], replace: bool = False) -> Any:
-        """Return the cached model for ``key``, loading it once (call from a job).
-
-        ``replace=True`` (key a tuple): a new model releases the cached ones of the same
-        kind (``key[0]``) first, so switching models does not keep the old one in GPU memory.
-        """
-        with self._models_lock:
-            if key not in self._models:
-                if replace:
-                    old = [k for k in self._models if isinstance(k, tuple) and k[:1] == key[:1]]
-                    for k in old:
-                        del self._models[k]
-                    if old:
-                        import gc
-
-                        from .memory import empty_cache
-
-                        gc.collect()  # engines hold reference cycles (memo closures)
-                        empty_cache(self.policy.device)
-                self._models[key] = loader()
-            return self._models[key]
-
-    def cached_model(self, key: Hashable) -> Any | None:
-        """The model cached for ``key``, or None (never loads one)."""
-        with self._models_lock:
-            return self._models.get(key)
-
-    def loaded_models(self) -> list[Hashable]:
-        with self._models_lock:
-            return list(self._models)
-
-    def unload(self, key: Hashable | None = None) -> None:
-        with self._models_lock:
-            if key is None:
-                self._models.clear()
-            else:
-                self._models.pop(key, None)
 
     # -- jobs ---------------------------------------------------------------
     def submit(self, fn: Callable, *args, tag: Hashable | None = None, replace: bool = False,

@@ -2,7 +2,8 @@
 
 The annotator embeds an image in a background worker job; :func:`worker.pause_point` lets a
 prompt (or a cancel) in between two modules, so the encoder's forward pass is cut into about
-a hundred pieces instead of being one uninterruptible call.
+a hundred pieces instead of being one uninterruptible call. A prompt whose own view is the
+one being computed is better served when that view is done (:func:`waits_for_encoder`).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 import torch
 
 from ..runtime.worker import pause_point
+from .inputs import PreparedImage
 
 # before each block, its attention (and its qkv / output projections), MLP (and its layers),
 # convolutions and activations (a GELU fused into its convolution or linear layer has none of
@@ -31,3 +33,15 @@ def add_pause_points(encoder: torch.nn.Module) -> None:
         if _PAUSE_AT.search(name):
             module.register_forward_pre_hook(lambda _m, _a: pause_point())
     encoder._gpuseg_pause_points = True
+
+
+def waits_for_encoder(engine, image, prompt) -> bool:
+    """True while ``engine``'s encoder is computing a view ``prompt`` is decoded in, in a
+    call a pause point interrupted (ask in the worker thread): the prompt is served sooner
+    once that view is done than by embedding it again at the pause point (``Job.defer``)."""
+    if not engine._encoding or not isinstance(image, PreparedImage):
+        return False
+    views = {engine.route(image, prompt)}
+    if prompt.mask_input is None and prompt.box is None and prompt.points is not None:
+        views.add(engine.route(image, prompt, zoom=False))  # a first click tries both scales
+    return any(engine._key(image, v) in engine._encoding for v in views)

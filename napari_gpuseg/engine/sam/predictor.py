@@ -250,17 +250,6 @@ class SamEngine:
                 raise MemoryError("embedding cache is too small for one embedding")
         return emb
 
-    def waits_for_encoder(self, image, prompt: Prompt) -> bool:
-        """True while the encoder is computing a view ``prompt`` is decoded in, in a call a
-        pause point interrupted (worker thread): the prompt is served sooner once that view
-        is done than by embedding it again at the pause point (``Job.defer``)."""
-        if not self._encoding or not isinstance(image, PreparedImage):
-            return False
-        views = {self.route(image, prompt)}
-        if prompt.mask_input is None and prompt.box is None and prompt.points is not None:
-            views.add(self.route(image, prompt, zoom=False))  # a first click tries both scales
-        return any(self._key(image, v) in self._encoding for v in views)
-
     # -- decoder --------------------------------------------------------------
     def route(self, image: PreparedImage, prompt: Prompt, zoom: bool = True) -> View:
         """The view a prompt is decoded in: its mask input's; for a first click (points, no
