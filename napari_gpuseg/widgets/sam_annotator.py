@@ -55,7 +55,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self._prepared: dict[tuple, object] = {}  # plane key -> image with every tile embedded
         self._early: dict[tuple, object] = {}  # plane key -> prepared image, tiles still coming
         self._tiles: dict[tuple, tuple[int, int]] = {}  # plane key -> (tiles ready, tiles)
-        self._focus, self._focus_on_view = None, True  # (x, y) the tiles start from; the canvas's
+        self._focus, self._focus_on_view = None, True  # (x, y) the tiles start from: view, then prompt
         self._status_text, self._preview = "idle", None  # preview: (layer, index, generation, MaskResult)
         self._preview_prompt = None  # the prompt that gave the shown mask
         self._cache = EmbeddingCache()
