@@ -1,14 +1,16 @@
 """The first drop after napari starts: the annotator's first-layer warm-up against none.
 
-    xvfb-run -a python benchmarks/first_layer.py [--pairs 3]
+    xvfb-run -a python benchmarks/first_layer.py [--pairs 3] [--kinds cold,warm]
 
 Each trial is a fresh process (the work is one-off per process): a real napari window, the
 SAM annotator docked and its model loaded, the worker idle; then the first BBBC039
 validation field is added. Timed on the GUI thread: ``viewer.add_image`` and, after it,
 until the dock follows the image (its prompt layers made). ``warm`` is the dock as shipped
-(``widgets/_first_layer.py``: napari's layer imports in the dock's worker and pint's unit
-registry on the GUI thread, when the dock opens); ``cold`` replaces both with no-ops.
-Trials alternate cold, warm; medians and the ratio cold / warm are printed.
+(``widgets/_first_layer.py``: napari's layer imports in the dock's worker, pint's unit
+registry and vispy's visuals on the GUI thread, when the dock opens); ``cold`` replaces all
+three with no-ops; ``novisuals`` only the visuals (the warm-up before they were added).
+Trials alternate between the kinds (``--kinds``, the first one is the baseline); medians
+and the ratio baseline / kind are printed.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from _machine import cpu_flags, cpu_name  # noqa: E402  (benchmarks/, the script
 DATA = HERE.parents[1] / "shared" / "data"
 
 
-def trial(warm: bool) -> dict:
+def trial(kind: str) -> dict:
     """One process: dock open and ready, then the first field dropped (runs in a child)."""
     import napari
     import tifffile
@@ -37,9 +39,11 @@ def trial(warm: bool) -> dict:
     from napari_gpuseg.widgets import _first_layer
     from _viewer import pump
 
-    if not warm:
+    if kind == "cold":
         _first_layer.import_layer_modules = lambda: 0.0
         _first_layer.build_unit_registry = lambda: None
+    if kind in ("cold", "novisuals"):
+        _first_layer.build_visuals = lambda: 0.0
     field = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[16]
     viewer = napari.Viewer(show=True)
     app = QApplication.instance()
@@ -56,19 +60,26 @@ def trial(warm: bool) -> dict:
     return {"add_image": t1 - t0, "follow": t2 - t1, "total": t2 - t0}
 
 
+KINDS = ("cold", "novisuals", "warm")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--child", choices=("warm", "cold"), help=argparse.SUPPRESS)
+    ap.add_argument("--kinds", default="cold,warm", help="comma-separated: cold, novisuals, warm")
+    ap.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(trial(args.child == "warm")), flush=True)
+        print(json.dumps(trial(args.child)), flush=True)
         return
+    kinds = [k for k in args.kinds.split(",") if k]
+    if len(kinds) < 2 or any(k not in KINDS for k in kinds):
+        ap.error(f"--kinds: two or more of {', '.join(KINDS)}")
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     print(f"{cpu_name()} ({cpu_flags()}), {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
-    rows: dict[str, list[dict]] = {"cold": [], "warm": []}
+    rows: dict[str, list[dict]] = {k: [] for k in kinds}
     for _ in range(args.pairs):
-        for kind in ("cold", "warm"):
+        for kind in kinds:
             out = subprocess.run([sys.executable, __file__, "--child", kind], env=env, check=True,
                                  capture_output=True, text=True).stdout
             res = json.loads(out.strip().splitlines()[-1])
@@ -77,9 +88,11 @@ def main() -> None:
                   f"total {res['total']:.2f} s", flush=True)
     med = {k: {part: statistics.median(r[part] for r in v) for part in ("add_image", "follow", "total")}
            for k, v in rows.items()}
+    base = kinds[0]
     for part in ("add_image", "follow", "total"):
-        print(f"median {part}: cold {med['cold'][part]:.2f} s, warm {med['warm'][part]:.2f} s, "
-              f"cold / warm {med['cold'][part] / med['warm'][part]:.2f}x")
+        for kind in kinds[1:]:
+            print(f"median {part}: {base} {med[base][part]:.2f} s, {kind} {med[kind][part]:.2f} s, "
+                  f"{base} / {kind} {med[base][part] / med[kind][part]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The annotator pays napari's first-layer work (imports, pint's unit registry) when it
-opens, before the first drop, rather than after it."""
+"""The annotator pays napari's first-layer work (imports, pint's unit registry, vispy's
+visuals) when it opens, before the first drop, rather than after it."""
 import threading
 
 import numpy as np
@@ -34,6 +34,29 @@ def test_layer_modules_import_and_a_missing_one_is_skipped(monkeypatch):
     assert "scipy.ndimage" in sys.modules and "no_such_module_here" not in sys.modules
 
 
+def test_visuals_are_built_once_and_a_failing_one_is_skipped(monkeypatch):
+    from vispy.scene import visuals
+    from vispy.visuals.line import dash_atlas
+
+    monkeypatch.setattr(_first_layer, "_visuals_built", False)
+    made = []
+    real_line = visuals.Line
+
+    def line(*args, **kwargs):
+        made.append(kwargs.get("method"))
+        return real_line(*args, **kwargs)
+
+    monkeypatch.setattr(visuals, "Line", line)
+    monkeypatch.setattr(visuals, "Ellipse", lambda *a, **k: 1 / 0)  # a vispy that lacks one
+    dash_atlas._make_pattern.cache_clear()
+    assert _first_layer.build_visuals() > 0
+    assert "agg" in made and "gl" in made
+    # the one-off work napari's first anti-aliased line would do is done: its dash patterns
+    assert dash_atlas._make_pattern.cache_info().currsize >= 10
+    made.clear()
+    assert _first_layer.build_visuals() == 0.0 and made == []  # once per process
+
+
 @pytest.mark.parametrize("with_image", [False, True])
 def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
         make_napari_viewer, qtbot, monkeypatch, with_image):
@@ -47,6 +70,7 @@ def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
 
     monkeypatch.setattr(_first_layer, "build_unit_registry", lambda: record("units"))
     monkeypatch.setattr(_first_layer, "import_layer_modules", lambda: record("imports"))
+    monkeypatch.setattr(_first_layer, "build_visuals", lambda: record("visuals"))
     viewer = make_napari_viewer()
     if with_image:
         viewer.add_image(np.zeros((64, 64), np.uint16), name="there")
@@ -55,6 +79,7 @@ def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
     qtbot.wait(50)  # the event loop runs a zero-delay timer by now
     assert calls.count("units") == (0 if with_image else 1)
     assert calls.count("imports") == 1
+    assert calls.count("visuals") == 1 and threads["visuals"] is threading.main_thread()
     # imports in the dock's worker; pint's registry (built lazily, without a lock) on the GUI thread
     assert threads["imports"] is not threading.main_thread()
     if not with_image:

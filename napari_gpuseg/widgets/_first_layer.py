@@ -12,12 +12,20 @@ then:
   runs twice.
 * :func:`build_unit_registry` runs on the GUI thread: pint builds its application registry
   lazily and without a lock, so a build in another thread could race napari's own use.
+* :func:`build_visuals` runs on the GUI thread too (vispy's scene graph is the GUI's): it
+  makes and drops one of each vispy visual the dock's labels, points and shapes layers and
+  their overlays are built from. The first of each kind in a process pays one-off work that
+  later ones reuse: vispy's dash patterns for anti-aliased lines (an ``lru_cache``) and the
+  parsing of each visual's shader functions. Nothing is drawn and nothing is added to the
+  viewer; a vispy without one of these visuals just skips it.
 """
 from __future__ import annotations
 
 import importlib
 import logging
 import time
+
+import numpy as np
 
 from qtpy.QtCore import QTimer
 
@@ -51,9 +59,45 @@ def build_unit_registry() -> None:
         logger.debug("pint registry not built ahead", exc_info=True)
 
 
+_visuals_built = False
+
+
+def build_visuals() -> float:
+    """Make and drop one of each vispy visual napari's labels, points and shapes layers and
+    their overlays use (once per process); returns the seconds it took (0 when done before)."""
+    global _visuals_built
+    if _visuals_built:
+        return 0.0
+    _visuals_built = True
+    t0 = time.perf_counter()
+    try:
+        from vispy.scene import visuals
+    except ImportError:  # pragma: no cover - napari always brings vispy
+        return 0.0
+    pts = np.array([[0.0, 0.0], [8.0, 0.0], [8.0, 8.0]], np.float32)
+    makers = (
+        lambda: visuals.Line(pos=pts, method="agg"),
+        lambda: visuals.Line(pos=pts, method="gl"),
+        lambda: visuals.Markers(pos=pts),
+        lambda: visuals.Polygon(pos=pts, border_method="agg"),
+        lambda: visuals.Ellipse(center=(0.0, 0.0), radius=(1.0, 1.0)),
+        lambda: visuals.Mesh(),
+        lambda: visuals.Text("0"),
+        lambda: visuals.Compound([visuals.Line(pos=pts), visuals.Markers(pos=pts)]),
+    )
+    for make in makers:
+        try:
+            make()
+        except Exception:  # noqa: BLE001 - a warm-up: napari makes its visuals itself anyway
+            logger.debug("vispy visual not built ahead", exc_info=True)
+    return time.perf_counter() - t0
+
+
 def warm_up(dock) -> None:
     """For an annotator ``dock`` that has just opened: the imports as a background job of
-    its worker; the registry by a zero-delay timer, only while the viewer has no layer."""
+    its worker; the registry (only while the viewer has no layer) and the visuals by
+    zero-delay timers."""
     dock._submit(import_layer_modules, tag="first-layer", priority=BACKGROUND, inference=False)
     if not len(dock.viewer.layers):
         QTimer.singleShot(0, build_unit_registry)
+    QTimer.singleShot(0, build_visuals)
