@@ -109,9 +109,51 @@ def test_box_only_model_steers_to_boxes(make_napari_viewer, qtbot, crop):
     viewer = make_napari_viewer()
     viewer.add_image(crop[0], name="nuclei")
     w = open_dock(viewer)
+    assert viewer.layers.selection.active.name == w.pos_layer.name and w.pos_layer.mode == "add"
     w.model_combo.setCurrentText("lite_medsam")
     w._on_model_chosen(0)
     assert "trained with boxes" in w.hint_label.text()
+    # the box tool is what the user gets, for this model, on this image and the next one
+    assert viewer.layers.selection.active.name == w.box_layer.name and w.box_layer.mode == "add_rectangle"
+    viewer.add_image(crop[0][:128], name="nuclei 2")
+    qtbot.waitUntil(lambda: w.image_layer is not None and w.image_layer.name == "nuclei 2", timeout=WAIT)
+    assert viewer.layers.selection.active.name == w.box_layer.name
+    w.model_combo.setCurrentText("nuclei_sam")
+    w._on_model_chosen(0)
+    assert viewer.layers.selection.active.name == w.pos_layer.name and "Click an object" in w.hint_label.text()
+
+
+def test_a_mouse_click_on_a_dropped_image_segments_the_nucleus(make_napari_viewer, qtbot, crop):
+    """As a user: drop an image, open the dock, click a nucleus on the canvas. The dock has
+    the positive-points tool ready (the default model takes clicks), so the click is a
+    prompt, and the preview is that nucleus."""
+    from qtpy.QtCore import QPoint, Qt
+    from qtpy.QtTest import QTest
+    from qtpy.QtWidgets import QWidget
+
+    from napari_gpuseg.engine.sam.interaction import interior_point
+    from napari_gpuseg.widgets._redraw_hold import napari_window
+
+    img, gt = crop
+    viewer = make_napari_viewer(show=True)
+    viewer.add_image(img, name="nuclei")
+    w = open_dock(viewer)
+    assert viewer.layers.selection.active.name == w.pos_layer.name and w.pos_layer.mode == "add"
+    central = napari_window(w).centralWidget()
+    canvas = max((c for c in central.findChildren(QWidget) if hasattr(c, "_vispy_canvas")),
+                 key=lambda c: c.width() * c.height())
+    ids, _boxes = gt_boxes(gt)
+    oid = max(ids, key=lambda i: np.count_nonzero(gt == i))
+    x, y = interior_point(gt == oid)
+    viewer.camera.center = (float(y), float(x))  # the nucleus under the canvas centre
+    qtbot.wait(50)
+    QTest.mouseClick(canvas, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier,
+                     QPoint(canvas.width() // 2, canvas.height() // 2))
+    qtbot.waitUntil(lambda: len(w.pos_layer.data) == 1, timeout=5_000)
+    cy, cx = w.pos_layer.data[0]
+    assert abs(cy - y) <= 2 and abs(cx - x) <= 2, (cy, cx, y, x)
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    assert iou(w._preview[3].full(gt.shape), gt == oid) > 0.7
 
 
 def test_clicks_with_the_default_model_find_the_nucleus_and_refine(make_napari_viewer, qtbot, crop):
@@ -404,7 +446,9 @@ def test_drawing_a_box_with_the_mouse_decodes_once_on_release(make_napari_viewer
     viewer.add_image(img, name="nuclei")
     w = open_dock(viewer)
     wait_embedded(qtbot, w)
-    assert w.box_layer.mode == "add_rectangle"  # the dock selected the box tool
+    assert viewer.layers.selection.active.name == w.pos_layer.name  # a click model: clicks come first
+    viewer.layers.selection.active = w.box_layer  # the user picks SAM boxes in the layer list
+    assert w.box_layer.mode == "add_rectangle"  # and has the box tool at once
     central = napari_window(w).centralWidget()
     canvas = max((c for c in central.findChildren(QWidget) if hasattr(c, "_vispy_canvas")),
                  key=lambda c: c.width() * c.height())

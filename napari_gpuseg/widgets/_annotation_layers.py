@@ -92,3 +92,14 @@ def remove_on_plane(layer, index: tuple) -> None:
         d = np.asarray(layer.data)
         lead = np.round(d[:, :len(index)]).astype(int)
         layer.data = d[~np.all(lead == np.asarray(index), axis=1)]
+
+
+def select_prompt_tool(viewer, lay: AnnotationLayers, boxes_first: bool) -> None:
+    """Every prompt layer ready in its drawing tool (points: add, boxes: rectangle), and the
+    one a user starts with active: positive clicks for a model that takes clicks, the box
+    tool for a box-only model (LiteMedSAM as published). Choosing another prompt layer in
+    the layer list then gives its tool at once."""
+    lay.pos.mode = "add"
+    lay.neg.mode = "add"
+    lay.boxes.mode = "add_rectangle"
+    viewer.layers.selection.active = lay.boxes if boxes_first else lay.pos

@@ -25,7 +25,7 @@ from ..engine.sam.cache import EmbeddingCache
 from ..engine.runtime.worker import BACKGROUND, INTERACTIVE, InferenceWorker, default_worker
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
-from ._annotation_layers import ensure_layers, spatial_shape
+from ._annotation_layers import ensure_layers, select_prompt_tool, spatial_shape
 from ._first_layer import warm_up
 from ._prompts import current_prompt, follow_up, plane, plane_index, prompt_focus, view_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
@@ -50,7 +50,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.committer = LabelCommitter()
         self.image_layer: Image | None = None
         self.pos_layer = self.neg_layer = self.box_layer = self.labels_layer = self.preview_layer = None
-        self._generation = 0
+        self._layers, self._generation = None, 0  # layers: the AnnotationLayers of the followed image
         self._plane: tuple | None = None  # the plane of the image on display
         self._prepared: dict[tuple, object] = {}  # plane key -> image with every tile embedded
         self._early: dict[tuple, object] = {}  # plane key -> prepared image, tiles still coming
@@ -61,8 +61,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self._cache = EmbeddingCache()
         self._embed_job = self._stack_job = self._preview_job = None
         self.stack_order: list[tuple] = []  # planes in the order the last precompute took them
-        self._embed_started, self.last_embed_seconds = 0.0, None  # last: seconds of the last embedding
-        self._jobs: list = []
+        self._embed_started, self.last_embed_seconds, self._jobs = 0.0, None, []  # last: of an embedding, s
         self.redraw = RedrawHold(self)  # a prompt and its mask appear in one redraw
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
@@ -159,8 +158,8 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.hint_label.setText(
             "This model was trained with boxes: draw a box around each object "
             "(points alone give poor masks)." if box_model else
-            "Click positive points (SAM positive layer) and negative points (SAM negative), "
-            "or draw a box.")
+            "Click an object (SAM positive is selected for you); a click in SAM negative "
+            "removes a wrong part; or draw a box in SAM boxes.")
 
     def use_sam_model(self, path: str) -> None:
         """Switch to a checkpoint made elsewhere (Adapt SAM): it joins the model list."""
@@ -174,6 +173,8 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         if not browse_checkpoint(self.model_combo, self):
             return
         self._update_hint()
+        if self._layers is not None and self.box_layer in self.viewer.layers:  # the model's tool
+            select_prompt_tool(self.viewer, self._layers, is_box_trained(self.model_name))
         self._prepared.clear()
         self._preload_model()
         self._embed_current()
@@ -233,7 +234,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         return spatial_shape(self.image_layer)
 
     def _ensure_layers(self) -> None:
-        lay = ensure_layers(self.viewer, self.image_layer)
+        lay = self._layers = ensure_layers(self.viewer, self.image_layer)
         self.pos_layer, self.neg_layer, self.box_layer = lay.pos, lay.neg, lay.boxes
         self.labels_layer, self.preview_layer = lay.labels, lay.preview
         for ly in (self.pos_layer, self.neg_layer, self.box_layer):
@@ -242,8 +243,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
             except (TypeError, ValueError, RuntimeError):  # not connected yet
                 logger.debug("prompt layer %r was not connected yet", ly.name)
             ly.events.data.connect(self._on_prompts_changed)
-        self.viewer.layers.selection.active = self.box_layer
-        self.box_layer.mode = "add_rectangle"
+        select_prompt_tool(self.viewer, lay, is_box_trained(self.model_name))
 
     # -- embedding --------------------------------------------------------------------
     def _plane_key(self, index=None) -> tuple:
