@@ -131,6 +131,8 @@ def test_a_mouse_click_on_a_dropped_image_segments_the_nucleus(make_napari_viewe
     from qtpy.QtTest import QTest
     from qtpy.QtWidgets import QWidget
 
+    from scipy import ndimage as ndi
+
     from napari_gpuseg.engine.sam.interaction import interior_point
     from napari_gpuseg.widgets._redraw_hold import napari_window
 
@@ -153,7 +155,27 @@ def test_a_mouse_click_on_a_dropped_image_segments_the_nucleus(make_napari_viewe
     cy, cx = w.pos_layer.data[0]
     assert abs(cy - y) <= 2 and abs(cx - x) <= 2, (cy, cx, y, x)
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    first = w._preview[3]
+    assert iou(first.full(gt.shape), gt == oid) > 0.7
+    # Shift-N: the next click is negative, in the background just outside the nucleus; it
+    # refines the mask (the first click's logits go back in) and the nucleus stays
+    viewer.window._qt_viewer.canvas.native.setFocus()
+    QTest.keyClick(canvas, Qt.Key.Key_N, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.waitUntil(lambda: viewer.layers.selection.active.name == w.neg_layer.name, timeout=5_000)
+    assert w.neg_layer.mode == "add"
+    ys, xs = np.nonzero(ndi.binary_dilation(gt == oid, iterations=6) & (gt == 0))
+    k = int(np.argmin((ys - y) ** 2 + (xs - x) ** 2))
+    viewer.camera.center = (float(ys[k]), float(xs[k]))
+    qtbot.wait(50)
+    QTest.mouseClick(canvas, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier,
+                     QPoint(canvas.width() // 2, canvas.height() // 2))
+    qtbot.waitUntil(lambda: len(w.neg_layer.data) == 1, timeout=5_000)
+    assert len(w.pos_layer.data) == 1
+    qtbot.waitUntil(lambda: w.has_preview() and w._preview[3] is not first, timeout=WAIT)
+    assert w._preview_prompt.mask_input is first
     assert iou(w._preview[3].full(gt.shape), gt == oid) > 0.7
+    QTest.keyClick(canvas, Qt.Key.Key_N, Qt.KeyboardModifier.ShiftModifier)  # and back
+    qtbot.waitUntil(lambda: viewer.layers.selection.active.name == w.pos_layer.name, timeout=5_000)
 
 
 def test_clicks_with_the_default_model_find_the_nucleus_and_refine(make_napari_viewer, qtbot, crop):

@@ -103,3 +103,14 @@ def select_prompt_tool(viewer, lay: AnnotationLayers, boxes_first: bool) -> None
     lay.neg.mode = "add"
     lay.boxes.mode = "add_rectangle"
     viewer.layers.selection.active = lay.boxes if boxes_first else lay.pos
+
+
+def toggle_click_sign(viewer, lay: AnnotationLayers | None) -> None:
+    """Switch the click tool between SAM positive and SAM negative (``Shift-N``): from
+    either points layer to the other, from anything else to SAM negative."""
+    if lay is None or lay.pos.name not in viewer.layers or lay.neg.name not in viewer.layers:
+        return
+    active = viewer.layers.selection.active
+    target = lay.pos if active is not None and active.name == lay.neg.name else lay.neg
+    target.mode = "add"
+    viewer.layers.selection.active = target

@@ -25,7 +25,7 @@ from ..engine.sam.cache import EmbeddingCache
 from ..engine.runtime.worker import BACKGROUND, INTERACTIVE, InferenceWorker, default_worker
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
-from ._annotation_layers import ensure_layers, select_prompt_tool, spatial_shape
+from ._annotation_layers import ensure_layers, select_prompt_tool, spatial_shape, toggle_click_sign
 from ._first_layer import warm_up
 from ._prompts import current_prompt, follow_up, plane, plane_index, prompt_focus, view_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
@@ -74,8 +74,8 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
         self.viewer.camera.events.center.connect(self._on_camera)
-        for key, fn in (("Shift-C", self.commit), ("Shift-X", self.clear_prompts),
-                        ("Shift-Z", self.undo)):
+        for key, fn in (("Shift-C", self.commit), ("Shift-X", self.clear_prompts), ("Shift-Z", self.undo),
+                        ("Shift-N", lambda: toggle_click_sign(self.viewer, self._layers))):
             self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
         self._preload_model()
         warm_up(self)  # napari's one-off work for its first layers, before the first drop
@@ -158,8 +158,8 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.hint_label.setText(
             "This model was trained with boxes: draw a box around each object "
             "(points alone give poor masks)." if box_model else
-            "Click an object (SAM positive is selected for you); a click in SAM negative "
-            "removes a wrong part; or draw a box in SAM boxes.")
+            "Click an object (SAM positive is selected for you); Shift-N switches to SAM "
+            "negative, whose clicks remove a wrong part, and back; or draw a box in SAM boxes.")
 
     def use_sam_model(self, path: str) -> None:
         """Switch to a checkpoint made elsewhere (Adapt SAM): it joins the model list."""
