@@ -94,11 +94,18 @@ def remove_on_plane(layer, index: tuple) -> None:
         layer.data = d[~np.all(lead == np.asarray(index), axis=1)]
 
 
-def select_prompt_tool(viewer, lay: AnnotationLayers, boxes_first: bool) -> None:
+def _prompt_layers_present(viewer, lay: AnnotationLayers | None) -> bool:
+    return lay is not None and all(ly.name in viewer.layers for ly in (lay.pos, lay.neg, lay.boxes))
+
+
+def select_prompt_tool(viewer, lay: AnnotationLayers | None, boxes_first: bool) -> None:
     """Every prompt layer ready in its drawing tool (points: add, boxes: rectangle), and the
     one a user starts with active: positive clicks for a model that takes clicks, the box
     tool for a box-only model (LiteMedSAM as published). Choosing another prompt layer in
-    the layer list then gives its tool at once."""
+    the layer list then gives its tool at once. Nothing happens while the prompt layers
+    are not (or no longer) in the viewer."""
+    if not _prompt_layers_present(viewer, lay):
+        return
     lay.pos.mode = "add"
     lay.neg.mode = "add"
     lay.boxes.mode = "add_rectangle"
@@ -108,7 +115,7 @@ def select_prompt_tool(viewer, lay: AnnotationLayers, boxes_first: bool) -> None
 def toggle_click_sign(viewer, lay: AnnotationLayers | None) -> None:
     """Switch the click tool between SAM positive and SAM negative (``Shift-N``): from
     either points layer to the other, from anything else to SAM negative."""
-    if lay is None or lay.pos.name not in viewer.layers or lay.neg.name not in viewer.layers:
+    if not _prompt_layers_present(viewer, lay):
         return
     active = viewer.layers.selection.active
     target = lay.pos if active is not None and active.name == lay.neg.name else lay.neg

@@ -61,7 +61,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self._cache = EmbeddingCache()
         self._embed_job = self._stack_job = self._preview_job = None
         self.stack_order: list[tuple] = []  # planes in the order the last precompute took them
-        self._embed_started, self.last_embed_seconds, self._jobs = 0.0, None, []  # last: of an embedding, s
+        self._embed_started, self.last_embed_seconds, self._jobs = 0.0, None, []  # seconds: last embedding
         self.redraw = RedrawHold(self)  # a prompt and its mask appear in one redraw
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
@@ -173,8 +173,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         if not browse_checkpoint(self.model_combo, self):
             return
         self._update_hint()
-        if self._layers is not None and self.box_layer in self.viewer.layers:  # the model's tool
-            select_prompt_tool(self.viewer, self._layers, is_box_trained(self.model_name))
+        select_prompt_tool(self.viewer, self._layers, is_box_trained(self.model_name))  # the model's tool
         self._prepared.clear()
         self._preload_model()
         self._embed_current()
