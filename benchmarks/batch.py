@@ -44,7 +44,9 @@ def emit(line: str = "") -> None:
 
 
 def default_data() -> Path:
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bbbc039" / "images"
+    from _data import shared_data  # benchmarks/, the script's folder
+
+    return shared_data() / "bbbc039" / "images"
 
 
 def make_folder(src: Path, n: int, dst: Path) -> list[Path]:

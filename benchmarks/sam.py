@@ -55,7 +55,8 @@ from napari_gpuseg.engine.sam.inputs import prepare_image, view_input  # noqa: E
 from napari_gpuseg.models.checkpoint import load_state_dict_strict  # noqa: E402
 from napari_gpuseg.models.sam import build_sam, load_sam  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _data import shared_data  # noqa: E402  (benchmarks/: ../shared/data or $NAPARI_GPUSEG_SHARED_DATA)
 VIT_B_TFLOP_1024 = 0.97  # one ViT-B embedding of a 1024x1024 image
 # dense bf16 tensor-core peak (TFLOP/s) by device-name substring, most specific first
 BF16_PEAK = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0),
@@ -230,11 +231,12 @@ def val_crops():
     """The 8 held-out BBBC039 fields, native-resolution 256x256 crops (as the tests use)."""
     import tifffile
 
-    files = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[-8:]
+    data = shared_data()
+    files = sorted((data / "bbbc039" / "images").glob("*.tif"))[-8:]
     crops = []
     for f in files:
         img = tifffile.imread(f)[100:356, 200:456]
-        gt = tifffile.imread(DATA / "bbbc039" / "masks" / f.name)[100:356, 200:456]
+        gt = tifffile.imread(data / "bbbc039" / "masks" / f.name)[100:356, 200:456]
         crops.append((f.name, img, gt))
     return crops
 
