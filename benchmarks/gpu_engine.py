@@ -16,7 +16,10 @@ decoded one prompt per call, as a user's edits arrive. Sections:
    the mean IoU between the two precisions' first-click masks;
 4. a real out-of-memory back-off: the encoder run over 64 views at batch 64 with the caching
    allocator capped (``torch.cuda.set_per_process_memory_fraction``) so that batch cannot fit;
-   the batch runner must halve until it fits, lose no view, and give the batch-1 embeddings.
+   the batch runner must halve until it fits, lose no view, and give the batch-1 embeddings;
+5. with ``--first-mask-pairs N``: fresh processes, the GPU warm-up at model load
+   (``engine/sam/gpu_warmup.py``, what the annotator does) against none, alternating: load,
+   warm-up, a box on a new field -> its mask, the rest of that field, the next field.
 
 On a CPU (``--device cpu``) it runs the same sections (section 4 then says it needs CUDA).
 """
@@ -173,12 +176,13 @@ def section_oom(engine, img) -> None:
     total = torch.cuda.get_device_properties(dev).total_memory
     cap = torch.cuda.memory_allocated(dev) + x.numel() * 4 + 4 * per4  # room for about 16 views
     torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), dev)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
     try:
         runner = BatchRunner(batch_size=64, device=dev)
         t, outs = timed(lambda: runner.run(lambda b: engine.encode(b).float().cpu(), x), dev)
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, dev)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
         torch.cuda.empty_cache()
     got = torch.stack(outs)
     diff = (got - one).abs().max().item() / max(1e-12, one.abs().max().item())
@@ -191,6 +195,68 @@ def section_oom(engine, img) -> None:
           f"{'OK' if ok else 'FAILED'}")
 
 
+def first_mask_child(args) -> None:
+    """One fresh process: load, warm or not, then a box on a new field as a drop would."""
+    from napari_gpuseg.engine.sam.gpu_warmup import warm_gpu
+
+    policy = make_policy(args.device, args.precision)
+    pairs = bbbc039_validation()
+    (img, lab), (img2, _lab2) = [(tifffile.imread(a), tifffile.imread(b)) for a, b in pairs[:2]]
+    t_load, engine = timed(lambda: load_engine(args.model, policy=policy), policy.device)
+    t_warm = warm_gpu(engine) if args.child == "warm" else 0.0
+    # the object nearest the field's centre, boxed as soon as the image is there
+    cy, cx = np.array(lab.shape) / 2
+    oid, s = min(objects(lab, 10**6), key=lambda o: ((o[1][0].start + o[1][0].stop) / 2 - cy) ** 2
+                 + ((o[1][1].start + o[1][1].stop) / 2 - cx) ** 2)
+    off = np.array([s[1].start, s[0].start])
+    box = tight_box(lab[s] == oid) + np.concatenate([off, off])
+
+    def first():
+        prepared = engine.prepare(img)
+        return prepared, engine.predict(prepared, [Prompt(box=box)], near_box=True)
+
+    t_first, (prepared, _res) = timed(first, policy.device)
+
+    def rest(image):
+        for _ in engine.embed_steps(image, engine.prompt_views(image)):
+            pass
+
+    t_rest, _ = timed(lambda: rest(prepared), policy.device)
+    t_field, _ = timed(lambda: rest(engine.prepare(img2)), policy.device)
+    print(json.dumps({"kind": args.child, "load_s": t_load, "warm_s": t_warm, "first_mask_s": t_first,
+                      "rest_of_field_s": t_rest, "next_field_s": t_field}), flush=True)
+
+
+def first_mask_pairs(args) -> None:
+    """Fresh processes, warm-up at load vs none, alternating; medians."""
+    import subprocess
+
+    runs = {"warm": [], "none": []}
+    for k in range(args.first_mask_pairs):
+        for kind in (("warm", "none") if k % 2 == 0 else ("none", "warm")):
+            cmd = [sys.executable, __file__, "--child", kind, "--device", args.device, "--model", args.model,
+                   "--precision", args.precision]
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+            if out.returncode or not line:
+                print(out.stdout[-2000:], out.stderr[-2000:])
+                raise SystemExit(f"child {kind} failed")
+            runs[kind].append(json.loads(line[-1]))
+    print(f"\n## First mask after a drop in a fresh process, {args.model}: warm-up at load vs none "
+          f"({args.first_mask_pairs} pairs, alternating; medians)")
+    print("| at load | load (s) | warm-up (s) | first box -> mask (s) | rest of the field (s) | next field (s) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for kind, rs in runs.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "kind"}
+        OUT.setdefault("first_mask", {})[kind] = {"median": med, "runs": rs}
+        print(f"| {kind} | {med['load_s']:.2f} | {med['warm_s']:.2f} | {med['first_mask_s']:.3f} | "
+              f"{med['rest_of_field_s']:.3f} | {med['next_field_s']:.3f} |")
+    w, n = (OUT["first_mask"][k]["median"] for k in ("warm", "none"))
+    print(f"\nfirst mask {n['first_mask_s'] / w['first_mask_s']:.1f}x sooner with the warm-up; as a "
+          f"fraction of a warm field's embedding: {w['first_mask_s'] / w['next_field_s']:.2f} "
+          f"(none: {n['first_mask_s'] / n['next_field_s']:.2f})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -199,13 +265,25 @@ def main(argv=None) -> int:
     ap.add_argument("--fields", type=int, default=3, help="validation fields for the latency section")
     ap.add_argument("--objects", type=int, default=20, help="objects per field")
     ap.add_argument("--precision-fields", type=int, default=8)
+    ap.add_argument("--first-mask-pairs", type=int, default=0,
+                    help="also time the first mask in fresh processes, warm-up at load vs none")
+    ap.add_argument("--only-first-mask", action="store_true")
+    ap.add_argument("--child", choices=("warm", "none"), help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.child:
+        first_mask_child(args)
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: run with --device cpu", file=sys.stderr)
         return 2
     policy = make_policy(args.device, args.precision)
     section_device(policy)
+    if args.only_first_mask:
+        first_mask_pairs(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(OUT, indent=1, default=str))
+        return 0
     pairs = bbbc039_validation()
     fields = [(tifffile.imread(a), tifffile.imread(b)) for a, b in pairs]
     engine = load_engine(args.model, policy=policy)
@@ -217,6 +295,8 @@ def main(argv=None) -> int:
     else:
         print("\n(the policy runs fp32 here: no reduced-precision comparison)")
     section_oom(engine, fields[0][0])
+    if args.first_mask_pairs:
+        first_mask_pairs(args)
     if args.json:
         Path(args.json).write_text(json.dumps(OUT, indent=1, default=str))
     return 0

@@ -77,7 +77,7 @@ def test_attention_kernels_agree_and_batching(monkeypatch):
         assert (enc(x) - base).abs().max().item() <= 1e-4, impl
     # "auto" resolves to math on CPU; the global default can override it
     assert attn_mod.resolve_attn_impl("auto", torch.device("cpu")) == "math"
-    assert attn_mod.resolve_attn_impl("auto", torch.device("cuda")) == "sdpa"
+    assert attn_mod.resolve_attn_impl("auto", torch.device("cuda")) == "sdpa_decomposed"
     attn_mod.set_default_attn_impl("sdpa")
     try:
         assert attn_mod.resolve_attn_impl("auto", torch.device("cpu")) == "sdpa"

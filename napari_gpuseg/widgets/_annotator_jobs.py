@@ -11,6 +11,7 @@ from ..engine.runtime.device import synchronize
 from ..engine.runtime.worker import IDLE
 from ..engine.sam.loader import load_engine
 from ..engine.sam.encoder_pauses import waits_for_encoder
+from ..engine.sam.gpu_warmup import warm_gpu
 from ..engine.sam.schedule import stack_steps
 from ._prompts import plane
 
@@ -86,7 +87,8 @@ class AnnotatorJobs:
 
     def _job_load(self, model: str) -> float:
         t0 = time.perf_counter()
-        self._engine(model)
+        # on a GPU, kernel loading and cuDNN's autotuning are paid here, not by the first image
+        warm_gpu(self._engine(model))
         return time.perf_counter() - t0
 
     def precompute_stack(self) -> None:
