@@ -2,12 +2,12 @@
 
 The first encoder and decoder calls in a process load their CUDA kernels, and cuDNN's
 autotuner (on for inputs of the model's own size) times its algorithms for every new batch
-shape. On an H200 that made the first 520x696 field's 36 views take 2.4 s against 0.15 s for
-the next field (``benchmarks/gpu_engine.py``). :func:`warm_gpu` runs, once per engine, what a
-drop and its first prompts run: the encoder at batch 1 (a prompt's own view) and at the
-background step's batch, a box, a first click (multimask) and a corrective click with the
-previous logits as mask input, on a small synthetic image. On a CPU it does nothing: oneDNN
-has no autotuning and an encoder call there costs a second or more.
+shape. On an H200 that made the first 520x696 field's 36 views take 2.3-2.4 s against 0.15 s
+for the next field (``benchmarks/gpu_engine.py``). :func:`warm_gpu`, called when the annotator
+loads a model, runs what a drop and its first prompts run: the encoder at batch 1 (a prompt's
+own view) and at the background step's batch, a box, a first click (multimask) and a
+corrective click with the previous logits as mask input, on a small synthetic image. On a CPU
+it does nothing: oneDNN has no autotuning and an encoder call there costs a second or more.
 """
 from __future__ import annotations
 
