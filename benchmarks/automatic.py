@@ -26,7 +26,6 @@ import argparse
 import datetime
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 import sam_reference as ref  # noqa: E402
 from sam import PeakRSS, val_crops  # noqa: E402  (benchmarks/sam.py)
 from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
+from _timing import timed  # noqa: E402  (the allocator in its normal mode)
 from _machine import cpu_name  # noqa: E402
 
 from napari_gpuseg.engine.sam.everything import AutomaticParams, segment_everything  # noqa: E402
@@ -58,20 +58,6 @@ LINES: list[str] = []
 def emit(line: str = "") -> None:
     print(line, flush=True)
     LINES.append(line)
-
-
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device):
-    """(seconds, result) with the allocator in its normal mode."""
-    sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(device)
-    return time.perf_counter() - t0, out
 
 
 def peak(fn, device) -> PeakRSS:

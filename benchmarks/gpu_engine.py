@@ -39,28 +39,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _data import bbbc039_validation  # noqa: E402  (benchmarks/, the script's folder)
 from _machine import cpu_flags, cpu_name  # noqa: E402
+from _timing import timed  # noqa: E402
 from napari_gpuseg.engine import load_engine  # noqa: E402
 from napari_gpuseg.engine.runtime import memory  # noqa: E402
 from napari_gpuseg.engine.runtime.batching import BatchRunner  # noqa: E402
-from napari_gpuseg.engine.runtime.device import Policy, device_name, make_policy  # noqa: E402
+from napari_gpuseg.engine.runtime.device import Policy, device_name, make_policy, synchronize  # noqa: E402
 from napari_gpuseg.engine.sam.click_eval import click_ious, interior_point, tight_box  # noqa: E402
 from napari_gpuseg.engine.sam.inputs import view_input  # noqa: E402
 from napari_gpuseg.engine.sam.predictor import Prompt  # noqa: E402
 
 OUT: dict = {}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device):
-    sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(device)
-    return time.perf_counter() - t0, out
 
 
 def objects(labels: np.ndarray, n: int, seed: int = 0):
@@ -171,7 +159,7 @@ def section_oom(engine, img) -> None:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
     engine.encode(x[:4])
-    sync(dev)
+    synchronize(dev)
     per4 = torch.cuda.max_memory_allocated(dev) - torch.cuda.memory_allocated(dev)
     total = torch.cuda.get_device_properties(dev).total_memory
     cap = torch.cuda.memory_allocated(dev) + x.numel() * 4 + 4 * per4  # room for about 16 views
