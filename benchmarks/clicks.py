@@ -1,7 +1,7 @@
 """Iterative prompting: mean IoU per object after 1, 3 and 5 clicks and with a box.
 
     python benchmarks/clicks.py [--models lite_medsam nuclei_sam] [--per-field 20] [--json out.json]
-                                [--cache-dir DIR]
+                                [--cache-dir DIR] [--compare-carry] [--data bbbc039 dsb2018 heldback]
 
 Validation data no model here trained on: the last 8 BBBC039 fields (``--per-field``
 objects drawn per field, seed 0) and the DSB2018 field in ``shared/data/dsb2018`` (every
@@ -11,6 +11,12 @@ pixel (best of the multimask outputs), corrective clicks at the most interior pi
 the larger error with the previous logits as mask input, and a tight box on its own.
 The models share one embedding cache (they share LiteMedSAM's encoder); ``--cache-dir``
 keeps the embeddings on disk, so a rerun (another decoder file, say) skips the encoder.
+``--data heldback`` measures instead the 13 training images the shipped decoder's last stage
+held back for early stopping (``scripts/build_nuclei_sam.sh``, stage 3: the same image list
+and seed): data for choosing a decoding rule without looking at the validation objects.
+``--compare-carry`` runs each model that decodes clicks at a finer scale a second time with
+its corrective clicks kept in the view their mask input was decoded in (the rule before
+``SamEngine`` carried them into the click view), as the baseline in the same run.
 """
 import argparse
 import json
@@ -28,11 +34,32 @@ from napari_gpuseg.engine.sam.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.click_eval import click_ious
 
 
-def datasets(per_field: int):
-    bbbc = [(tifffile.imread(a), tifffile.imread(b), per_field) for a, b in bbbc039_validation()]
-    d = shared_data() / "dsb2018"
-    dsb = [(tifffile.imread(d / "image.tif"), tifffile.imread(d / "mask.tif"), None)]
-    return {"BBBC039 val (8 fields)": bbbc, "dsb2018/ (1 field)": dsb}
+def stage3_held_back() -> list[tuple]:
+    """(image path, mask path) of the images stage 3 of ``scripts/build_nuclei_sam.sh`` held
+    back: its image list (bbbc039_more, the first 16 of bbbc039, dsb2018_more; sorted) split
+    as ``finetune_sam`` splits it with the stage's ``--val-fraction 0.08 --seed 2``."""
+    from napari_gpuseg.engine.sam.finetune import SamTuneConfig, _split
+
+    data = shared_data()
+    files = [*sorted((data / "bbbc039_more" / "images").glob("*.tif")),
+             *sorted((data / "bbbc039" / "images").glob("*.tif"))[:16],
+             *sorted((data / "dsb2018_more" / "images").glob("*.tif"))]
+    _train, held = _split(len(files), SamTuneConfig(val_fraction=0.08, seed=2))
+    return [(files[i], files[i].parent.parent / "masks" / files[i].name) for i in sorted(held)]
+
+
+def datasets(per_field: int, which=("bbbc039", "dsb2018")):
+    out = {}
+    if "heldback" in which:
+        out["stage-3 held back (13)"] = [(tifffile.imread(a), tifffile.imread(b), per_field)
+                                         for a, b in stage3_held_back()]
+    if "bbbc039" in which:
+        out["BBBC039 val (8 fields)"] = [(tifffile.imread(a), tifffile.imread(b), per_field)
+                                         for a, b in bbbc039_validation()]
+    if "dsb2018" in which:
+        d = shared_data() / "dsb2018"
+        out["dsb2018/ (1 field)"] = [(tifffile.imread(d / "image.tif"), tifffile.imread(d / "mask.tif"), None)]
+    return out
 
 
 def main(argv=None) -> int:
@@ -42,13 +69,22 @@ def main(argv=None) -> int:
     ap.add_argument("--clicks", type=int, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--cache-dir", default=None, help="keep the embeddings in this folder across runs")
+    ap.add_argument("--compare-carry", action="store_true",
+                    help="also run each zoomed-click model with corrective clicks kept in their mask input's view")
+    ap.add_argument("--data", nargs="+", choices=("bbbc039", "dsb2018", "heldback"), default=["bbbc039", "dsb2018"])
     args = ap.parse_args(argv)
     print(f"{cpu_name()} ({cpu_flags()}), {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
     cache = EmbeddingCache(max_bytes=4 << 30, disk_dir=args.cache_dir)
     engines = {m: load_engine(m, cache=cache) for m in args.models}
+    if args.compare_carry:
+        for m in args.models:
+            if engines[m].click_zoom > 1:
+                kept = load_engine(m, cache=cache)
+                kept._into_click_view = lambda _image, prompt: prompt  # the previous rule
+                engines[m + " (kept)"] = kept
     rows = []
-    for name, items in datasets(args.per_field).items():
+    for name, items in datasets(args.per_field, args.data).items():
         for model, engine in engines.items():
             t0 = time.perf_counter()
             clicks, boxes = [], []
@@ -61,7 +97,7 @@ def main(argv=None) -> int:
                    **{f"click_{k}": round(float(c[:, k - 1].mean()), 3) for k in range(1, args.clicks + 1)},
                    "box": round(float(b.mean()), 3)}
             rows.append(row)
-            print(f"{name:24s} {model:12s} n={row['objects']:4d}  1 click {row['click_1']:.3f}  "
+            print(f"{name:24s} {model:19s} n={row['objects']:4d}  1 click {row['click_1']:.3f}  "
                   f"3 clicks {row.get('click_3', float('nan')):.3f}  5 clicks {row.get('click_5', float('nan')):.3f}  "
                   f"box {row['box']:.3f}  ({row['seconds']} s)", flush=True)
     if args.json:

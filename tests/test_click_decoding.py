@@ -94,6 +94,77 @@ def test_a_mask_reaching_a_cut_edge_of_its_zoomed_view_is_decoded_again_natively
     assert res.view == seen[-1] and res.view in zoomed.views(prepared)
 
 
+def test_carried_logits_keep_the_mask_where_it_lies_in_the_image():
+    from napari_gpuseg.engine.sam.inputs import carry_logits, logits_to_view_mask
+
+    native, fine = View(0, 0, 256, 256, 256), View(40, 30, 171, 171, 256)
+    low = torch.full((64, 64), -8.0)
+    low[20:30, 22:34] = 8.0  # image rows 80-120, columns 88-136
+    assert torch.equal(carry_logits(low, native, native), low)
+
+    def image_mask(logits, view):
+        m = np.zeros((300, 300), bool)
+        m[view.y0:view.y1, view.x0:view.x1] = logits_to_view_mask(logits[None], view)[0].numpy() > 0
+        return m
+
+    want = image_mask(low, native)
+    there = carry_logits(low.half(), native, fine)  # box batches keep fp16 logits
+    assert there.dtype == torch.float32
+    got = image_mask(there, fine)
+    assert (got & want).sum() / (got | want).sum() > 0.9
+    back = image_mask(carry_logits(there, fine, native), native)
+    assert (back & want).sum() / (back | want).sum() > 0.9
+    # what lies outside the source view (rows 40-211, columns 30-201) is background in the
+    # larger one, however much of the source view the mask fills
+    full = torch.full((64, 64), 8.0)
+    full[-1, -1] = -8.0
+    wide = image_mask(carry_logits(full, fine, native), native)
+    assert not wide[:38].any() and not wide[:, :28].any() and wide[45:200, 35:195].all()
+
+
+def _recording(seen, cut=False):
+    def decode(emb, view, prompts, multimask, memo=None, near_box=False):
+        m = np.zeros((view.h, view.w), bool)
+        if cut:
+            m[:, :] = True
+        else:
+            m[view.h // 2 - 5:view.h // 2 + 5, view.w // 2 - 5:view.w // 2 + 5] = True
+        seen.append((view, [p.mask_input for p in prompts]))
+        return [MaskResult(m, view.y0, view.x0, 0.9, torch.zeros(64, 64), view, np.zeros(4)) for _ in prompts]
+    return decode
+
+
+def test_a_corrective_click_after_a_native_first_mask_is_decoded_in_the_click_view(zoomed, monkeypatch):
+    img = np.random.default_rng(2).integers(0, 1000, (512, 512)).astype(np.uint16)
+    prepared = zoomed.prepare(img)
+    native = zoomed.views(prepared)[4]
+    low = torch.full((64, 64), -8.0)
+    low[28:36, 28:36] = 8.0
+    m = np.zeros((native.h, native.w), bool)
+    m[112:144, 112:144] = True
+    first = MaskResult(m, native.y0, native.x0, 0.8, low, native, np.zeros(4))
+    centre = [native.x0 + 128.0, native.y0 + 128.0]
+    seen = []
+    monkeypatch.setattr(zoomed, "_decode", _recording(seen))
+    res = zoomed.predict(prepared, [Prompt(points=[centre, [centre[0] + 30, centre[1]]], labels=[1, 0],
+                                           mask_input=first)])[0]
+    (view, (carried,)), = seen
+    assert view in zoomed.click_views(prepared) and res.view == view and carried.view == view
+    assert carried.low_res.shape == (64, 64) and (carried.low_res > 0).sum() > (low > 0).sum()  # 1.5x finer
+    # a box prompt, or a model decoding clicks at native scale, stays in the mask input's view
+    seen.clear()
+    zoomed.predict(prepared, [Prompt(points=[centre], labels=[1], box=[centre[0] - 20, centre[1] - 20,
+                                                                        centre[0] + 20, centre[1] + 20],
+                                     mask_input=first)])
+    assert seen[0][0] == native
+    # a carried mask reaching a cut edge of the click view: decoded again in the native view
+    seen.clear()
+    monkeypatch.setattr(zoomed, "_decode", _recording(seen, cut=True))
+    res = zoomed.predict(prepared, [Prompt(points=[centre], labels=[1], mask_input=first)])[0]
+    assert [v for v, _ in seen] == [seen[0][0], native] and seen[0][0].h == 171
+    assert res.view == native and seen[1][1][0] is first
+
+
 @pytest.mark.parametrize("zoom_score, wins", [(0.95, "zoomed"), (0.5, "native")])
 def test_a_first_click_keeps_the_scale_with_the_higher_predicted_iou(zoomed, monkeypatch, zoom_score, wins):
     img = np.random.default_rng(1).integers(0, 1000, (512, 512)).astype(np.uint16)

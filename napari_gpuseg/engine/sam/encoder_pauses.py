@@ -41,7 +41,7 @@ def waits_for_encoder(engine, image, prompt) -> bool:
     once that view is done than by embedding it again at the pause point (``Job.defer``)."""
     if not engine._encoding or not isinstance(image, PreparedImage):
         return False
-    views = {engine.route(image, prompt)}
+    views = {engine.route(image, engine._into_click_view(image, prompt))}  # as predict routes it
     if prompt.mask_input is None and prompt.box is None and prompt.points is not None:
         views.add(engine.route(image, prompt, zoom=False))  # a first click tries both scales
     return any(engine._key(image, v) in engine._encoding for v in views)

@@ -10,7 +10,7 @@ Coordinates follow SAM: (x, y) in image pixels. Nothing here imports Qt or napar
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -21,7 +21,7 @@ from ..runtime.batching import run_batched, to_device
 from ..runtime.device import Policy, all_finite, resolve_policy, guard_finite
 from .cache import EmbeddingCache
 from ..runtime.cancel import CancelToken, ProgressFn, check
-from .inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
+from .inputs import PreparedImage, carry_logits, logits_to_view_mask, prepare_image, view_input
 from .views import View, grid_views, prompt_box, route_box, route_click, touches_cut, zoom_grid
 from .prompt_types import MaskResult, Prompt, paste_labels, prompt_coords  # noqa: F401 - paste_labels re-exported
 from .encoder_pauses import add_pause_points
@@ -288,8 +288,19 @@ class SamEngine:
         image = self.prepare(image)
         for p in prompts:
             p.check_inside(image.shape)
+        given = list(prompts)
+        prompts = [self._into_click_view(image, p) for p in given]
         routed = [self.route(image, p) for p in prompts]
         results = self._decode_routed(image, prompts, routed, multimask, cancel, near_box)
+        # a corrective click carried into a click view whose mask reaches a cut edge of it
+        # (the object may go on outside) is decoded again in its mask input's own view
+        back = [i for i, (p, q) in enumerate(zip(given, prompts))
+                if q is not p and touches_cut(results[i].mask, routed[i], image.shape)]
+        if back:
+            redo = [given[i] for i in back]
+            own = [self.route(image, p) for p in redo]
+            for i, res in zip(back, self._decode_routed(image, redo, own, multimask, cancel, near_box)):
+                results[i] = res
         # a first click in a zoomed view is also decoded at native scale; the candidate with
         # the higher predicted IoU wins, and the native one always when the zoomed mask
         # reaches a cut edge of its view (the object may go on outside it)
@@ -302,6 +313,28 @@ class SamEngine:
                 if res.score > results[i].score or touches_cut(results[i].mask, routed[i], image.shape):
                     results[i] = res
         return results
+
+    def _into_click_view(self, image: PreparedImage, prompt: Prompt) -> Prompt:
+        """A corrective click (points and a mask input, no box) refining a mask decoded in a
+        native view, carried into the click view (:meth:`click_views`) holding its points
+        and that mask, its mask input's logits resampled there (:func:`carry_logits`); the
+        prompt itself otherwise. Clicks are decoded best at the scale the decoder learned
+        them at, and a first click may have won at native scale (measured:
+        docs/benchmarks.md, *Clicks*)."""
+        prev = prompt.mask_input
+        if prev is None or prompt.box is not None or prompt.points is None or self.click_zoom <= 1:
+            return prompt
+        click = self.click_views(image)
+        if prev.view in click:
+            return prompt
+        ys, xs = np.nonzero(prev.mask)
+        corners = np.array([[xs.min(), ys.min()], [xs.max(), ys.max()]], float) + [prev.x0, prev.y0] \
+            if len(ys) else np.empty((0, 2))
+        view = route_click(np.concatenate([prompt.points, corners]), click)
+        if view is None:
+            return prompt
+        carried = replace(prev, low_res=carry_logits(prev.low_res, prev.view, view), view=view)
+        return replace(prompt, mask_input=carried)
 
     def _decode_routed(self, image: PreparedImage, prompts: Sequence[Prompt], routed: list[View],
                        multimask: bool, cancel, near_box: bool) -> list[MaskResult]:
