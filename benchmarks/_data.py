@@ -16,3 +16,11 @@ def bbbc039_validation() -> list[tuple[Path, Path]]:
     """The last 8 BBBC039 fields (image, mask): never used for training."""
     d = shared_data() / "bbbc039"
     return [(p, d / "masks" / p.name) for p in sorted((d / "images").glob("*.tif"))[-8:]]
+
+
+def dsb2018_field():
+    """(image, mask) arrays of the DSB2018 validation field (``dsb2018/``)."""
+    import tifffile
+
+    d = shared_data() / "dsb2018"
+    return tifffile.imread(d / "image.tif"), tifffile.imread(d / "mask.tif")

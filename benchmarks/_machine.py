@@ -18,3 +18,13 @@ def cpu_name() -> str:
     from napari_gpuseg.engine.runtime.cpu_info import cpu_model_name
 
     return cpu_model_name()
+
+
+def machine_line() -> str:
+    """The line a benchmark starts with: CPU, its flags, threads, torch, date."""
+    import time
+
+    import torch
+
+    return (f"{cpu_name()} ({cpu_flags()}), {torch.get_num_threads()} threads, "
+            f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")

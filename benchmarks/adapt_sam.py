@@ -19,12 +19,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import tifffile
-import torch
 from scipy import ndimage as ndi
 
-from _data import shared_data
-from _machine import cpu_flags, cpu_name
+from _data import dsb2018_field
+from _machine import machine_line
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.click_eval import click_ious
@@ -51,10 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a field of the dock's schedule (to try another one), e.g. lr=5e-4")
     args = ap.parse_args(argv)
-    print(f"{cpu_name()} ({cpu_flags()}), {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
-    d = shared_data() / "dsb2018"
-    img, lab = tifffile.imread(d / "image.tif"), tifffile.imread(d / "mask.tif")
+    print(machine_line())
+    img, lab = dsb2018_field()
     left, right = halves(lab)
     annotation = left if args.annotate == "left" else right
     print(f"{len(np.unique(annotation)) - 1} objects annotated ({args.annotate} half), "
