@@ -322,17 +322,22 @@ class SamEngine:
         them at, and a first click may have won at native scale (measured:
         docs/benchmarks.md, *Clicks*)."""
         prev = prompt.mask_input
-        if prev is None or prompt.box is not None or prompt.points is None or self.click_zoom <= 1:
+        if (prev is None or prev.low_res is None or prompt.box is not None or prompt.points is None
+                or self.click_zoom <= 1):
             return prompt
         click = self.click_views(image)
         if prev.view in click:
             return prompt
+        held = prompt.points
         ys, xs = np.nonzero(prev.mask)
-        corners = np.array([[xs.min(), ys.min()], [xs.max(), ys.max()]], float) + [prev.x0, prev.y0] \
-            if len(ys) else np.empty((0, 2))
-        view = route_click(np.concatenate([prompt.points, corners]), click)
+        if len(ys):  # the view must hold the previous mask as well as the points
+            corners = np.array([[xs.min(), ys.min()], [xs.max(), ys.max()]], float) + [prev.x0, prev.y0]
+            held = np.concatenate([held, corners])
+        view = route_click(held, click)
         if view is None:
             return prompt
+        # the carried mask input keeps its image-space mask (y0, x0); only its logits and
+        # view change, and it is never returned to the caller
         carried = replace(prev, low_res=carry_logits(prev.low_res, prev.view, view), view=view)
         return replace(prompt, mask_input=carried)
 
