@@ -95,7 +95,8 @@ def test_a_mask_reaching_a_cut_edge_of_its_zoomed_view_is_decoded_again_natively
 
 
 def test_carried_logits_keep_the_mask_where_it_lies_in_the_image():
-    from napari_gpuseg.engine.sam.inputs import carry_logits, logits_to_view_mask
+    from napari_gpuseg.engine.sam.carry import carry_logits
+    from napari_gpuseg.engine.sam.inputs import logits_to_view_mask
 
     native, fine = View(0, 0, 256, 256, 256), View(40, 30, 171, 171, 256)
     low = torch.full((64, 64), -8.0)

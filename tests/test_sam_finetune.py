@@ -199,7 +199,7 @@ def test_a_second_click_feeds_the_first_masks_logits_back(lite, val_crop, monkey
     if refined.view == first.view:
         want = first.low_res
     else:
-        from napari_gpuseg.engine.sam.inputs import carry_logits
+        from napari_gpuseg.engine.sam.carry import carry_logits
 
         assert first.view in engine.views(engine.prepare(img)) and refined.view in engine.click_views(engine.prepare(img))
         want = carry_logits(first.low_res, first.view, refined.view)

@@ -104,23 +104,3 @@ def logits_to_view_mask(low_res: torch.Tensor, view: View) -> torch.Tensor:
         x = F.interpolate(x, size=(view.h, view.w), mode="bilinear", align_corners=False)
     return x[:, 0]
 
-
-def carry_logits(low_res: torch.Tensor, src: View, dst: View) -> torch.Tensor:
-    """(L, L) low-res logits of view ``src`` -> the same mask as (L, L) logits of view
-    ``dst`` (another scale or crop of the image), sampled bilinearly at the image position
-    of each of ``dst``'s cells. Cells outside ``src``'s image region get ``low_res``'s
-    minimum (background), so a mask input carried into a larger view adds nothing there."""
-    n = low_res.shape[-1]
-    src_h, src_w = src.resized_hw
-    dst_h, dst_w = dst.resized_hw
-    centres = (torch.arange(n, dtype=torch.float64) + 0.5) * dst.input_size / n  # dst input px
-    # dst input px -> image px -> src input px
-    ys = (dst.y0 + centres * dst.h / dst_h - src.y0) * src_h / src.h
-    xs = (dst.x0 + centres * dst.w / dst_w - src.x0) * src_w / src.w
-    gy, gx = torch.meshgrid(2 * ys / src.input_size - 1, 2 * xs / src.input_size - 1, indexing="ij")
-    grid = torch.stack([gx, gy], -1)[None].to(low_res.device, torch.float32)
-    fill = low_res.float().amin()
-    out = F.grid_sample((low_res.float() - fill)[None, None], grid, mode="bilinear",
-                        padding_mode="zeros", align_corners=False)[0, 0] + fill
-    inside = ((ys >= 0) & (ys <= src_h))[:, None] & ((xs >= 0) & (xs <= src_w))[None, :]
-    return torch.where(inside.to(out.device), out, fill)

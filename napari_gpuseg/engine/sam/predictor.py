@@ -10,7 +10,7 @@ Coordinates follow SAM: (x, y) in image pixels. Nothing here imports Qt or napar
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -21,7 +21,8 @@ from ..runtime.batching import run_batched, to_device
 from ..runtime.device import Policy, all_finite, resolve_policy, guard_finite
 from .cache import EmbeddingCache
 from ..runtime.cancel import CancelToken, ProgressFn, check
-from .inputs import PreparedImage, carry_logits, logits_to_view_mask, prepare_image, view_input
+from .carry import into_click_view
+from .inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
 from .views import View, grid_views, prompt_box, route_box, route_click, touches_cut, zoom_grid
 from .prompt_types import MaskResult, Prompt, paste_labels, prompt_coords  # noqa: F401 - paste_labels re-exported
 from .encoder_pauses import add_pause_points
@@ -315,31 +316,11 @@ class SamEngine:
         return results
 
     def _into_click_view(self, image: PreparedImage, prompt: Prompt) -> Prompt:
-        """A corrective click (points and a mask input, no box) refining a mask decoded in a
-        native view, carried into the click view (:meth:`click_views`) holding its points
-        and that mask, its mask input's logits resampled there (:func:`carry_logits`); the
-        prompt itself otherwise. Clicks are decoded best at the scale the decoder learned
-        them at, and a first click may have won at native scale (measured:
-        docs/benchmarks.md, *Clicks*)."""
-        prev = prompt.mask_input
-        if (prev is None or prev.low_res is None or prompt.box is not None or prompt.points is None
-                or self.click_zoom <= 1):
+        """``prompt`` as :meth:`predict` decodes it: a corrective click after a native-scale
+        mask carried into a click view (:func:`carry.into_click_view`)."""
+        if self.click_zoom <= 1:
             return prompt
-        click = self.click_views(image)
-        if prev.view in click:
-            return prompt
-        held = prompt.points
-        ys, xs = np.nonzero(prev.mask)
-        if len(ys):  # the view must hold the previous mask as well as the points
-            corners = np.array([[xs.min(), ys.min()], [xs.max(), ys.max()]], float) + [prev.x0, prev.y0]
-            held = np.concatenate([held, corners])
-        view = route_click(held, click)
-        if view is None:
-            return prompt
-        # the carried mask input keeps its image-space mask (y0, x0); only its logits and
-        # view change, and it is never returned to the caller
-        carried = replace(prev, low_res=carry_logits(prev.low_res, prev.view, view), view=view)
-        return replace(prompt, mask_input=carried)
+        return into_click_view(prompt, self.click_views(image))
 
     def _decode_routed(self, image: PreparedImage, prompts: Sequence[Prompt], routed: list[View],
                        multimask: bool, cancel, near_box: bool) -> list[MaskResult]:
