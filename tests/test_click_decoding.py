@@ -94,6 +94,24 @@ def test_a_mask_reaching_a_cut_edge_of_its_zoomed_view_is_decoded_again_natively
     assert res.view == seen[-1] and res.view in zoomed.views(prepared)
 
 
+def test_a_clicks_native_view_does_not_depend_on_the_prompts_before_it(zoomed):
+    img = np.zeros((512, 700), np.uint16)
+    prepared = zoomed.prepare(img)
+    click = Prompt(points=[[225, 225]], labels=[1])
+    alone = zoomed.route(prepared, click, zoom=False)
+    assert alone in zoomed.views(prepared)
+    # a box wider than the tiles' overlap, across their borders, gets a view made for it,
+    # centred on it: more central for the click than any grid tile, yet the click keeps
+    # its grid tile
+    box = Prompt(box=[150, 150, 300, 300])
+    made = zoomed.route(prepared, box)
+    assert made not in zoomed.views(prepared)
+    point = np.array([225, 225, 225, 225])
+    assert made.centrality(point) > alone.centrality(point)
+    assert zoomed.route(prepared, click, zoom=False) == alone
+    assert zoomed.route(prepared, box) == made  # boxes still reuse the view made for them
+
+
 def test_carried_logits_keep_the_mask_where_it_lies_in_the_image():
     from napari_gpuseg.engine.sam.carry import carry_logits
     from napari_gpuseg.engine.sam.inputs import logits_to_view_mask

@@ -23,7 +23,7 @@ from .cache import EmbeddingCache
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from .carry import into_click_view
 from .inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
-from .views import View, grid_views, prompt_box, route_box, route_click, touches_cut, zoom_grid
+from .views import View, grid_views, prompt_box, route_click, route_native, touches_cut, zoom_grid
 from .prompt_types import MaskResult, Prompt, paste_labels, prompt_coords  # noqa: F401 - paste_labels re-exported
 from .encoder_pauses import add_pause_points
 
@@ -255,21 +255,17 @@ class SamEngine:
     def route(self, image: PreparedImage, prompt: Prompt, zoom: bool = True) -> View:
         """The view a prompt is decoded in: its mask input's; for a first click (points, no
         box) the most central click view (:meth:`click_views`; :meth:`predict` tries the
-        grid too); else a grid tile, or a view made (and reused) for it. ``zoom=False``
-        skips the click views."""
+        grid too); else a native view (:func:`views.route_native`: a grid tile, or a view
+        made and reused). ``zoom=False`` skips the click views."""
         if prompt.mask_input is not None:
             return prompt.mask_input.view
         if zoom and prompt.box is None and prompt.points is not None:
             view = route_click(prompt.points, self.click_views(image))
             if view is not None:
                 return view
-        extra = self._extra_views.setdefault(image.digest, [])
-        view = route_box(prompt_box(prompt.points, prompt.box), self.views(image) + extra,
-                         image.shape, self.input_size)
-        if view not in extra and view not in self.views(image):
-            extra.append(view)
-            del extra[:-256]  # bounded
-        return view
+        return route_native(prompt_box(prompt.points, prompt.box), self.views(image),
+                            self._extra_views.setdefault(image.digest, []), image.shape,
+                            self.input_size, click=prompt.box is None)
 
     def predict(self, image: np.ndarray | PreparedImage, prompts: Sequence[Prompt],
                 multimask: bool = False, cancel: CancelToken | None = None,

@@ -161,6 +161,24 @@ def route_box(box: np.ndarray, views: list[View], shape: tuple[int, int], input_
     return centred_view(box, shape, input_size)
 
 
+def route_native(extent: np.ndarray, grid: list[View], made: list[View], shape: tuple[int, int],
+                 input_size: int, click: bool = False) -> View:
+    """The native-scale view of a prompt whose ``extent`` is (x0, y0, x1, y1): the most
+    central grid tile holding it, a view in ``made`` (views made earlier for other
+    prompts of the image, reused) or a new one centred on it, appended to ``made``
+    (bounded). A ``click`` (no box) takes a grid tile whenever one holds it, so its view
+    never depends on the prompts made before it."""
+    if click:
+        view = route_box(extent, grid, shape, input_size)
+        if view in grid:
+            return view
+    view = route_box(extent, grid + made, shape, input_size)
+    if view not in made and view not in grid:
+        made.append(view)
+        del made[:-256]
+    return view
+
+
 def prompt_box(points: np.ndarray | None, box: np.ndarray | None) -> np.ndarray:
     """The (x0, y0, x1, y1) extent of a prompt (points and/or a box) used for routing."""
     parts = []
