@@ -6,9 +6,11 @@ Each trial is a fresh process (the work is one-off per process): a real napari w
 SAM annotator docked and its model loaded, the worker idle; then the first BBBC039
 validation field is added. Timed on the GUI thread: ``viewer.add_image`` and, after it,
 until the dock follows the image (its prompt layers made). ``warm`` is the dock as shipped
-(``widgets/_first_layer.py``: napari's layer imports in the dock's worker, pint's unit
-registry and vispy's visuals on the GUI thread, when the dock opens); ``cold`` replaces all
-three with no-ops; ``novisuals`` only the visuals (the warm-up before they were added).
+(``widgets/_first_layer.py``: napari's layer imports and a garbage-collector pass in the
+dock's worker, pint's unit registry and vispy's visuals on the GUI thread, when the dock
+opens); ``cold`` replaces all of them with no-ops; ``novisuals`` the visuals and the
+collector pass (the warm-up before visuals were added); ``nogc`` the collector pass only
+(the warm-up before it was added).
 Trials alternate between the kinds (``--kinds``, the first one is the baseline); medians
 and the ratio baseline / kind are printed.
 """
@@ -44,6 +46,8 @@ def trial(kind: str) -> dict:
         _first_layer.build_unit_registry = lambda: None
     if kind in ("cold", "novisuals"):
         _first_layer.build_visuals = lambda: 0.0
+    if kind in ("cold", "novisuals", "nogc"):
+        _first_layer.collect_garbage = lambda: 0.0
     field = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[16]
     viewer = napari.Viewer(show=True)
     app = QApplication.instance()
@@ -60,13 +64,13 @@ def trial(kind: str) -> dict:
     return {"add_image": t1 - t0, "follow": t2 - t1, "total": t2 - t0}
 
 
-KINDS = ("cold", "novisuals", "warm")
+KINDS = ("cold", "novisuals", "nogc", "warm")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--kinds", default="cold,warm", help="comma-separated: cold, novisuals, warm")
+    ap.add_argument("--kinds", default="cold,warm", help="comma-separated, of: " + ", ".join(KINDS))
     ap.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

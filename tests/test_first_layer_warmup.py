@@ -1,5 +1,5 @@
 """The annotator pays napari's first-layer work (imports, pint's unit registry, vispy's
-visuals) when it opens, before the first drop, rather than after it."""
+visuals, a garbage-collector pass) when it opens, before the first drop, rather than after it."""
 import threading
 
 import numpy as np
@@ -32,6 +32,28 @@ def test_layer_modules_import_and_a_missing_one_is_skipped(monkeypatch):
     monkeypatch.setattr(_first_layer, "LAYER_MODULES", ("scipy.ndimage", "no_such_module_here"))
     assert _first_layer.import_layer_modules() >= 0
     assert "scipy.ndimage" in sys.modules and "no_such_module_here" not in sys.modules
+
+
+def test_the_collector_pass_collects_what_start_up_left():
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic pass between here and the one under test
+    try:
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle: only the collector frees it
+        gone = weakref.ref(a)
+        del a, b
+        assert gone() is not None
+        assert _first_layer.collect_garbage() >= 0
+        assert gone() is None
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def test_visuals_are_built_once_and_a_failing_one_is_skipped(monkeypatch):
@@ -71,16 +93,20 @@ def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
     monkeypatch.setattr(_first_layer, "build_unit_registry", lambda: record("units"))
     monkeypatch.setattr(_first_layer, "import_layer_modules", lambda: record("imports"))
     monkeypatch.setattr(_first_layer, "build_visuals", lambda: record("visuals"))
+    monkeypatch.setattr(_first_layer, "collect_garbage", lambda: record("gc"))
     viewer = make_napari_viewer()
     if with_image:
         viewer.add_image(np.zeros((64, 64), np.uint16), name="there")
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
-    qtbot.waitUntil(lambda: "imports" in calls, timeout=WAIT)  # a worker job
+    qtbot.waitUntil(lambda: "gc" in calls, timeout=WAIT)  # a worker job
     qtbot.wait(50)  # the event loop runs a zero-delay timer by now
     assert calls.count("units") == (0 if with_image else 1)
     assert calls.count("imports") == 1
     assert calls.count("visuals") == 1 and threads["visuals"] is threading.main_thread()
-    # imports in the dock's worker; pint's registry (built lazily, without a lock) on the GUI thread
+    # imports, then the collector pass, in the dock's worker; pint's registry (built lazily,
+    # without a lock) on the GUI thread
     assert threads["imports"] is not threading.main_thread()
+    assert calls.count("gc") == 1 and threads["gc"] is threads["imports"]
+    assert calls.index("gc") > calls.index("imports")
     if not with_image:
         assert threads["units"] is threading.main_thread()
