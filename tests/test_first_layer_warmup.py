@@ -98,7 +98,7 @@ def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
     if with_image:
         viewer.add_image(np.zeros((64, 64), np.uint16), name="there")
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
-    qtbot.waitUntil(lambda: "gc" in calls, timeout=WAIT)  # a worker job
+    qtbot.waitUntil(lambda: "imports" in calls, timeout=WAIT)  # a worker job
     qtbot.wait(50)  # the event loop runs a zero-delay timer by now
     assert calls.count("units") == (0 if with_image else 1)
     assert calls.count("imports") == 1
@@ -106,7 +106,10 @@ def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
     # imports, then the collector pass, in the dock's worker; pint's registry (built lazily,
     # without a lock) on the GUI thread
     assert threads["imports"] is not threading.main_thread()
-    assert calls.count("gc") == 1 and threads["gc"] is threads["imports"]
-    assert calls.index("gc") > calls.index("imports")
+    if with_image:  # the first drop is past, and a pass over a full process costs more
+        assert "gc" not in calls
+    else:
+        assert calls.count("gc") == 1 and threads["gc"] is threads["imports"]
+        assert calls.index("gc") > calls.index("imports")
     if not with_image:
         assert threads["units"] is threading.main_thread()

@@ -18,9 +18,11 @@ then:
   later ones reuse: vispy's dash patterns for anti-aliased lines (an ``lru_cache``) and the
   parsing of each visual's shader functions. Nothing is drawn and nothing is added to the
   viewer; a vispy without one of these visuals just skips it.
-* :func:`collect_garbage` ends the worker's job: one full garbage-collector pass over what
-  start-up and these imports left, which the first drop otherwise paid (0.25 s) in the
-  middle of making the dock's layers.
+* :func:`collect_garbage` ends the worker's job when the viewer has no layer yet: one full
+  garbage-collector pass over what start-up and these imports left, which the first drop
+  otherwise paid (0.25 s) in the middle of making the dock's layers. It holds Python's
+  lock while it runs, and its cost grows with everything the process holds, so a dock
+  opened beside layers (the first drop is past) skips it.
 """
 from __future__ import annotations
 
@@ -110,9 +112,11 @@ def _imports_then_collect() -> float:
 
 def warm_up(dock) -> None:
     """For an annotator ``dock`` that has just opened: the imports as a background job of
-    its worker, then a garbage-collector pass; the registry (only while the viewer has no
-    layer) and the visuals by zero-delay timers."""
-    dock._submit(_imports_then_collect, tag="first-layer", priority=BACKGROUND, inference=False)
-    if not len(dock.viewer.layers):
+    its worker, then (only while the viewer has no layer) a garbage-collector pass; the
+    registry (only while the viewer has no layer) and the visuals by zero-delay timers."""
+    first = not len(dock.viewer.layers)
+    job = _imports_then_collect if first else import_layer_modules
+    dock._submit(job, tag="first-layer", priority=BACKGROUND, inference=False)
+    if first:
         QTimer.singleShot(0, build_unit_registry)
     QTimer.singleShot(0, build_visuals)
