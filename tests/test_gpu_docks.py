@@ -31,6 +31,6 @@ def test_adapt_dock_drops_a_failed_job():
     status = Status()
     dock = types.SimpleNamespace(job=object(), _busy=lambda busy: None, status=status,
                                  _report_error=lambda exc: status.setText(f"Adapt U-Net: {exc}"))
-    unet_adapt.UNetAdaptWidget._failed(dock, torch.OutOfMemoryError("CUDA out of memory"))
+    unet_adapt.UNetAdaptWidget._failed(dock, torch.cuda.OutOfMemoryError("CUDA out of memory"))
     assert dock.job is None  # its error and inputs are not held until the next start
     assert "out of memory" in dock.status.text

@@ -177,15 +177,15 @@ def test_a_failed_job_keeps_no_tensor_of_its_frames(worker_bf16):
     def train_step():
         weights = torch.zeros(1000, 1000)  # stands for weights, optimizer state, activations
         refs.append(weakref.ref(weights))
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     job = worker_bf16.submit(train_step, inference=False)
     job.wait(30)
     worker_bf16.submit(lambda: None).result(timeout=30)  # the worker is past the failed job
-    assert job.status == FAILED and isinstance(job.error, torch.OutOfMemoryError)
+    assert job.status == FAILED and isinstance(job.error, torch.cuda.OutOfMemoryError)
     assert job.error.__traceback__ is not None  # where it failed is still known
     assert refs[0]() is None  # ... but the frames no longer hold the tensors
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(torch.cuda.OutOfMemoryError):
         job.result()
 
 

@@ -98,15 +98,15 @@ def test_kept_box_logits_are_host_fp32(lite_sam):
 
 # ------------------------------------------------------------------ 8: GPU memory held by prompts
 def test_predict_renders_full_size_masks_a_block_at_a_time(lite_sam, monkeypatch):
-    from napari_gpuseg.engine.sam import predictor
+    from napari_gpuseg.engine.sam import decode_call, predictor
 
     eng = _engine(lite_sam)
     img = eng.embed([_image()])[0]
     prompts = [predictor.Prompt(box=[80 + i, 60, 150, 120 - i]) for i in range(10)]
     whole = eng.predict(img, prompts)
     sizes = []
-    real = predictor.logits_to_view_mask
-    monkeypatch.setattr(predictor, "logits_to_view_mask", lambda low, v: sizes.append(len(low)) or real(low, v))
+    real = decode_call.logits_to_view_mask
+    monkeypatch.setattr(decode_call, "logits_to_view_mask", lambda low, v: sizes.append(len(low)) or real(low, v))
     monkeypatch.setattr(eng, "MASK_RENDER_BYTES", 3 * 4 * 256 * 256, raising=False)  # 3 prompts' logits
     blocks = eng.predict(img, prompts)
     assert sizes and max(sizes) <= 3 and sum(sizes) == 10
@@ -199,7 +199,7 @@ def test_field_oom_empties_the_cache_outside_the_except_block(monkeypatch):
     img = eng.prepare(np.random.default_rng(1).random((100, 120)).astype(np.float32))
 
     def oom(_x):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
 
     monkeypatch.setattr(eng, "encode", oom)
     handling = []

@@ -16,13 +16,14 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .fast_decoder import decode_sparse, mask_region, supports_factored
+from .decode_call import keep_best, module_outputs, prompt_tensors, render_masks
+from .fast_decoder import decode_sparse, supports_factored
 from ..runtime.batching import run_batched, to_device
 from ..runtime.device import Policy, all_finite, resolve_policy, guard_finite
 from .cache import EmbeddingCache
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from .carry import into_click_view
-from .inputs import PreparedImage, logits_to_view_mask, prepare_image, view_input
+from .inputs import PreparedImage, prepare_image, view_input
 from .views import View, grid_views, prompt_box, route_click, route_native, touches_cut, zoom_grid
 from .prompt_types import MaskResult, Prompt, paste_labels, prompt_coords  # noqa: F401 - paste_labels re-exported
 from .encoder_pauses import add_pause_points
@@ -338,25 +339,11 @@ class SamEngine:
 
     def _decode(self, emb: torch.Tensor, view: View, prompts: list[Prompt],
                 multimask: bool, memo: dict | None = None, near_box: bool = False) -> list[MaskResult]:
-        """One decoder call. Without a mask input, the factored decoder (fp32; the same
-        numbers as the module up to rounding) reuses ``memo`` from earlier prompts on this
-        embedding, which makes interactive prompts several times cheaper."""
+        """One decoder call (:mod:`decode_call`). Without a mask input, the factored decoder
+        (fp32; the same numbers as the module up to rounding) reuses ``memo`` from earlier
+        prompts on this embedding, which makes interactive prompts several times cheaper."""
         dev = self.policy.device
-        points = boxes = masks = roi = None
-        if prompts[0].points is not None:
-            coords = np.stack([view.to_input(p.points) for p in prompts])
-            labels = np.stack([p.labels for p in prompts])
-            points = (torch.as_tensor(coords, dtype=torch.float32, device=dev),
-                      torch.as_tensor(labels, dtype=torch.int64, device=dev))
-        if prompts[0].box is not None:
-            boxes_in = np.stack([view.to_input(p.box) for p in prompts])
-            boxes = torch.as_tensor(boxes_in, dtype=torch.float32, device=dev)
-            if near_box:
-                roi = torch.as_tensor(mask_region(boxes_in, self.input_size, emb.shape[-1]), device=dev)
-        if prompts[0].mask_input is not None:
-            # fp32 before the stack: box batches keep fp16 logits, and torch refuses to stack
-            # fp16 inside a bf16 autocast (a worker job on a CPU whose policy picks bf16)
-            masks = torch.stack([p.mask_input.low_res.to(dev, torch.float32) for p in prompts])[:, None]
+        points, boxes, masks, roi = prompt_tensors(view, prompts, dev, self.input_size, emb.shape[-1], near_box)
         with torch.inference_mode(), self.policy.autocast():
             sparse, dense = self.sam.prompt_encoder(points=points, boxes=boxes, masks=masks)
             outputs = self.candidates if multimask else "single"
@@ -366,13 +353,8 @@ class SamEngine:
             else:
                 low_res, iou = self._decode_module(emb, sparse, dense, outputs)
         low_res, iou = low_res.float(), iou.float()
-        if multimask:
-            best = iou.argmax(dim=1)
-            ar = torch.arange(len(prompts), device=low_res.device)
-            chosen, scores = low_res[ar, best], iou[ar, best]
-        else:
-            chosen, scores = low_res[:, 0], iou[:, 0]
-        full_np = self._render_masks(chosen, view)
+        chosen, scores = keep_best(low_res, iou, multimask)
+        full_np = render_masks(chosen, view, self.MASK_RENDER_BYTES)
         scores_np = scores.cpu().numpy()
         all_scores = iou.cpu().numpy()
         return [MaskResult(full_np[i], view.y0, view.x0, float(scores_np[i]), chosen[i].detach(),
@@ -380,26 +362,7 @@ class SamEngine:
 
     def _decode_module(self, emb, sparse, dense, outputs: str):
         """The mask decoder module's (low-res logits, IoU) for ``outputs`` (see decode_sparse)."""
-        def run(multi: bool):
-            return self.sam.mask_decoder(image_embeddings=emb[None].to(self.policy.device),
-                                         image_pe=self.sam.prompt_encoder.get_dense_pe(),
-                                         sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
-                                         multimask_output=multi)
-        if outputs != "all":
-            return run(outputs == "multi")
-        (one, iou1), (three, iou3) = run(False), run(True)
-        return torch.cat([one, three], 1), torch.cat([iou1, iou3], 1)
-
-    def _render_masks(self, low_res: torch.Tensor, view: View) -> np.ndarray:
-        """Native-resolution bool masks (N, h, w) of ``low_res`` logits (N, L, L), rendered
-        a block of prompts at a time (:attr:`MASK_RENDER_BYTES` of full-size logits) and
-        copied to the host block by block, so many prompts never hold all their full-size
-        logits on the device at once."""
-        per = max(1, self.MASK_RENDER_BYTES // (4 * view.input_size ** 2))
-        out = np.empty((low_res.shape[0], view.h, view.w), dtype=bool)
-        for a in range(0, low_res.shape[0], per):
-            out[a:a + per] = (logits_to_view_mask(low_res[a:a + per], view) > 0).cpu().numpy()
-        return out
+        return module_outputs(self.sam, self.policy.device, emb, sparse, dense, outputs)
 
     # -- conveniences -----------------------------------------------------------
     def predict_boxes(self, image, boxes: np.ndarray, cancel: CancelToken | None = None,
