@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import pickle
 
 import numpy as np
 import pytest
@@ -77,4 +78,19 @@ def test_unet_checkpoint_that_does_not_fit_names_keys_and_shapes(tmp_path):
     assert isinstance(info.value, CheckpointError)
     assert "1 missing key(s): " + dropped in msg and f"1 mis-shaped key(s): {bent} (checkpoint" in msg
     assert info.value.missing == [dropped] and [m[0] for m in info.value.mismatched] == [bent]
+    _assert_plain(msg)
+
+
+@pytest.mark.parametrize("torch_text", [
+    "Weights only load failed. ... WeightsUnpickler error: Unsupported global: GLOBAL argparse.Namespace was not an allowed global",
+    "Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will likely succeed, "
+    "but it can result in arbitrary code execution. WeightsUnpickler error: Unsupported class argparse.Namespace",
+])
+def test_the_refused_object_is_named_in_the_wording_of_each_torch(torch_text):
+    """torch 2.4+ and torch 2.3 (the oldest supported) word a refused object differently;
+    the message names it either way and never repeats torch's advice."""
+    from napari_gpuseg.models.checkpoint import load_error_message
+
+    msg = load_error_message("m.pt", pickle.UnpicklingError(torch_text))
+    assert "(argparse.Namespace)" in msg and "could run code" in msg
     _assert_plain(msg)

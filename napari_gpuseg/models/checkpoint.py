@@ -58,7 +58,8 @@ def load_error_message(path, exc: BaseException) -> str:
     advises re-running with ``weights_only=False`` (which lets code in the file run) and
     filing a PyTorch issue; neither applies to a damaged file, so it is never shown."""
     text = str(exc)
-    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    # torch >= 2.4: "Unsupported global: GLOBAL argparse.Namespace"; 2.3: "Unsupported class argparse.Namespace"
+    found = re.search(r"Unsupported (?:global: GLOBAL|class) ([\w.]+)", text)
     if found:
         return (f"checkpoint '{path}' holds Python objects other than tensors ({found.group(1)}); "
                 "it is not loaded, since unpickling them could run code")
