@@ -86,3 +86,71 @@ def test_initial_batch_size_from_free_memory(monkeypatch):
     size = batching.initial_batch_size(1000, "cuda", item_bytes=2**30, headroom=0.7)
     assert size == 7
     assert batching.initial_batch_size(3, "cpu") == 3
+
+
+class TimedNet:
+    """Doubles its input; each call advances a fake clock by ``overhead + per_item(size) * size``."""
+
+    def __init__(self, overhead, per_item):
+        self.now, self.overhead, self.per_item, self.sizes = 0.0, overhead, per_item, []
+
+    def clock(self):
+        return self.now
+
+    def __call__(self, batch):
+        n = len(batch)
+        self.sizes.append(n)
+        self.now += self.overhead + self.per_item(n) * n
+        return [2 * v for v in batch]
+
+
+def test_cpu_batch_is_measured_and_stays_at_one_where_bigger_batches_cost_more_per_item():
+    # activations that leave the caches: each item costs more in a bigger batch
+    batching.forget_batch_sizes()
+    net = TimedNet(0.0, lambda n: 1.0 + 0.2 * (n - 1))
+    runner = batching.BatchRunner(key=("probe-slow",), clock=net.clock)
+    assert runner.run(net, list(range(12))) == [2 * v for v in range(12)]
+    assert net.sizes[:4] == [1, 1, 2, 1] and set(net.sizes[3:]) == {1}
+    assert batching.remembered_batch_size(("probe-slow",)) == 1
+
+
+def test_cpu_batch_grows_while_it_pays_and_is_remembered():
+    # a fixed cost per call (a small decoder): doubling pays until it reaches 8
+    batching.forget_batch_sizes()
+    net = TimedNet(1.0, lambda n: 0.1 if n <= 8 else 0.5)
+    runner = batching.BatchRunner(key=("probe-fast",), clock=net.clock)
+    assert runner.run(net, list(range(60))) == [2 * v for v in range(60)]
+    assert net.sizes[:6] == [1, 1, 2, 4, 8, 16] and set(net.sizes[6:-1]) == {8}
+    assert batching.remembered_batch_size(("probe-fast",)) == 8
+    again = TimedNet(1.0, lambda n: 0.1)
+    batching.BatchRunner(key=("probe-fast",), clock=again.clock).run(again, list(range(20)))
+    assert again.sizes == [8, 8, 4]  # no second probe
+
+
+def test_a_given_size_a_gpu_an_unkeyed_run_or_a_few_items_are_not_probed():
+    batching.forget_batch_sizes()
+    net = TimedNet(0.0, lambda n: 1.0)
+    batching.BatchRunner(batch_size=3, key=("given",), clock=net.clock).run(net, list(range(7)))
+    assert net.sizes == [3, 3, 1]
+    gpu = TimedNet(0.0, lambda n: 1.0)
+    batching.BatchRunner(key=("on-gpu",), device="cuda", clock=gpu.clock).run(gpu, list(range(20)))
+    assert gpu.sizes == [16, 4]  # sized from the card (here: no memory figure), not timed
+    unkeyed = TimedNet(0.0, lambda n: 1.0)
+    batching.BatchRunner(clock=unkeyed.clock).run(unkeyed, list(range(7)))
+    assert unkeyed.sizes == [4, 3]  # nothing to remember it under: the CPU default
+    small = TimedNet(0.0, lambda n: 1.0)
+    batching.BatchRunner(key=("small",), clock=small.clock).run(small, [1, 2])
+    assert small.sizes == [2]  # too few items to measure
+
+
+def test_oom_during_the_probe_backs_off_and_keeps_every_item():
+    import itertools
+
+    batching.forget_batch_sizes()
+    net = FlakyNet(limit=1)
+    # every call seems to take one tick whatever its size, so the probe doubles into the OOM
+    runner = batching.BatchRunner(key=("probe-oom",), clock=itertools.count().__next__)
+    x = torch.arange(9.0)
+    assert torch.equal(torch.stack(runner.run(net, x)), x * x + 1)
+    assert net.sizes[:3] == [1, 1, 2] and runner.oom_events == 1
+    assert batching.remembered_batch_size(("probe-oom",)) == 1

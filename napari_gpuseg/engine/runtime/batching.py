@@ -7,11 +7,18 @@ size is halved and the failed batch retried, so no item is lost. CUBLAS/cuDNN al
 failures count as out-of-memory too. The size that worked is remembered per ``key`` (for
 example ``(model_name, input_shape, device)``: include the device, two GPUs differ) for
 the next call.
+
+On the CPU, for a keyed run with no size given and none remembered, the size is measured
+instead (and then remembered like any other): one item
+per call first, then twice as many while that is at least 10 % faster per item
+(:class:`CpuSizeProbe`). A bigger batch is often slower per item on a CPU (its activations
+leave the caches), so the probe settles where this CPU is fastest.
 """
 from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import torch
@@ -25,6 +32,7 @@ _OOM_TYPES: tuple[type[BaseException], ...] = tuple(
 
 DEFAULT_CPU_BATCH = 4
 MAX_BATCH = 256
+PROBE_GAIN = 0.9  # a doubled CPU batch is kept when it costs at most this much per item
 
 _memory: dict[Hashable, int] = {}
 _memory_lock = threading.Lock()
@@ -104,6 +112,45 @@ def to_device(batch: Any, device: torch.device, pin: bool = True) -> Any:
     return batch.to(device)
 
 
+class CpuSizeProbe:
+    """Picks a CPU batch size from the time per item of the calls that do the work.
+
+    Size 1 is timed twice (a first call pays one-time setup), then each doubling once; it
+    doubles while the new size costs at most ``PROBE_GAIN`` times the best time per item so
+    far, and otherwise settles at the best size. No call is made for the measurement alone.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = max(1, limit)
+        self.best: tuple[float, int] | None = None  # (seconds per item, size)
+        self.size, self.ones, self.done = 1, 0, False
+
+    def record(self, size: int, seconds: float) -> int:
+        """The time of one call of ``size`` items; returns the size for the next call."""
+        if self.done:
+            return self.size
+        per_item = seconds / max(1, size)
+        if size == 1:
+            self.ones += 1
+            if self.best is None or per_item < self.best[0]:
+                self.best = (per_item, 1)
+            if self.ones < 2:
+                return 1  # size 1 once more, past the first call's setup
+        elif per_item <= PROBE_GAIN * self.best[0]:
+            self.best = (per_item, size)
+        else:
+            return self._settle()
+        nxt = min(self.limit, 2 * size)
+        if nxt == size:
+            return self._settle()
+        self.size = nxt
+        return nxt
+
+    def _settle(self) -> int:
+        self.done, self.size = True, self.best[1]
+        return self.size
+
+
 class BatchRunner:
     """Runs ``fn`` over items in adaptive batches. See module docstring."""
 
@@ -114,8 +161,11 @@ class BatchRunner:
         device: torch.device | str = "cpu",
         item_bytes: int | None = None,
         max_batch: int = MAX_BATCH,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.user_batch_size = batch_size
+        self.clock = clock
+        self.probe: CpuSizeProbe | None = None
         self.key = key
         self.device = torch.device(device)
         self.item_bytes = item_bytes
@@ -130,6 +180,9 @@ class BatchRunner:
             known = remembered_batch_size(self.key)
             if known:
                 return known
+        if self.device.type == "cpu" and self.key is not None and n > 2:
+            self.probe = CpuSizeProbe(min(n, self.max_batch))
+            return 1
         return initial_batch_size(n, self.device, self.item_bytes, max_batch=self.max_batch)
 
     def iter(
@@ -149,6 +202,7 @@ class BatchRunner:
             check(cancel)
             stop = min(n, done + size)
             oom = False
+            started = self.clock()
             try:
                 out = fn(_take(items, done, stop))
                 results = _split(out, stop - done)
@@ -162,8 +216,16 @@ class BatchRunner:
                 empty_cache(self.device)
                 size = max(1, size // 2)
                 self.batch_size = size
+                self.probe = None  # memory decides from here
                 continue  # retry the same items with a smaller batch
-            if self.key is not None:
+            if self.probe is not None:
+                size = self.probe.record(stop - done, self.clock() - started)
+                self.batch_size = size
+                if self.probe.done:
+                    self.probe = None
+                    if self.key is not None:
+                        remember_batch_size(self.key, size)
+            elif self.key is not None:
                 remember_batch_size(self.key, size)
             yield from results
             done = stop
