@@ -9,10 +9,10 @@ example ``(model_name, input_shape, device)``: include the device, two GPUs diff
 the next call.
 
 On the CPU, for a keyed run with no size given and none remembered, the size is measured
-instead (and then remembered like any other): one item
-per call first, then twice as many while that is at least 10 % faster per item
-(:class:`CpuSizeProbe`). A bigger batch is often slower per item on a CPU (its activations
-leave the caches), so the probe settles where this CPU is fastest.
+instead, then remembered like any other: one item per call first, then twice as many while
+that is at least 10 % faster per item (:class:`CpuSizeProbe`). A bigger batch is often
+slower per item on a CPU (its activations leave the caches), so the probe settles where this
+CPU is fastest. A run that ends before the probe settles remembers nothing.
 """
 from __future__ import annotations
 
