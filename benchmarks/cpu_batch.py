@@ -65,7 +65,6 @@ def unet_variants(image):
     from napari_gpuseg.engine.unet import checkpoint, predict
 
     model = checkpoint.load_unet(None, device="cpu")
-    sizes = {}
 
     def run(batch_size):
         def go():
@@ -74,7 +73,7 @@ def unet_variants(image):
         return go
 
     print(f"unet: the bundled U-Net on a {image.shape[0]}x{image.shape[1]} field")
-    return {"fixed 4": run(4), "probe": run(None)}, sizes
+    return {"fixed 4": run(4), "probe": run(None)}, {}
 
 
 def main() -> None:

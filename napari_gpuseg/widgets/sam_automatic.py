@@ -71,7 +71,7 @@ class SamAutomaticWidget(DockWidget):
         self._build_box_group()
         self._build_param_group()
         self.stack_check = QCheckBox("Run on the whole stack")
-        self.embed_batch_spin = auto_spin("Images (tiles) per encoder call; Auto adapts to memory")
+        self.embed_batch_spin = auto_spin("Images (tiles) per encoder call; Auto: from free memory on a GPU, timed on a CPU")
         self.prompt_batch_spin = auto_spin("Prompts (boxes or points) per decoder call; Auto adapts to memory",
                                            maximum=4096)
         self.run_button, buttons = self._make_run_buttons("Run", self.run, self.cancel, cancel_enabled=True)
