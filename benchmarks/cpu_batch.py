@@ -13,7 +13,10 @@ cache, rounds interleaved, median wall:
 Prints the machine line, each variant's median seconds, the size the probe settled at and
 the ratio fixed / probe (above 1: the probe is faster).
 
-    OMP_NUM_THREADS=2 python benchmarks/cpu_batch.py [--rounds 3] [--work sam,unet]
+    OMP_NUM_THREADS=2 python benchmarks/cpu_batch.py [--rounds 3] [--work sam,unet] [--precision auto]
+
+``--precision`` (default fp32): ``auto`` takes the policy's CPU precision (bf16 where the
+CPU has AVX512-BF16 or AMX), or name one.
 """
 import argparse
 import statistics
@@ -23,16 +26,15 @@ from pathlib import Path
 
 import numpy as np
 import tifffile
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from napari_gpuseg.engine.runtime import batching  # noqa: E402
-from napari_gpuseg.engine.runtime.device import Policy  # noqa: E402
+from napari_gpuseg.engine.runtime.device import make_policy  # noqa: E402
 
 from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
 from _machine import machine_line  # noqa: E402
 
-FP32 = Policy(torch.device("cpu"), "fp32")
+POLICY = make_policy("cpu", "fp32")
 
 
 def _field() -> np.ndarray:
@@ -44,7 +46,7 @@ def sam_variants(image):
     from napari_gpuseg.engine.sam.cache import EmbeddingCache
     from napari_gpuseg.engine.sam.loader import load_engine
 
-    engine = load_engine(policy=FP32)
+    engine = load_engine(policy=POLICY)
     views = engine.prompt_views(engine.prepare(image))
     sizes = {}
 
@@ -54,10 +56,11 @@ def sam_variants(image):
             engine.cache = EmbeddingCache()
             engine.embed([image], [views], batch_size=batch_size)
             sizes[batch_size] = batching.remembered_batch_size(
-                ("sam-encoder", engine.info.name, engine.input_size, "fp32", "cpu"))
+                ("sam-encoder", engine.info.name, engine.input_size, POLICY.precision, "cpu"))
         return go
 
-    print(f"sam: {len(views)} views of a {image.shape[0]}x{image.shape[1]} field, {engine.info.name}")
+    print(f"sam: {len(views)} views of a {image.shape[0]}x{image.shape[1]} field, {engine.info.name}, "
+          f"{POLICY.precision}")
     return {"fixed 4": run(4), "probe": run(None), "fixed 1": run(1)}, sizes
 
 
@@ -69,7 +72,7 @@ def unet_variants(image):
     def run(batch_size):
         def go():
             batching.forget_batch_sizes()
-            predict.predict_labels(model, image, sw_batch_size=batch_size, policy=FP32)
+            predict.predict_labels(model, image, sw_batch_size=batch_size, policy=POLICY)
         return go
 
     print(f"unet: the bundled U-Net on a {image.shape[0]}x{image.shape[1]} field")
@@ -80,7 +83,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", default="sam,unet")
+    ap.add_argument("--precision", default="fp32", help="fp32 (default), bf16, or auto (the policy's)")
     args = ap.parse_args()
+    global POLICY
+    POLICY = make_policy("cpu", None if args.precision == "auto" else args.precision)
     print(machine_line())
     image = _field()
     for work in args.work.split(","):

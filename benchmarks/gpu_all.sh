@@ -9,7 +9,7 @@
 # torchvision. Each step has its own time limit inside an overall budget (SECONDS, default
 # 900), writes its tables to OUTDIR and goes on after a failure; everything printed is also
 # in OUTDIR/all.log, and a summary of each step's exit status comes last. GPU_STEPS="sam clicks"
-# (step names as in the summary) runs only those.
+# (step names as in the summary) runs only those. The last step, cpu_batch, times the host CPU.
 set -u
 out=${1:?usage: gpu_all.sh OUTDIR [SECONDS]}
 budget=${2:-900}
@@ -65,6 +65,8 @@ step() {  # step NAME LIMIT COMMAND...
         --workers 1,4 --repeats 2 --two-workers --out "$out/batch_gpu.md"
     # U-Net precision, channels_last and torch.compile, inference and training
     step unet 240 $py benchmarks/unet.py --skip-cpu --sections variants,train --out "$out/unet_gpu.md"
+    # the host CPU, 2 threads, its policy's precision: the batch size the CPU probe settles at
+    step cpu_batch 200 env OMP_NUM_THREADS=2 $py benchmarks/cpu_batch.py --rounds 1 --precision auto
 
     echo "=== summary ($(($(date +%s) - start)) s)"
     printf '%s\n' "${summary[@]}"
