@@ -13,6 +13,8 @@ the official defaults and the box-model settings.
 
     python benchmarks/everything_params.py [--precision fp32] [--budget 300] [--json F]
         [--select IMAGE ...]    # default: the 13 held-back training images
+    python benchmarks/everything_params.py --pps 16 --iou 0.5 --stab 0.95 --compare-tiling
+    python benchmarks/everything_params.py --pps 16 --iou 0.5 --stab 0.95 --tiling tiles --only-validate
 
 Each image's mask is ``../masks/<same name>``. Prints the machine line, one row per setting
 (pooled precision, recall, F1 at IoU 0.5 and 0.75, masks, seconds), the choice, and the
@@ -94,6 +96,26 @@ def label(kw: dict) -> str:
             f"{kw['stability_score_thresh']}, tiling {kw.get('tiling', 'auto')}")
 
 
+def compare_tiling(engine, sel, args) -> int:
+    """One setting in both tilings, where they differ: images no side of which exceeds twice
+    the model input go into one shrunk view under "auto", into native tiles under "tiles"."""
+    kw = dict(points_per_side=int(args.pps.split(",")[0]), pred_iou_thresh=float(args.iou.split(",")[0]),
+              stability_score_thresh=float(args.stab.split(",")[0]), min_mask_region_area=args.min_area)
+    small = 2 * engine.input_size
+    for title, items in (("selection", sel), ("validation", [] if args.skip_validation else validation_set())):
+        items = [it for it in items if max(it[1].shape[:2]) <= small]
+        if not items:
+            continue
+        print(f"\n{title}: {len(items)} images where the tilings differ ({', '.join(n for n, *_ in items)})")
+        print(HEADER)
+        variants = {label(kw): kw, label(dict(kw, tiling="tiles")): dict(kw, tiling="tiles")}
+        if title == "validation":
+            variants["official defaults (pps 32, 0.88 / 0.95)"] = {}
+        for name, v in variants.items():
+            print(row(name, score(engine, items, AutomaticParams(**v))), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="nuclei_sam")
@@ -108,6 +130,12 @@ def main(argv=None) -> int:
     ap.add_argument("--select", nargs="*", type=Path, default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--skip-validation", action="store_true")
+    ap.add_argument("--tiling", default="auto", help="the sweep's tiling (auto, tiles, crops)")
+    ap.add_argument("--only-validate", action="store_true",
+                    help="no sweep: the first --pps/--iou/--stab setting (with --tiling) on the validation data")
+    ap.add_argument("--compare-tiling", action="store_true",
+                    help="no sweep: the first --pps/--iou/--stab setting with tiling 'auto' vs 'tiles' (and the "
+                         "official settings) on the images where the two tilings differ (sides <= 2x the input)")
     args = ap.parse_args(argv)
 
     print(machine_line())
@@ -115,15 +143,26 @@ def main(argv=None) -> int:
     engine = load_engine(args.model, policy=policy)
     engine.cache = EmbeddingCache(max_bytes=8 << 30)
     print(f"{args.model} on {policy.device} in {policy.precision}")
-    if args.select is None:
+    if args.select is None and not args.only_validate:
         from clicks import stage3_held_back
 
         args.select = [a for a, _b in stage3_held_back()]
-    sel = selection_set(args.select)
+    sel = [] if args.only_validate else selection_set(args.select)
     print(f"selection: {len(sel)} images ({', '.join(n for n, *_ in sel)})")
 
+    if args.compare_tiling:
+        return compare_tiling(engine, sel, args)
+    if args.only_validate:
+        kw = dict(points_per_side=int(args.pps.split(",")[0]), pred_iou_thresh=float(args.iou.split(",")[0]),
+                  stability_score_thresh=float(args.stab.split(",")[0]), min_mask_region_area=args.min_area,
+                  tiling=args.tiling)
+        val = validation_set()
+        print(f"validation: {len(val)} images ({', '.join(n for n, *_ in val)})")
+        print(HEADER)
+        print(row(label(kw), score(engine, val, AutomaticParams(**kw))), flush=True)
+        return 0
     grid = [dict(points_per_side=int(p), pred_iou_thresh=float(i), stability_score_thresh=float(s),
-                 min_mask_region_area=args.min_area)
+                 min_mask_region_area=args.min_area, tiling=args.tiling)
             for p, i, s in itertools.product(args.pps.split(","), args.iou.split(","), args.stab.split(","))]
     results = []
     t0 = time.perf_counter()

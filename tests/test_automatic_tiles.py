@@ -117,3 +117,14 @@ def test_crops_mode_keeps_the_official_geometry():
     assert crops[1].view == View(0, 0, 184, 134, S)  # each crop is embedded on its own, resized
     big = engine.prepare(np.zeros((600, 200), np.float32))
     assert len(plan_crops(engine, big, AutomaticParams())) == 1 + len(engine.views(big))  # auto: tiles
+
+
+def test_each_kind_of_model_gets_its_own_everything_defaults():
+    official = AutomaticParams.for_model()
+    assert (official.points_per_side, official.pred_iou_thresh, official.stability_score_thresh) == (32, 0.88, 0.95)
+    box = AutomaticParams.for_model(box_trained=True)
+    assert (box.points_per_side, box.pred_iou_thresh, box.stability_score_thresh) == (16, 0.18, 0.0)
+    tuned = AutomaticParams.for_model(decoder_tuned=True)
+    assert (tuned.points_per_side, tuned.pred_iou_thresh, tuned.stability_score_thresh) == (16, 0.5, 0.95)
+    assert tuned.min_mask_region_area == 20 and tuned.tiling == "tiles"
+    assert AutomaticParams.for_model(decoder_tuned=True, points_per_side=8).points_per_side == 8  # overrides win

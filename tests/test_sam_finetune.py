@@ -78,7 +78,7 @@ def test_short_training_learns_clicks_and_the_checkpoint_round_trips(lite, train
     assert doc["base"] == "lite_medsam" and doc["base_sha256"] == registry.MODELS["lite_medsam"].sha256
     assert {k.split(".")[0] for k in doc["state"]} == {"prompt_encoder", "mask_decoder"}
     reloaded = load_engine(str(out), cache=lite.cache)
-    assert reloaded.info.encoder == "lite_medsam" and not reloaded.info.box_trained
+    assert reloaded.info.encoder == "lite_medsam" and not reloaded.info.box_trained and reloaded.info.decoder_tuned
     for name, p in engine.sam.mask_decoder.state_dict().items():
         q = reloaded.sam.mask_decoder.state_dict()[name]
         assert torch.allclose(p, q, atol=2e-3, rtol=2e-3), name
@@ -164,7 +164,8 @@ def test_shipped_decoder_is_the_default_and_clicks_work(lite, val_crop):
     assert registry.DEFAULT_MODEL == "nuclei_sam" and path.stat().st_size < 10 * 2**20
     assert hashlib.sha256(path.read_bytes()).hexdigest() == spec.sha256
     tuned = load_engine(cache=lite.cache)  # the public API's default
-    assert tuned.info.name == "nuclei_sam" and not tuned.info.box_trained
+    assert tuned.info.name == "nuclei_sam" and not tuned.info.box_trained and tuned.info.decoder_tuned
+    assert lite.info.box_trained and not lite.info.decoder_tuned
     img, lab = val_crop
     ours = click_ious(tuned, img, lab, clicks=1, max_objects=24)
     base = click_ious(lite, img, lab, clicks=1, max_objects=24)

@@ -58,6 +58,28 @@ def is_box_trained(model: str) -> bool:
     return "medsam" in str(model).lower()
 
 
+def is_decoder_tuned(model: str) -> bool:
+    """Whether a model name or file is a decoder tuned to clicks on microscopy (``nuclei_sam``,
+    a file Adapt SAM or ``train-sam`` wrote), whose segment-everything settings differ."""
+    try:
+        from ..models import registry
+
+        if model in registry.MODELS:
+            return registry.get_spec(model).base is not None
+        return registry.read_if_decoder(model) is not None
+    except Exception:  # noqa: BLE001 - an unreadable file: not a tuned decoder
+        logger.debug("could not inspect model %s", model, exc_info=True)
+    return False
+
+
+def automatic_defaults(model: str):
+    """Segment-everything settings for a model name or file (``AutomaticParams.for_model``)."""
+    from ..engine.sam.everything import AutomaticParams
+
+    box = is_box_trained(model)
+    return AutomaticParams.for_model(box, not box and is_decoder_tuned(model))
+
+
 def image_file(layer) -> str | None:
     """The file an image layer was opened from, if any."""
     path = getattr(getattr(layer, "source", None), "path", None)

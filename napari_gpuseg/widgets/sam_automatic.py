@@ -23,7 +23,8 @@ from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
 from ..engine.stacks import label_offsets, shift_ids
 from ._big_layer import lazy_data, run_sam_blocks
-from ._choices import BROWSE, browse_checkpoint, fill_layer_combos, is_box_trained, sam_model_names, watch_layers
+from ._choices import (BROWSE, automatic_defaults, browse_checkpoint, fill_layer_combos, is_box_trained,
+                       is_decoder_tuned, sam_model_names, watch_layers)
 from ._dock import DockWidget, auto_spin
 from ._prompts import boxes_xyxy, plane, plane_index
 
@@ -177,13 +178,16 @@ class SamAutomaticWidget(DockWidget):
             text = "Box mode: the right mode for this box-trained model."
         elif boxes:
             text = "Each box becomes one object; boxes are decoded in large batches."
+        elif is_decoder_tuned(self.model_name):
+            text = ("A grid of point prompts in native tiles, with the settings measured for this "
+                    "microscopy decoder ('Model defaults'); masks are filtered, de-duplicated and painted by score.")
         else:
             text = "A grid of point prompts; masks are filtered, de-duplicated and painted by score."
         self.hint_label.setText(text)
 
     def _apply_model_defaults(self) -> None:
         box_model = is_box_trained(self.model_name)
-        params = AutomaticParams.for_model(box_model)
+        params = automatic_defaults(self.model_name)
         for name, widget in self.param_widgets.items():
             widget.setValue(getattr(params, name))
         self.mode_combo.setCurrentText(MODE_BOXES if box_model else MODE_EVERYTHING)
@@ -200,7 +204,7 @@ class SamAutomaticWidget(DockWidget):
 
     def params(self) -> AutomaticParams:
         values = {name: w.value() for name, w in self.param_widgets.items()}
-        base = AutomaticParams.for_model(is_box_trained(self.model_name))
+        base = automatic_defaults(self.model_name)
         for k, v in values.items():
             setattr(base, k, v)
         return base

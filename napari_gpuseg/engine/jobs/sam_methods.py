@@ -208,7 +208,7 @@ class SamEverythingSegmenter(_SamSegmenter):
         from ..sam.everything import AutomaticParams, segment_everything_batch
 
         names = {f.name for f in fields(AutomaticParams)}
-        params = AutomaticParams.for_model(self.engine.info.box_trained,
+        params = AutomaticParams.for_model(self.engine.info.box_trained, self.engine.info.decoder_tuned,
                                            **{k: v for k, v in self.options.items() if k in names})
         return segment_everything_batch(self.engine, planes, params, batch_size=self.batch_size,
                                         embed_batch_size=self.options.get("embed_batch_size"),

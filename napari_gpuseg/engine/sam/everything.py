@@ -78,13 +78,30 @@ class AutomaticParams:
         return ops.layer_point_grids(self.points_per_side, n_layers, self.crop_n_points_downscale_factor)
 
     @classmethod
-    def for_model(cls, box_trained: bool = False, **overrides) -> "AutomaticParams":
-        """Defaults per model: the official ones, or for box-trained models (LiteMedSAM)
-        settings that let their point masks through at all: their predicted IoUs for
-        single points are low and their logits rarely exceed +-1, so every mask has
-        stability ~0 (measured on BBBC039). Box mode is the right mode for these models."""
-        base = dict(points_per_side=16, pred_iou_thresh=0.18, stability_score_thresh=0.0,
-                    min_mask_region_area=20) if box_trained else {}
+    def for_model(cls, box_trained: bool = False, decoder_tuned: bool = False,
+                  **overrides) -> "AutomaticParams":
+        """Defaults per kind of model:
+
+        * SAM as published (ViT-B/L/H, MobileSAM): the official settings;
+        * box-trained models (LiteMedSAM): settings that let their point masks through at
+          all: their predicted IoUs for single points are low and their logits rarely
+          exceed +-1, so every mask has stability ~0 (measured on BBBC039). Box mode is the
+          right mode for these models;
+        * decoders tuned to clicks on microscopy (``nuclei_sam``, Adapt SAM's files): 16
+          points per side, predicted IoU >= 0.5, stability >= 0.95, and native tiles for any
+          image bigger than one view (they were tuned on native-scale views; shrinking a
+          320x480 image into one view halves its nuclei). Chosen by object F1 on the 13
+          training images the shipped decoder held back and two 320x480 crops of them
+          (``benchmarks/everything_params.py``; numbers in docs/benchmarks.md).
+        """
+        if box_trained:
+            base = dict(points_per_side=16, pred_iou_thresh=0.18, stability_score_thresh=0.0,
+                        min_mask_region_area=20)
+        elif decoder_tuned:
+            base = dict(points_per_side=16, pred_iou_thresh=0.5, stability_score_thresh=0.95,
+                        min_mask_region_area=20, tiling="tiles")
+        else:
+            base = {}
         base.update(overrides)
         return cls(**base)
 
@@ -298,7 +315,7 @@ def segment_everything(engine: SamEngine, image, params: AutomaticParams | None 
     ``progress(done, total)`` counts embedded crops and decoded prompts. ``keep_logits``:
     each mask keeps its low-res logits (on the host); ``False``: ``low_res`` is None.
     """
-    params = params or AutomaticParams.for_model(engine.info.box_trained)
+    params = params or AutomaticParams.for_model(engine.info.box_trained, engine.info.decoder_tuned)
     t0 = time.perf_counter()
     prepared = engine.prepare(image)
     shape = prepared.shape
@@ -340,7 +357,7 @@ def segment_everything_batch(engine: SamEngine, images: Sequence, params: Automa
                              keep_logits: bool = True) -> list[AutomaticResult]:
     """:func:`segment_everything` for several 2D images (the planes of a stack, a folder
     batch): the crops of all images are embedded first in shared encoder batches."""
-    params = params or AutomaticParams.for_model(engine.info.box_trained)
+    params = params or AutomaticParams.for_model(engine.info.box_trained, engine.info.decoder_tuned)
     prepared = [engine.prepare(im) for im in images]
     views = [[c.view for c in plan_crops(engine, im, params)] for im in prepared]
     n = len(prepared)

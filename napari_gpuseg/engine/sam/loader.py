@@ -22,6 +22,7 @@ def model_info(name: str, sam) -> SamModelInfo:
         image_size=int(sam.image_size),
         normalization=str(sam.normalization),
         box_trained=getattr(sam, "arch", "") == "lite_medsam" and not tuned,
+        decoder_tuned=tuned,
         encoder=str(getattr(sam, "decoder_base", None) or name) if tuned else name,
     )
 

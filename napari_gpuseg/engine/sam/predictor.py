@@ -38,6 +38,7 @@ class SamModelInfo:
     image_size: int = 1024
     normalization: str = "sam"  # "sam" (mean/std on 0..255) or "minmax" (LiteMedSAM)
     box_trained: bool = False  # True for models that respond to boxes, not single points
+    decoder_tuned: bool = False  # a decoder tuned to clicks on microscopy (nuclei_sam, Adapt SAM's files)
     encoder: str = ""  # the image encoder's identity (embedding cache keys); default: name
 
 
