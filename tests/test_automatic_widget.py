@@ -34,12 +34,20 @@ def run_and_wait(qtbot, w):
     assert "objects" in w.status.text(), w.status.text()
 
 
+def choose_model(w, name):
+    w.model_combo.setCurrentText(name)
+    w.model_combo.activated.emit(w.model_combo.currentIndex())
+
+
 def test_steers_box_trained_model_to_box_mode(make_napari_viewer, crop):
     viewer = make_napari_viewer()
     viewer.add_image(crop[0], name="nuclei")
     w = open_dock(viewer)
-    assert "medsam" in w.model_name and w.mode == "boxes"
+    assert w.model_name == "nuclei_sam" and w.mode == "boxes"  # the default model, a detector's boxes
     assert w.image_combo.currentText() == "nuclei"
+    w.mode_combo.setCurrentIndex(1)
+    choose_model(w, "lite_medsam")
+    assert w.mode == "boxes"  # a box-trained model goes back to box mode
     # the dock is never shown here: isVisibleTo asks whether it would be shown with the dock
     assert w.box_group.isVisibleTo(w) and not w.param_group.isVisibleTo(w)
     w.mode_combo.setCurrentIndex(1)
@@ -98,17 +106,20 @@ def test_shapes_layer_boxes_and_stack(make_napari_viewer, qtbot, crop):
 
 
 def test_the_microscopy_decoder_gets_its_measured_settings_and_finds_the_nuclei(make_napari_viewer, qtbot, crop):
-    """Choosing ``nuclei_sam`` puts the dock in segment-everything mode with the settings
-    measured for click-tuned decoders (benchmarks/everything_params.py), not the official
-    ones, which keep a third of these nuclei out (F1@0.5 0.80 against 0.87 on this crop)."""
+    """Choosing ``nuclei_sam`` gives segment-everything mode the settings measured for
+    click-tuned decoders (benchmarks/everything_params.py), not the official ones, which
+    keep a third of these nuclei out (F1@0.5 0.80 against 0.87 on this crop)."""
     from napari_gpuseg.engine.sam.everything import AutomaticParams
 
     img, gt = crop
     viewer = make_napari_viewer()
     viewer.add_image(img, name="nuclei")
     w = open_dock(viewer)
-    w.model_combo.setCurrentText("nuclei_sam")
-    w.model_combo.activated.emit(w.model_combo.currentIndex())
+    w.mode_combo.setCurrentIndex(1)
+    choose_model(w, "lite_medsam")
+    assert w.mode == "boxes"
+    w.mode_combo.setCurrentIndex(1)
+    choose_model(w, "nuclei_sam")
     assert w.mode == "everything" and "box" not in w.hint_label.text().lower()
     assert "measured for this microscopy decoder" in w.hint_label.text()
     params, tuned = w.params(), AutomaticParams.for_model(decoder_tuned=True)
