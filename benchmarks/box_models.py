@@ -21,7 +21,7 @@ from napari_gpuseg.engine.sam.boxes import segment_boxes_batch  # noqa: E402
 from napari_gpuseg.engine.sam.loader import load_engine  # noqa: E402
 from napari_gpuseg.engine.unet import checkpoint, predict  # noqa: E402
 
-from _data import shared_data  # noqa: E402
+from _data import bbbc039_validation  # noqa: E402
 from _machine import machine_line  # noqa: E402
 
 CROP = (slice(100, 356), slice(200, 456))
@@ -32,10 +32,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["lite_medsam", "nuclei_sam"])
     args = ap.parse_args(argv)
     print(machine_line())
-    d = shared_data() / "bbbc039"
-    files = sorted((d / "images").glob("*.tif"))[-8:]
-    imgs = [tifffile.imread(f)[CROP] for f in files]
-    gts = [tifffile.imread(d / "masks" / f.name)[CROP] for f in files]
+    pairs = bbbc039_validation()
+    imgs = [tifffile.imread(f)[CROP] for f, _m in pairs]
+    gts = [tifffile.imread(m)[CROP] for _f, m in pairs]
     unet = checkpoint.load_unet(None, device="cpu")
     unet_labels = [predict.predict_labels(unet, im) for im in imgs]
     sources = {"ground truth": [boxes_from_labels(g) for g in gts],

@@ -36,7 +36,7 @@ from napari_gpuseg.engine.sam.cache import EmbeddingCache  # noqa: E402
 from napari_gpuseg.engine.sam.everything import AutomaticParams, segment_everything  # noqa: E402
 from napari_gpuseg.engine.sam.loader import load_engine  # noqa: E402
 
-from _data import shared_data  # noqa: E402
+from _data import bbbc039_validation, dsb2018_field  # noqa: E402
 from _machine import machine_line  # noqa: E402
 
 CROP = (320, 480)
@@ -59,11 +59,8 @@ def selection_set(paths: list[Path]):
 
 
 def validation_set():
-    data = shared_data()
-    files = sorted((data / "bbbc039" / "images").glob("*.tif"))[-8:]
-    items = [(p.name, *_pair(p)) for p in files]
-    d = data / "dsb2018"
-    items.append(("dsb2018", tifffile.imread(d / "image.tif"), tifffile.imread(d / "mask.tif")))
+    items = [(p.name, *_pair(p)) for p, _mask in bbbc039_validation()]
+    items.append(("dsb2018", *dsb2018_field()))
     items += [(f"{name} crop", *_crop(im, gt)) for name, im, gt in items[:8:4]]
     return items
 

@@ -1,6 +1,7 @@
 """Choices several docks offer: SAM models (with a *Browse* entry) and layers by kind."""
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from pathlib import Path
@@ -43,41 +44,47 @@ def sam_model_names(default: str = DEFAULT_MODEL) -> list[str]:
     return [default] + names
 
 
-def is_box_trained(model: str) -> bool:
-    """Whether a model name or file responds to boxes only (LiteMedSAM as published), so
-    the docks steer users to boxes; judged without building the network."""
+def model_kind(model: str) -> str:
+    """How a SAM model name or file takes prompts, judged without building the network:
+    ``"boxes"`` (LiteMedSAM as published), ``"tuned"`` (a decoder tuned to clicks on
+    microscopy: ``nuclei_sam``, a file Adapt SAM or ``train-sam`` wrote) or ``"points"``.
+    A file is read once per modification, not on every redraw of a dock."""
+    path = Path(str(model))
+    stamp = path.stat().st_mtime_ns if path.is_file() else None
+    return _model_kind(str(model), stamp)
+
+
+@functools.lru_cache(maxsize=32)
+def _model_kind(model: str, _stamp) -> str:
     try:
         from ..models import registry
 
         if model in registry.MODELS:
-            return registry.get_spec(model).prompts == "boxes"
-        if registry.read_if_decoder(model) is not None:  # a tuned decoder learnt clicks
-            return False
+            spec = registry.get_spec(model)
+            return "boxes" if spec.prompts == "boxes" else "tuned" if spec.base is not None else "points"
+        if registry.read_if_decoder(model) is not None:
+            return "tuned"
     except Exception:  # noqa: BLE001 - an unreadable file: judge by the name
         logger.debug("could not inspect model %s", model, exc_info=True)
-    return "medsam" in str(model).lower()
+    return "boxes" if "medsam" in model.lower() else "points"
+
+
+def is_box_trained(model: str) -> bool:
+    """Whether a model responds to boxes only, so the docks steer users to boxes."""
+    return model_kind(model) == "boxes"
 
 
 def is_decoder_tuned(model: str) -> bool:
-    """Whether a model name or file is a decoder tuned to clicks on microscopy (``nuclei_sam``,
-    a file Adapt SAM or ``train-sam`` wrote), whose segment-everything settings differ."""
-    try:
-        from ..models import registry
-
-        if model in registry.MODELS:
-            return registry.get_spec(model).base is not None
-        return registry.read_if_decoder(model) is not None
-    except Exception:  # noqa: BLE001 - an unreadable file: not a tuned decoder
-        logger.debug("could not inspect model %s", model, exc_info=True)
-    return False
+    """Whether a model is a decoder tuned to clicks, whose segment-everything settings differ."""
+    return model_kind(model) == "tuned"
 
 
 def automatic_defaults(model: str):
     """Segment-everything settings for a model name or file (``AutomaticParams.for_model``)."""
     from ..engine.sam.everything import AutomaticParams
 
-    box = is_box_trained(model)
-    return AutomaticParams.for_model(box, not box and is_decoder_tuned(model))
+    kind = model_kind(model)
+    return AutomaticParams.for_model(kind == "boxes", kind == "tuned")
 
 
 def image_file(layer) -> str | None:
