@@ -5,7 +5,11 @@ pandas for point and shape features, parts of scikit-image) and builds pint's un
 registry, all on the GUI thread. On a 2-core AVX2 machine ``add_image`` of the first field
 took 0.88 s without this warm-up and 0.17 s with it (``benchmarks/first_layer.py``,
 medians). The annotator opens before the drop, usually, so :func:`warm_up` does that work
-then:
+then. The docks that add a labels layer when a run ends (SAM automatic, U-Net predict)
+call it as they open too: otherwise the first labels layer of a process paid the same
+imports (pandas, scikit-image's colour module) and visuals when the result came in: the
+window froze 0.70 s (median) at the end of a segment-everything run, 0.22 s with the
+warm-up (EPYC Zen 3, 2 cores, llvmpipe; ``benchmarks/result_stall.py``):
 
 * :func:`import_layer_modules` runs in the dock's worker thread. A concurrent import of
   the same module on the GUI thread waits for Python's per-module import lock; it never
@@ -110,13 +114,14 @@ def _imports_then_collect() -> float:
     return import_layer_modules() + collect_garbage()
 
 
-def warm_up(dock) -> None:
-    """For an annotator ``dock`` that has just opened: the imports as a background job of
-    its worker, then (only while the viewer has no layer) a garbage-collector pass; the
-    registry (only while the viewer has no layer) and the visuals by zero-delay timers."""
+def warm_up(dock, submit=None) -> None:
+    """For a ``dock`` that has just opened: the imports as a background job of its worker
+    (``submit``, default the dock's ``_submit_job``), then (only while the viewer has no
+    layer) a garbage-collector pass; the registry (only while the viewer has no layer) and
+    the visuals by zero-delay timers."""
     first = not len(dock.viewer.layers)
     job = _imports_then_collect if first else import_layer_modules
-    dock._submit(job, tag="first-layer", priority=BACKGROUND, inference=False)
+    (submit or dock._submit_job)(job, tag="first-layer", priority=BACKGROUND, inference=False)
     if first:
         QTimer.singleShot(0, build_unit_registry)
     QTimer.singleShot(0, build_visuals)

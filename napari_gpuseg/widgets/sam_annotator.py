@@ -78,7 +78,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
                         ("Shift-N", lambda: toggle_click_sign(self.viewer, self._layers))):
             self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
         self._preload_model()
-        warm_up(self)  # napari's one-off work for its first layers, before the first drop
+        warm_up(self, self._submit)  # napari's one-off work for its first layers, before the first drop
         take_sam_models(self)
         active = self.viewer.layers.selection.active
         if isinstance(active, Image):

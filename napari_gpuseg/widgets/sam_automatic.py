@@ -26,6 +26,7 @@ from ._big_layer import lazy_data, run_sam_blocks
 from ._choices import (BROWSE, automatic_defaults, browse_checkpoint, fill_layer_combos, is_box_trained,
                        is_decoder_tuned, sam_model_names, watch_layers)
 from ._dock import DockWidget, auto_spin
+from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, plane, plane_index
 
 MODE_BOXES, MODE_EVERYTHING = "Boxes -> SAM (detector + SAM)", "Segment everything (point grid)"
@@ -57,6 +58,7 @@ class SamAutomaticWidget(DockWidget):
         self._build_ui()
         watch_layers(self.viewer, self._refresh_layers)
         self._apply_model_defaults()
+        warm_up(self)  # napari's one-off work for a first labels layer, before the result
 
     # -- UI -----------------------------------------------------------------------
     def _build_ui(self) -> None:

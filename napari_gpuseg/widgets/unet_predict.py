@@ -18,6 +18,7 @@ from ._big_layer import add_lazy_labels, block_source, blocks_job, lazy_data, ou
 from ._choices import fill_layer_combos, layer_array, take_unet_models, watch_layers
 from ._unet_jobs import FROM_FILE, predict_job
 from ._dock import DockWidget, auto_spin
+from ._first_layer import warm_up
 
 BUNDLED = "Bundled nuclei model"
 class UNetPredictWidget(DockWidget):
@@ -76,6 +77,8 @@ class UNetPredictWidget(DockWidget):
         layout.addStretch(1)
         self._model_mode(self.model_combo.currentText())
         watch_layers(self.viewer, self.refresh_layers)
+        if self.viewer is not None:
+            warm_up(self)  # napari's one-off work for a first labels layer, before the result
 
     # -- UI -----------------------------------------------------------------
     def refresh_layers(self, *_args) -> None:

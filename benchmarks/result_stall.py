@@ -1,0 +1,113 @@
+"""The window while a run's result arrives: the first-layer warm-up in the docks that add a
+labels layer when they finish (SAM automatic, U-Net predict) against none.
+
+    xvfb-run -a python benchmarks/result_stall.py [--pairs 3] [--docks automatic,unet] [--size 256]
+
+Each trial is a fresh process (napari's one-off work for its first labels layer is paid
+once per process): a real napari window with a BBBC039 validation field (cropped to
+``--size``) already open, then the dock docked as a user opens it, 3 s of idle (the user
+reading the dock), then Run. ``automatic`` is SAM automatic in *Segment everything* with its
+default model (``nuclei_sam``), ``unet`` is U-Net predict with the bundled model. A 10 ms
+``QTimer`` on the GUI thread records every tick from Run until the result is on screen;
+the longest gap between ticks is how long the window froze. ``warm`` is the dock as shipped
+(``widgets/_first_layer.py``: layer imports in the dock's worker and vispy's visuals on the
+GUI thread when it opens), ``cold`` replaces the warm-up with a no-op. Trials alternate;
+medians and the ratio cold / warm are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _machine import cpu_flags, cpu_name  # noqa: E402  (benchmarks/, the script's folder)
+
+DATA = Path(os.environ.get("NAPARI_GPUSEG_SHARED_DATA", HERE.parents[1] / "shared" / "data"))
+DOCKS = {"automatic": "SAM automatic", "unet": "U-Net predict"}
+
+
+def trial(kind: str, dock: str, size: int) -> dict:
+    """One process: image open, dock opened, then one run timed (runs in a child)."""
+    import napari
+    import numpy as np
+    import tifffile
+    from qtpy.QtCore import Qt, QTimer
+    from qtpy.QtTest import QTest
+    from qtpy.QtWidgets import QApplication
+
+    from _viewer import pump
+
+    if kind == "cold":
+        from napari_gpuseg.widgets import sam_automatic, unet_predict
+
+        sam_automatic.warm_up = unet_predict.warm_up = lambda *_a, **_k: None
+    field = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[-2]  # a validation field
+    img = tifffile.imread(field)[:size, :size]
+    viewer = napari.Viewer(show=True)
+    app = QApplication.instance()
+    viewer.add_image(img, name=field.stem)
+    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", DOCKS[dock])
+    if dock == "automatic":
+        k = next(i for i in range(w.mode_combo.count()) if "everything" in w.mode_combo.itemText(i).lower())
+        w.mode_combo.setCurrentIndex(k)
+    t_open = time.perf_counter()
+    pump(app, lambda: time.perf_counter() - t_open > 3.0)
+    ticks: list[float] = []
+    timer = QTimer()
+    timer.setInterval(10)
+    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    name = f"{field.stem} SAM automatic" if dock == "automatic" else f"{field.stem} U-Net labels"
+    timer.start()
+    t0 = time.perf_counter()
+    QTest.mouseClick(w.run_button, Qt.MouseButton.LeftButton)
+    pump(app, lambda: name in viewer.layers and w.run_button.isEnabled(), 900)
+    t_result = time.perf_counter()
+    pump(app, lambda: time.perf_counter() - t_result > 1.0)  # the first paint of the new layer
+    timer.stop()
+    gaps = np.diff([t0] + ticks)
+    objects = int(viewer.layers[name].data.max())
+    viewer.close()
+    return {"run": t_result - t0, "stall": float(gaps.max()), "p99": float(np.percentile(gaps, 99)),
+            "objects": objects}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--docks", default="automatic,unet", help="comma-separated, of: " + ", ".join(DOCKS))
+    ap.add_argument("--size", type=int, default=256, help="crop of the field, px a side")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(trial(args.child[0], args.child[1], args.size)), flush=True)
+        return
+    docks = [d for d in args.docks.split(",") if d]
+    if not docks or any(d not in DOCKS for d in docks):
+        ap.error(f"--docks: of {', '.join(DOCKS)}")
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    print(f"{cpu_name()} ({cpu_flags()}), {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, "
+          f"{args.size}x{args.size} crop")
+    for dock in docks:
+        rows: dict[str, list[dict]] = {"cold": [], "warm": []}
+        for i in range(args.pairs):
+            for kind in (("cold", "warm") if i % 2 == 0 else ("warm", "cold")):
+                out = subprocess.run([sys.executable, __file__, "--size", str(args.size), "--child", kind, dock],
+                                     env=env, check=True, capture_output=True, text=True).stdout
+                res = json.loads(out.strip().splitlines()[-1])
+                rows[kind].append(res)
+                print(f"{dock} {kind}: run {res['run']:.2f} s, longest stall {res['stall'] * 1000:.0f} ms, "
+                      f"p99 {res['p99'] * 1000:.0f} ms, {res['objects']} objects", flush=True)
+        med = {k: statistics.median(r["stall"] for r in v) for k, v in rows.items()}
+        print(f"{dock}: median longest stall cold {med['cold'] * 1000:.0f} ms, warm {med['warm'] * 1000:.0f} ms, "
+              f"cold / warm {med['cold'] / med['warm']:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
