@@ -228,3 +228,26 @@ def test_each_box_keeps_its_largest_piece_unless_told_otherwise():
     assert (one.labels == 1).sum() == 144 and (both.labels == 1).sum() == 164
     assert (one.labels == 2).sum() == (both.labels == 2).sum() == 16
     assert one.masks[0].mask.sum() == 144
+
+
+def test_route_native_keeps_clicks_on_the_grid_and_reuses_views_made_off_it(monkeypatch):
+    from napari_gpuseg.engine.sam import views as views_mod
+    from napari_gpuseg.engine.sam.views import View, route_native
+
+    shape, size = (256, 512), 256
+    grid = [View(0, 0, 256, 256, size)]  # a grid tile over the left half only
+    made: list = []
+    calls = []
+    real = views_mod.route_box
+    monkeypatch.setattr(views_mod, "route_box", lambda *a, **k: calls.append(list(a[1])) or real(*a, **k))
+    # a click the grid holds: its tile, whatever views were made before
+    made.append(View(0, 60, 256, 256, size))
+    assert route_native(np.array([100.0, 100, 100, 100]), grid, made, shape, size, click=True) == grid[0]
+    assert len(calls) == 1
+    # a click no grid tile holds: a new view centred on it, kept in ``made`` and reused
+    calls.clear()
+    first = route_native(np.array([450.0, 120, 450, 120]), grid, made, shape, size, click=True)
+    assert first not in grid and first in made and first.contains_box(np.array([450.0, 120, 450, 120]), 4.0)
+    assert calls == [grid, made[:1]]  # the grid once, then only the views made before
+    again = route_native(np.array([440.0, 125, 440, 125]), grid, made, shape, size, click=True)
+    assert again == first and len(made) == 2

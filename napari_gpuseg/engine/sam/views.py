@@ -172,7 +172,8 @@ def route_native(extent: np.ndarray, grid: list[View], made: list[View], shape: 
         view = route_box(extent, grid, shape, input_size)
         if view in grid:
             return view
-    view = route_box(extent, grid + made, shape, input_size)
+        # no grid tile holds it (and none covers the whole image): only made views may
+    view = route_box(extent, made if click else grid + made, shape, input_size)
     if view not in made and view not in grid:
         made.append(view)
         del made[:-256]
