@@ -172,7 +172,7 @@ def route_native(extent: np.ndarray, grid: list[View], made: list[View], shape: 
         view = route_box(extent, grid, shape, input_size)
         if view in grid:
             return view
-        # no grid tile holds it (and none covers the whole image): only made views may
+        # no grid tile holds it (none covers the whole image either): the views made before
     view = route_box(extent, made if click else grid + made, shape, input_size)
     if view not in made and view not in grid:
         made.append(view)
