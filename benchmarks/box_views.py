@@ -1,11 +1,12 @@
 """Box mode on full fields: encoder views, boxes/s and F1, per-box routing vs shared views.
 
-    OMP_NUM_THREADS=2 python benchmarks/box_views.py [--fields 8] [--out FILE]
+    OMP_NUM_THREADS=2 python benchmarks/box_views.py [--fields 8] [--models nuclei_sam,lite_medsam] [--out FILE]
 
 The 8 BBBC039 validation fields (the last 8 sorted by name, as in
 ``tests/test_automatic_quality.py``) at full size (520 x 696), ground-truth boxes
-(``boxes_from_labels``, the method's 2 px padding), default SAM model (LiteMedSAM) under the
-device policy. Every field runs once per set-up, each in a fresh process with an empty
+(``boxes_from_labels``, the method's 2 px padding), the SAM models of ``--models`` (default:
+the package's default model, ``nuclei_sam``; the rows in docs/benchmarks.md before
+2026-11-26 used LiteMedSAM, the default then) under the device policy. Every field runs once per set-up, each in a fresh process with an empty
 embedding cache, the set-ups taking turns field by field (A B C A B C ...) so all see the
 same machine load. Time per field: ``segment_boxes`` alone (model loading excluded).
 
@@ -17,7 +18,15 @@ same machine load. Time per field: ``segment_boxes`` alone (model loading exclud
   allocator set-up on;
 * ``after``: the defaults: shared views, native ones cut from one embedding of the whole
   field where that needs fewer encoder passes (``engine/sam/field_map.py``), one piece per mask,
-  allocator set-up on.
+  allocator set-up on;
+* ``after-nomalloc``: the same with glibc's defaults (a script that does not call
+  ``configure_allocator()``).
+
+The allocator set-up is ``configure_allocator()`` at the child's start, as the CLI and the
+workers run it. Importing the package stopped doing it on 2026-11-24, and until 2026-11-26
+this script still relied on the import: the ``on`` set-ups of its rows from those days (the
+5.06x row in docs/benchmarks.md included) ran with glibc's defaults, so they compare the
+routing and the field map only.
 
 Every set-up runs the encoder's default CPU ops (``NAPARI_GPUSEG_CPU_FUSION`` is removed from
 the children's environment).
@@ -41,16 +50,19 @@ DATA = shared_data() / "bbbc039"
 SIZES = ((0, 8), (8, 16), (16, 24), (24, 10**6))  # box sides (px) quality is reported for
 # set-up -> (routing, allocator set-up on "1" / off "0", field map "1" / "0", one piece per mask "1" / "0")
 SETUPS = {"before": ("per-box", "0", "0", "0"), "per-box": ("per-box", "1", "0", "0"),
-          "tiles": ("shared", "1", "0", "1"), "after": ("shared", "1", "1", "1")}
+          "tiles": ("shared", "1", "0", "1"), "after": ("shared", "1", "1", "1"),
+          "after-nomalloc": ("shared", "0", "1", "1")}
 
 
 def fields(n: int) -> list[Path]:
     return sorted((DATA / "images").glob("*.tif"))[-8:][:n]
 
 
-def child(field: str, routing: str, use_field: bool, one_piece: bool) -> dict:
+def child(field: str, routing: str, use_field: bool, one_piece: bool, model: str | None = None) -> dict:
     sys.path.insert(0, str(ROOT))
-    import napari_gpuseg  # noqa: F401  (allocator set-up on import unless NAPARI_GPUSEG_MALLOC=0)
+    from napari_gpuseg.engine.runtime.allocator import configure_allocator
+
+    configure_allocator()  # as the workers and the CLI do on a CPU (a no-op with NAPARI_GPUSEG_MALLOC=0)
     import numpy as np
     import tifffile
 
@@ -59,7 +71,7 @@ def child(field: str, routing: str, use_field: bool, one_piece: bool) -> dict:
     from napari_gpuseg.engine.sam.boxes import segment_boxes
     from napari_gpuseg.engine.sam.loader import load_engine
 
-    engine = load_engine()
+    engine = load_engine(model or None)
     image = tifffile.imread(DATA / "images" / field)
     gt = tifffile.imread(DATA / "masks" / field)
     boxes = boxes_from_labels(gt)
@@ -84,14 +96,14 @@ def child(field: str, routing: str, use_field: bool, one_piece: bool) -> dict:
             "per_box": per_box}
 
 
-def run_child(field: str, setup: str) -> dict:
+def run_child(field: str, setup: str, model: str = "") -> dict:
     routing, malloc, use_field, one_piece = SETUPS[setup]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MALLOC_") and k != "NAPARI_GPUSEG_CPU_FUSION"}
     env["NAPARI_GPUSEG_MALLOC"] = malloc
     load = os.getloadavg()[0]
     out = subprocess.run([sys.executable, __file__, "--child", field, "--routing", routing, "--field", use_field,
-                          "--one-piece", one_piece],
+                          "--one-piece", one_piece] + (["--model", model] if model else []),
                          env=env, capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
@@ -106,19 +118,26 @@ def main() -> None:
     ap.add_argument("--one-piece", default="1")
     ap.add_argument("--fields", type=int, default=8)
     ap.add_argument("--setups", default="before,per-box,tiles,after")
+    ap.add_argument("--models", default="", help="comma-separated SAM model names (default: the default model)")
+    ap.add_argument("--model", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.routing, args.field == "1", args.one_piece == "1")), flush=True)
+        print(json.dumps(child(args.child, args.routing, args.field == "1", args.one_piece == "1", args.model)),
+              flush=True)
         return
-    setups = args.setups.split(",")
-    res: dict = {s: [] for s in setups}
+    models = [m for m in args.models.split(",") if m] or [""]
+    # a set-up per (model, set-up) pair, named "set-up" for one model and "set-up model" for several
+    runs = [(s, m, s if len(models) == 1 else f"{s} {m}") for m in models for s in args.setups.split(",")]
+    setups = [name for _s, _m, name in runs]
+    kind = {name: s for s, _m, name in runs}
+    res: dict = {name: [] for name in setups}
     t_start = time.time()
     for f in fields(args.fields):
-        for s in setups:
-            r = run_child(f.name, s)
-            res[s].append(r)
-            print(f.name, s, json.dumps({k: v for k, v in r.items() if k != "per_box"}), flush=True)
+        for s, m, name in runs:
+            r = run_child(f.name, s, m)
+            res[name].append(r)
+            print(f.name, name, json.dumps({k: v for k, v in r.items() if k != "per_box"}), flush=True)
     lines = [f"date {datetime.date.today()}, {cpu_name()} ({cpu_flags()}), {os.cpu_count()} cores, "
              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, {args.fields} fields, "
              f"set-ups taking turns per field, run took {time.time() - t_start:.0f} s", "",
@@ -131,9 +150,10 @@ def main() -> None:
         tp, fp, fn = (sum(r[k] or 0 for r in rs) for k in ("tp", "fp", "fn"))
         f1 = 2 * tp / max(2 * tp + fp + fn, 1)
         rate = boxes / secs
-        base = base or (rate if s == "before" else None)
-        lines.append(f"| {s} | {SETUPS[s][0]} | {'on' if SETUPS[s][1] == '1' else 'off'} | "
-                     f"{'yes' if SETUPS[s][2] == '1' else 'no'} | {'yes' if SETUPS[s][3] == '1' else 'no'} | {boxes} | "
+        base = base or (rate if kind[s] == "before" else None)
+        su = SETUPS[kind[s]]
+        lines.append(f"| {s} | {su[0]} | {'on' if su[1] == '1' else 'off'} | "
+                     f"{'yes' if su[2] == '1' else 'no'} | {'yes' if su[3] == '1' else 'no'} | {boxes} | "
                      f"{sum(r['views'] for r in rs):.1f} | {secs:.1f} | {rate:.2f} | "
                      f"{rate / base if base else float('nan'):.2f}x | {sum(r['user'] for r in rs):.0f} | "
                      f"{sum(r['sys'] for r in rs):.0f} | {f1:.3f} |")

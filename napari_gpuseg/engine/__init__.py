@@ -48,6 +48,11 @@ Folders, devices, background work:
 - ``InferenceWorker``: one background thread that owns models and runs submitted jobs
   by priority.
 - ``CancelToken``: a thread-safe flag that stops a long operation between steps.
+- ``configure_allocator()``: on Linux with glibc, keep freed memory in the process heap
+  (``mallopt``), as the CLI and the plugin's workers do on a CPU. A script that runs the
+  engine on a CPU calls it once at its start: box mode on a whole 520x696 field ran 1.5x
+  faster with it on a 2-core AVX2 CPU (docs/benchmarks.md). It changes the whole process
+  and cannot be undone, so importing the package never does it.
 
 Every name is imported on first use, so ``import napari_gpuseg.engine`` stays cheap.
 """
@@ -79,6 +84,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "make_policy": (".runtime.device", "make_policy"),
     "InferenceWorker": (".runtime.worker", "InferenceWorker"),
     "CancelToken": (".runtime.cancel", "CancelToken"),
+    "configure_allocator": (".runtime.allocator", "configure_allocator"),
 }
 
 __all__ = sorted(_EXPORTS)
