@@ -79,10 +79,9 @@ def test_visuals_are_built_once_and_a_failing_one_is_skipped(monkeypatch):
     assert _first_layer.build_visuals() == 0.0 and made == []  # once per process
 
 
-@pytest.mark.parametrize("with_image", [False, True])
-def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
-        make_napari_viewer, qtbot, monkeypatch, with_image):
-    require_lite_medsam()
+@pytest.fixture
+def warm_steps(monkeypatch):
+    """The warm-up's four steps replaced by recorders: (calls in order, thread of each)."""
     calls, threads = [], {}
 
     def record(what):
@@ -94,6 +93,14 @@ def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
     monkeypatch.setattr(_first_layer, "import_layer_modules", lambda: record("imports"))
     monkeypatch.setattr(_first_layer, "build_visuals", lambda: record("visuals"))
     monkeypatch.setattr(_first_layer, "collect_garbage", lambda: record("gc"))
+    return calls, threads
+
+
+@pytest.mark.parametrize("with_image", [False, True])
+def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
+        make_napari_viewer, qtbot, warm_steps, with_image):
+    require_lite_medsam()
+    calls, threads = warm_steps
     viewer = make_napari_viewer()
     if with_image:
         viewer.add_image(np.zeros((64, 64), np.uint16), name="there")
@@ -117,20 +124,10 @@ def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
 
 @pytest.mark.parametrize("dock_name", ["SAM automatic", "U-Net predict"])
 def test_docks_that_add_a_labels_layer_at_the_end_warm_up_when_they_open(
-        make_napari_viewer, qtbot, monkeypatch, dock_name):
+        make_napari_viewer, qtbot, warm_steps, dock_name):
     """Without it the first labels layer of a process paid napari's imports and visuals when
     the result came in: the window froze 0.7 s at the end of a run (benchmarks/result_stall.py)."""
-    calls, threads = [], {}
-
-    def record(what):
-        calls.append(what)
-        threads[what] = threading.current_thread()
-        return 0.0
-
-    monkeypatch.setattr(_first_layer, "build_unit_registry", lambda: record("units"))
-    monkeypatch.setattr(_first_layer, "import_layer_modules", lambda: record("imports"))
-    monkeypatch.setattr(_first_layer, "build_visuals", lambda: record("visuals"))
-    monkeypatch.setattr(_first_layer, "collect_garbage", lambda: record("gc"))
+    calls, threads = warm_steps
     viewer = make_napari_viewer()
     viewer.add_image(np.zeros((64, 64), np.uint16), name="there")  # the usual order: image, then dock
     viewer.window.add_plugin_dock_widget("napari-gpuseg", dock_name)
