@@ -1,7 +1,8 @@
 """The window while a run's result arrives: the first-layer warm-up in the docks that add a
-labels layer when they finish (SAM automatic, U-Net predict) against none.
+labels layer when they finish (SAM automatic, U-Net predict) or open a result (Batch folder)
+against none.
 
-    xvfb-run -a python benchmarks/result_stall.py [--pairs 3] [--docks automatic,unet] [--size 256]
+    xvfb-run -a python benchmarks/result_stall.py [--pairs 3] [--docks automatic,unet,batch] [--size 256]
 
 Each trial is a fresh process (napari's one-off work for its first labels layer is paid
 once per process): a real napari window with a BBBC039 validation field (cropped to
@@ -13,6 +14,11 @@ the longest gap between ticks is how long the window froze. ``warm`` is the dock
 (``widgets/_first_layer.py``: layer imports in the dock's worker and vispy's visuals on the
 GUI thread when it opens), ``cold`` replaces the warm-up with a no-op. Trials alternate;
 medians and the ratio cold / warm are printed.
+
+``batch`` is the folder flow instead: an empty window, Batch folder docked, 3 s of idle, a
+folder of two crops run with the ``threshold`` method, then the first result opened as a
+double-click on its row does it (the image and its labels: the first layers of the process);
+the timer runs from the double-click until both are on screen.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ sys.path.insert(0, str(HERE))
 from _machine import cpu_flags, cpu_name  # noqa: E402  (benchmarks/, the script's folder)
 
 DATA = Path(os.environ.get("NAPARI_GPUSEG_SHARED_DATA", HERE.parents[1] / "shared" / "data"))
-DOCKS = {"automatic": "SAM automatic", "unet": "U-Net predict"}
+DOCKS = {"automatic": "SAM automatic", "unet": "U-Net predict", "batch": "Batch folder"}
 
 
 def trial(kind: str, dock: str, size: int) -> dict:
@@ -44,6 +50,8 @@ def trial(kind: str, dock: str, size: int) -> dict:
 
     from _viewer import pump
 
+    if dock == "batch":
+        return batch_trial(kind, size)
     if kind == "cold":
         from napari_gpuseg.widgets import sam_automatic, unet_predict
 
@@ -73,6 +81,55 @@ def trial(kind: str, dock: str, size: int) -> dict:
     timer.stop()
     gaps = np.diff([t0] + ticks)
     objects = int(viewer.layers[name].data.max())
+    viewer.close()
+    return {"run": t_result - t0, "stall": float(gaps.max()), "p99": float(np.percentile(gaps, 99)),
+            "objects": objects}
+
+
+def batch_trial(kind: str, size: int) -> dict:
+    """One process: an empty window, Batch folder run on two crops, the first result opened."""
+    import tempfile
+
+    import napari
+    import numpy as np
+    import tifffile
+    from qtpy.QtCore import QTimer
+    from qtpy.QtWidgets import QApplication
+
+    from _viewer import pump
+
+    if kind == "cold":
+        from napari_gpuseg.widgets import batch_folder
+
+        batch_folder.warm_up = lambda *_a, **_k: None
+    fields = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[-2:]  # validation fields
+    tmp = Path(tempfile.mkdtemp(prefix="result_stall_"))
+    (tmp / "in").mkdir()
+    for f in fields:
+        tifffile.imwrite(tmp / "in" / f.name, tifffile.imread(f)[:size, :size])
+    viewer = napari.Viewer(show=True)
+    app = QApplication.instance()
+    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", DOCKS["batch"])
+    w.in_dir.setText(str(tmp / "in"))
+    w.out_dir.setText(str(tmp / "out"))
+    w.method.setCurrentText("threshold")
+    t_open = time.perf_counter()
+    pump(app, lambda: time.perf_counter() - t_open > 3.0)
+    w.start()
+    pump(app, lambda: not w.running and w.table.rowCount() == len(fields), 300)
+    ticks: list[float] = []
+    timer = QTimer()
+    timer.setInterval(10)
+    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    timer.start()
+    t0 = time.perf_counter()
+    QTimer.singleShot(0, lambda: w.table.cellDoubleClicked.emit(0, 0))
+    pump(app, lambda: len(viewer.layers) == 2, 300)
+    t_result = time.perf_counter()
+    pump(app, lambda: time.perf_counter() - t_result > 1.0)  # the first paint of the new layers
+    timer.stop()
+    gaps = np.diff([t0] + ticks)
+    objects = int(viewer.layers[-1].data.max())
     viewer.close()
     return {"run": t_result - t0, "stall": float(gaps.max()), "p99": float(np.percentile(gaps, 99)),
             "objects": objects}

@@ -122,7 +122,7 @@ def test_the_dock_warms_up_in_its_worker_and_builds_units_only_before_any_layer(
         assert threads["units"] is threading.main_thread()
 
 
-@pytest.mark.parametrize("dock_name", ["SAM automatic", "U-Net predict"])
+@pytest.mark.parametrize("dock_name", ["SAM automatic", "U-Net predict", "Batch folder"])
 def test_docks_that_add_a_labels_layer_at_the_end_warm_up_when_they_open(
         make_napari_viewer, qtbot, warm_steps, dock_name):
     """Without it the first labels layer of a process paid napari's imports and visuals when

@@ -9,7 +9,9 @@ then. The docks that add a labels layer when a run ends (SAM automatic, U-Net pr
 call it as they open too: otherwise the first labels layer of a process paid the same
 imports (pandas, scikit-image's colour module) and visuals when the result came in: the
 window froze 0.70 s (median) at the end of a segment-everything run, 0.22 s with the
-warm-up (EPYC Zen 3, 2 cores, llvmpipe; ``benchmarks/result_stall.py``):
+warm-up (EPYC Zen 3, 2 cores, llvmpipe; ``benchmarks/result_stall.py``). Batch folder calls
+it too: opening its first result (an image and its labels, often the process's first
+layers) froze the window 1.15 s, 0.47 s with the warm-up (``--docks batch``, same machine):
 
 * :func:`import_layer_modules` runs in the dock's worker thread. A concurrent import of
   the same module on the GUI thread waits for Python's per-module import lock; it never

@@ -31,6 +31,7 @@ from ..engine.jobs.dask_runner import run_folder_on_cluster
 from ._bridge import relay
 from ._choices import take_unet_models
 from ._dock import DockWidget, auto_spin
+from ._first_layer import warm_up
 
 COLUMNS = ("file", "objects", "time (s)", "status", "error")
 RUN_ON = ("this computer", "Dask cluster")
@@ -78,6 +79,8 @@ class BatchFolderWidget(DockWidget):
         self.timer = QTimer(self)
         self.timer.setInterval(500)
         self.timer.timeout.connect(self._refresh_memory)
+        if self.viewer is not None:
+            warm_up(self)  # napari's one-off work for the first layers, before a result is opened
 
     def _build_form(self) -> QFormLayout:
         """The folders, method and knobs."""
