@@ -42,9 +42,8 @@ DOCKS = {"automatic": "SAM automatic", "unet": "U-Net predict", "batch": "Batch 
 def trial(kind: str, dock: str, size: int) -> dict:
     """One process: image open, dock opened, then one run timed (runs in a child)."""
     import napari
-    import numpy as np
     import tifffile
-    from qtpy.QtCore import Qt, QTimer
+    from qtpy.QtCore import Qt
     from qtpy.QtTest import QTest
     from qtpy.QtWidgets import QApplication
 
@@ -67,23 +66,36 @@ def trial(kind: str, dock: str, size: int) -> dict:
         w.mode_combo.setCurrentIndex(k)
     t_open = time.perf_counter()
     pump(app, lambda: time.perf_counter() - t_open > 3.0)
+    name = f"{field.stem} SAM automatic" if dock == "automatic" else f"{field.stem} U-Net labels"
+    res = watch(app, lambda: QTest.mouseClick(w.run_button, Qt.MouseButton.LeftButton),
+                lambda: name in viewer.layers and w.run_button.isEnabled())
+    res["objects"] = int(viewer.layers[name].data.max())
+    viewer.close()
+    return res
+
+
+def watch(app, act, done) -> dict:
+    """``act()``, then the event loop until ``done()`` and 1 s more (the first paint of the new
+    layers), a 10 ms ``QTimer`` ticking on the GUI thread throughout: the seconds to ``done``
+    (``run``) and the longest and 99th-percentile gaps between ticks."""
+    import numpy as np
+    from qtpy.QtCore import QTimer
+
+    from _viewer import pump
+
     ticks: list[float] = []
     timer = QTimer()
     timer.setInterval(10)
     timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
-    name = f"{field.stem} SAM automatic" if dock == "automatic" else f"{field.stem} U-Net labels"
     timer.start()
     t0 = time.perf_counter()
-    QTest.mouseClick(w.run_button, Qt.MouseButton.LeftButton)
-    pump(app, lambda: name in viewer.layers and w.run_button.isEnabled(), 900)
+    act()
+    pump(app, done, 900)
     t_result = time.perf_counter()
-    pump(app, lambda: time.perf_counter() - t_result > 1.0)  # the first paint of the new layer
+    pump(app, lambda: time.perf_counter() - t_result > 1.0)
     timer.stop()
     gaps = np.diff([t0] + ticks)
-    objects = int(viewer.layers[name].data.max())
-    viewer.close()
-    return {"run": t_result - t0, "stall": float(gaps.max()), "p99": float(np.percentile(gaps, 99)),
-            "objects": objects}
+    return {"run": t_result - t0, "stall": float(gaps.max()), "p99": float(np.percentile(gaps, 99))}
 
 
 def batch_trial(kind: str, size: int) -> dict:
@@ -91,7 +103,6 @@ def batch_trial(kind: str, size: int) -> dict:
     import tempfile
 
     import napari
-    import numpy as np
     import tifffile
     from qtpy.QtCore import QTimer
     from qtpy.QtWidgets import QApplication
@@ -103,36 +114,25 @@ def batch_trial(kind: str, size: int) -> dict:
 
         batch_folder.warm_up = lambda *_a, **_k: None
     fields = sorted((DATA / "bbbc039" / "images").glob("*.tif"))[-2:]  # validation fields
-    tmp = Path(tempfile.mkdtemp(prefix="result_stall_"))
-    (tmp / "in").mkdir()
-    for f in fields:
-        tifffile.imwrite(tmp / "in" / f.name, tifffile.imread(f)[:size, :size])
-    viewer = napari.Viewer(show=True)
-    app = QApplication.instance()
-    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", DOCKS["batch"])
-    w.in_dir.setText(str(tmp / "in"))
-    w.out_dir.setText(str(tmp / "out"))
-    w.method.setCurrentText("threshold")
-    t_open = time.perf_counter()
-    pump(app, lambda: time.perf_counter() - t_open > 3.0)
-    w.start()
-    pump(app, lambda: not w.running and w.table.rowCount() == len(fields), 300)
-    ticks: list[float] = []
-    timer = QTimer()
-    timer.setInterval(10)
-    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
-    timer.start()
-    t0 = time.perf_counter()
-    QTimer.singleShot(0, lambda: w.table.cellDoubleClicked.emit(0, 0))
-    pump(app, lambda: len(viewer.layers) == 2, 300)
-    t_result = time.perf_counter()
-    pump(app, lambda: time.perf_counter() - t_result > 1.0)  # the first paint of the new layers
-    timer.stop()
-    gaps = np.diff([t0] + ticks)
-    objects = int(viewer.layers[-1].data.max())
-    viewer.close()
-    return {"run": t_result - t0, "stall": float(gaps.max()), "p99": float(np.percentile(gaps, 99)),
-            "objects": objects}
+    with tempfile.TemporaryDirectory(prefix="result_stall_") as tmp:
+        (Path(tmp) / "in").mkdir()
+        for f in fields:
+            tifffile.imwrite(Path(tmp) / "in" / f.name, tifffile.imread(f)[:size, :size])
+        viewer = napari.Viewer(show=True)
+        app = QApplication.instance()
+        _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", DOCKS["batch"])
+        w.in_dir.setText(str(Path(tmp) / "in"))
+        w.out_dir.setText(str(Path(tmp) / "out"))
+        w.method.setCurrentText("threshold")
+        t_open = time.perf_counter()
+        pump(app, lambda: time.perf_counter() - t_open > 3.0)
+        w.start()
+        pump(app, lambda: not w.running and w.table.rowCount() == len(fields), 300)
+        res = watch(app, lambda: QTimer.singleShot(0, lambda: w.table.cellDoubleClicked.emit(0, 0)),
+                    lambda: len(viewer.layers) == 2)
+        res["objects"] = int(viewer.layers[-1].data.max())
+        viewer.close()
+    return res
 
 
 def main() -> None:
