@@ -22,7 +22,9 @@ Per held-out 520x696 BBBC039 field (12 native 256 px tiles), in one run:
 3. *whole field*: the same field embedded through the engine alone (a fresh cache, in the
    same worker thread), right after, so both see the same machine load.
 
-Reported: the ratio first mask / whole field per field and its median (target <= 0.25).
+Reported: the ratio first mask / whole field per field and its median (target <= 0.25), and
+per drop where the dock's following goes: napari's ``add_image``, each of the dock's
+``add_*`` calls, and when the first encoder calls ran (seconds after the drop).
 ``--wait-for-tile alternate`` switches, field by field, the preview's ``Job.defer`` off (the
 box's view is embedded again at a pause point even when the background encoder is computing
 it; the way before) and on (the prompt waits for that view), the same-run baseline for it.
@@ -125,6 +127,28 @@ def main() -> None:
         record(*a)
 
     w._submit_job, w._job_predict, w._show_preview = stamped_submit, stamped_predict, stamped_show
+    # where the dock following a drop goes: napari's add_* calls (GUI thread) and the
+    # encoder calls (worker thread), stamped against the drop
+    adds: list[tuple[str, float]] = []
+    for meth in ("add_points", "add_shapes", "add_labels"):
+        def timed_add(*a, _orig=getattr(viewer, meth), _name=meth, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _orig(*a, **kw)
+            finally:
+                adds.append((_name, time.perf_counter() - t0))
+        object.__setattr__(viewer, meth, timed_add)  # napari's viewer model is a pydantic model
+    encodes: list[tuple[float, float]] = []
+    dock_engine = w._engine(w.model_name)
+    plain_encode = dock_engine.encode
+
+    def timed_encode(batch):
+        t0 = time.perf_counter()
+        try:
+            return plain_encode(batch)
+        finally:
+            encodes.append((t0, time.perf_counter()))
+    dock_engine.encode = timed_encode
     PARTS = ("setter", "to pause point", "decode", "to GUI thread", "show + repaint")
 
     def parts(t0):
@@ -147,9 +171,12 @@ def main() -> None:
         viewer.layers.remove_selected()  # software GL draw of a new image here, old code too)
         pump(lambda: not w.worker.busy)
         shown.clear()
+        adds.clear()
+        encodes.clear()
         name = f.stem
         t_add = time.perf_counter()
         viewer.add_image(img, name=name)
+        add_image_s = time.perf_counter() - t_add
         pump(lambda: w.image_layer is not None and w.image_layer.name == name
              and w.box_layer is not None)
         follow_s = time.perf_counter() - t_add
@@ -159,6 +186,8 @@ def main() -> None:
         pump(lambda: "t" in shown)
         first_s = shown["t"] - t_add
         first_split = parts(t_box)  # its view is embedded inside "decode"
+        follow_split = dict(add_image=add_image_s, layers=[(n, d) for n, d in adds],
+                            encodes=[(a - t_add, b - t_add) for a, b in encodes[:2]])
         ready_at_first = w._tiles.get(w._plane_key(), (0, 12))
 
         ticks: list[float] = []
@@ -220,7 +249,7 @@ def main() -> None:
         pump(lambda: job.wait(0))
         whole_s = job.result()
         rows.append(dict(field=f.name, waits=waits, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
-                         ratio=first_s / whole_s, ready=ready_at_first, lat=lat, during=during,
+                         ratio=first_s / whole_s, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
                          p99=np.percentile(gaps, 99) if len(gaps) else float("nan")))
@@ -236,6 +265,11 @@ def main() -> None:
         print("  first mask after the dock followed: " +
               ", ".join(f"{k} {v:.0f} ms" for k, v in zip(PARTS, first_split)) +
               " (its view is embedded inside the decode)", flush=True)
+        fs = r["follow_split"]
+        print(f"  the drop: add_image {fs['add_image'] * 1000:.0f} ms, the dock's layers " +
+              ", ".join(f"{n[4:]} {d * 1000:.0f}" for n, d in fs["layers"]) +
+              f" ms (sum {sum(d for _n, d in fs['layers']) * 1000:.0f}); first encoder calls (s after the drop) " +
+              ", ".join(f"{a:.2f}-{b:.2f}" for a, b in fs["encodes"]), flush=True)
         for kind, g in kinds.items():
             if g:
                 print(f"  probe gaps, {kind}: max {max(g):.0f} ms, p99 {np.percentile(g, 99):.0f} ms "
