@@ -118,3 +118,44 @@ def test_dock_reports_bad_input_folder(make_napari_viewer, qtbot, tmp_path):
     w.start()
     assert not w.running and "input folder not found" in w.status.text()
     assert w.output_folder() == tmp_path / "missing" / "labels"
+
+
+def test_opening_a_result_reads_off_the_gui_thread(make_napari_viewer, qtbot, small_folder, tmp_path, monkeypatch):
+    """A double-clicked result is read in a background thread: the window keeps running while
+    a slow (large) file is read, the layers come once it is in memory, and a result that can
+    no longer be read (deleted since the run) gives a message and no layer."""
+    import threading
+
+    viewer, w = _dock(make_napari_viewer, qtbot)
+    w.in_dir.setText(str(small_folder))
+    w.out_dir.setText(str(tmp_path / "out"))
+    w.method.setCurrentText("threshold")
+    w.start()
+    qtbot.waitUntil(lambda: w.report is not None, timeout=30000)
+    rows = {w.table.item(r, 0).text(): r for r in range(w.table.rowCount())}
+
+    readers = []
+    real_load = batch_folder.gio.load_image
+
+    def slow_load(path):
+        readers.append(threading.current_thread() is threading.main_thread())
+        time.sleep(0.5)  # a large file
+        return real_load(path)
+
+    monkeypatch.setattr(batch_folder.gio, "load_image", slow_load)
+    t0 = time.perf_counter()
+    w.open_row(rows[NAMES[1]])
+    assert time.perf_counter() - t0 < 0.3  # the GUI thread did not wait for the read
+    assert len(viewer.layers) == 0 and "opening" in w.status.text()
+    ticks = []
+    qtbot.waitUntil(lambda: ticks.append(time.perf_counter()) or len(viewer.layers) == 2, timeout=5000)
+    assert readers == [False]  # read in a background thread
+    assert len(ticks) > 5  # the event loop ran while the file was read
+    stem = NAMES[1][:-4]
+    assert [ly.name for ly in viewer.layers] == [stem, f"{stem} labels"]
+    assert f"opened {NAMES[1]}" in w.status.text()
+
+    (small_folder / NAMES[2]).unlink()  # gone since the run
+    w.open_row(rows[NAMES[2]])
+    qtbot.waitUntil(lambda: "cannot open" in w.status.text(), timeout=5000)
+    assert NAMES[2] in w.status.text() and len(viewer.layers) == 2

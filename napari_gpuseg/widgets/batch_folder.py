@@ -342,7 +342,9 @@ class BatchFolderWidget(DockWidget):
         self.memory_label.setText(text)
 
     def open_row(self, row: int) -> None:
-        """Open the image of result ``row`` and its labels in the viewer."""
+        """Open the image of result ``row`` and its labels in the viewer. Both files are read
+        in a background thread (a large image takes seconds to read, and the window would
+        freeze meanwhile); the layers are added on the GUI thread once they are in memory."""
         if self.viewer is None or self._run_dirs is None:
             return
         in_dir, out_dir = self._run_dirs
@@ -352,15 +354,27 @@ class BatchFolderWidget(DockWidget):
             self.status.setText(f"{rel}: {self.table.item(row, 4).text()}")
             return
         labels_path = output_paths(in_dir, out_dir, in_dir / rel)[0]
+        self.status.setText(f"opening {rel}…")
+        threading.Thread(target=self._read_result, args=(rel, in_dir / rel, labels_path),
+                         name="gpuseg-batch-open", daemon=True).start()
+
+    def _read_result(self, rel: str, image_path: Path, labels_path: Path) -> None:
+        """Runs in a background thread: reads one result, then hands it to the GUI thread."""
         try:
-            loaded = gio.load_image(in_dir / rel)
+            loaded = gio.load_image(image_path)
             labels = label_files.read_labels(labels_path)
-        except Exception as exc:  # noqa: BLE001
-            self._fail(f"cannot open {rel}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - shown to the user
+            self._deliver(self._fail, f"cannot open {rel}: {exc}")
+            return
+        self._deliver(self._show_result, rel, loaded, labels)
+
+    def _show_result(self, rel: str, loaded, labels) -> None:
+        if self.viewer is None:
             return
         name = Path(rel).stem
         self.viewer.add_image(loaded.data, name=name, rgb=loaded.rgb)
         self.viewer.add_labels(labels, name=f"{name} labels")
+        self.status.setText(f"opened {rel}")
 
     def open_output_folder(self) -> None:
         folder = self._run_dirs[1] if self._run_dirs else self.output_folder()
