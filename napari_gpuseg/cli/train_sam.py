@@ -96,7 +96,7 @@ def collect_pairs(args) -> list:
     if len(views) == 1:
         views = views * len(args.images)
     if len(views) != len(args.images) or min(views) < 0:
-        raise TrainInputError(f"--views-per-image: give one number >= 0, or one per --images folder")
+        raise TrainInputError("--views-per-image: give one number >= 0, or one per --images folder")
     pairs, per_image = [], []
     for img_dir, lab_dir, lim, nv in zip(args.images, args.labels, limits, views):
         if lim < 0:
