@@ -54,6 +54,8 @@ step() {  # step NAME LIMIT COMMAND...
     step train_sam 120 $py -m napari_gpuseg.cli train-sam --images "$data/bbbc039/images" \
         --labels "$data/bbbc039/masks" --limit 2 --out /tmp/gpuseg_tuned.pt --max-steps 40 \
         --eval-every 20 --device cuda
+    # the same fine-tuning under a capped allocator: real out-of-memory errors, objects halved
+    step finetune_oom 120 $py benchmarks/gpu_finetune_oom.py
     # the iterative-prompting benchmark of both models, as on the CPU
     step clicks 150 $py benchmarks/clicks.py --json "$out/clicks.json"
     # ViT-B encoder throughput vs the official code, masks in bf16/fp16 vs fp32, prompts/s
