@@ -238,10 +238,11 @@ def test_a_tuned_decoder_offers_its_single_mask_output_as_a_fourth_candidate(zoo
     (stock,) = zoomed.predict(zoomed.prepare(img), [Prompt(points=[[107, 115]], labels=[1])], multimask=True)
     assert stock.all_scores.shape == (3,)
     # the module path (used with a mask input) gives the same four candidates as the factored one
-    emb = shipped.embedding(prepared, res.view)
+    dev = shipped.policy.device  # a GPU where there is one
+    emb = shipped.embedding(prepared, res.view).to(dev)  # the cache may keep it in host memory
     with torch.inference_mode():
-        pts = torch.as_tensor(res.view.to_input(np.array([[107.0, 115.0]]))[None], dtype=torch.float32)
-        sparse, dense = shipped.sam.prompt_encoder(points=(pts, torch.ones(1, 1, dtype=torch.int64)),
+        pts = torch.as_tensor(res.view.to_input(np.array([[107.0, 115.0]]))[None], dtype=torch.float32, device=dev)
+        sparse, dense = shipped.sam.prompt_encoder(points=(pts, torch.ones(1, 1, dtype=torch.int64, device=dev)),
                                                    boxes=None, masks=None)
         iou_f, _sel, low_f = decode_sparse(shipped.sam, emb, sparse, "all")
         low_m, iou_m = shipped._decode_module(emb, sparse, dense, "all")

@@ -77,7 +77,7 @@ def test_short_training_learns_clicks_and_the_checkpoint_round_trips(lite, train
     doc = torch.load(out, map_location="cpu", weights_only=True)
     assert doc["base"] == "lite_medsam" and doc["base_sha256"] == registry.MODELS["lite_medsam"].sha256
     assert {k.split(".")[0] for k in doc["state"]} == {"prompt_encoder", "mask_decoder"}
-    reloaded = load_engine(str(out), cache=lite.cache)
+    reloaded = load_engine(str(out), cache=lite.cache, policy=engine.policy)  # the views' device
     assert reloaded.info.encoder == "lite_medsam" and not reloaded.info.box_trained and reloaded.info.decoder_tuned
     for name, p in engine.sam.mask_decoder.state_dict().items():
         q = reloaded.sam.mask_decoder.state_dict()[name]
@@ -278,7 +278,7 @@ def test_a_first_click_trains_the_candidates_the_engine_offers(lite, train_crop,
     engine = load_engine("lite_medsam", cache=lite.cache)
     views = collect_views(engine, [img], [lab])
     gt = np.stack([views[0].labels == o for o in views[0].ids[:4]])
-    emb = views[0].embedding[None].float().expand(len(gt), -1, -1, -1)
+    emb = views[0].embedding[None].to(engine.policy.device, torch.float32).expand(len(gt), -1, -1, -1)
     sam = engine.sam
     for p in sam.mask_decoder.parameters():
         p.requires_grad_(True)
