@@ -159,3 +159,31 @@ def test_opening_a_result_reads_off_the_gui_thread(make_napari_viewer, qtbot, sm
     w.open_row(rows[NAMES[2]])
     qtbot.waitUntil(lambda: "cannot open" in w.status.text(), timeout=5000)
     assert NAMES[2] in w.status.text() and len(viewer.layers) == 2
+
+
+def test_closing_the_viewer_while_a_result_is_read(make_napari_viewer, qtbot, small_folder, tmp_path, monkeypatch):
+    """The window closed while a double-clicked result is still being read: the read ends
+    without an error and nothing is added to the closed viewer."""
+    viewer, w = _dock(make_napari_viewer, qtbot, docked=True)
+    w.in_dir.setText(str(small_folder))
+    w.out_dir.setText(str(tmp_path / "out"))
+    w.method.setCurrentText("threshold")
+    w.start()
+    qtbot.waitUntil(lambda: w.report is not None, timeout=30000)
+    row = [r for r in range(w.table.rowCount()) if w.table.item(r, 0).text() == NAMES[0]][0]
+    done = []
+    real_load = batch_folder.gio.load_image
+
+    def slow_load(path):
+        time.sleep(0.5)
+        try:
+            return real_load(path)
+        finally:
+            done.append(path)
+
+    monkeypatch.setattr(batch_folder.gio, "load_image", slow_load)
+    w.open_row(row)
+    viewer.close()
+    qtbot.waitUntil(lambda: bool(done), timeout=5000)
+    qtbot.wait(300)  # the result is handed to the GUI thread after the read
+    assert len(viewer.layers) == 0

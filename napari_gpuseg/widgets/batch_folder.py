@@ -28,7 +28,7 @@ from ..engine.runtime.cancel import CancelToken
 from ..engine.jobs.methods import available_methods, method_description, parse_options
 from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
 from ..engine.jobs.dask_runner import run_folder_on_cluster
-from ._bridge import relay
+from ._bridge import alive, relay
 from ._choices import take_unet_models
 from ._dock import DockWidget, auto_spin
 from ._first_layer import warm_up
@@ -369,7 +369,7 @@ class BatchFolderWidget(DockWidget):
         self._deliver(self._show_result, rel, loaded, labels)
 
     def _show_result(self, rel: str, loaded, labels) -> None:
-        if self.viewer is None:
+        if self.viewer is None or not alive(self):  # the window was closed during the read
             return
         name = Path(rel).stem
         self.viewer.add_image(loaded.data, name=name, rgb=loaded.rgb)
