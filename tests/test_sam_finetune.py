@@ -1,6 +1,5 @@
 """SAM decoder fine-tuning (engine), its checkpoint, the shipped decoder and train-sam."""
 import hashlib
-import os
 
 import numpy as np
 import pytest
