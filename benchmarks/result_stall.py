@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -151,7 +152,9 @@ def batch_trial(kind: str, size: int, tile: int = 1) -> dict:
         if kind == "gui":  # the way before: the files read on the GUI thread
             from napari_gpuseg.widgets import batch_folder
 
-            batch_folder.threading.Thread = _Inline
+            # only the dock module's name: replacing threading.Thread itself would make every
+            # later thread of the process (napari's, the worker's) run inline too
+            batch_folder.threading = types.SimpleNamespace(Thread=_Inline)
         res = watch(app, lambda: QTimer.singleShot(0, lambda: w.table.cellDoubleClicked.emit(0, 0)),
                     lambda: len(viewer.layers) == 2)
         res["objects"] = int(viewer.layers[-1].data.max())

@@ -120,36 +120,48 @@ def test_dock_reports_bad_input_folder(make_napari_viewer, qtbot, tmp_path):
     assert w.output_folder() == tmp_path / "missing" / "labels"
 
 
+def _finished_threshold_run(make_napari_viewer, qtbot, folder, out, docked=False):
+    """A viewer and the dock after a ``threshold`` run over ``folder``; rows by file name."""
+    viewer, w = _dock(make_napari_viewer, qtbot, docked=docked)
+    w.in_dir.setText(str(folder))
+    w.out_dir.setText(str(out))
+    w.method.setCurrentText("threshold")
+    w.start()
+    qtbot.waitUntil(lambda: w.report is not None, timeout=30000)
+    return viewer, w, {w.table.item(r, 0).text(): r for r in range(w.table.rowCount())}
+
+
+def _slow_reads(monkeypatch, seconds: float, record: list) -> None:
+    """The dock's image reader takes ``seconds`` more (a large file); each read appends
+    (path, read on the main thread) to ``record`` when it ends."""
+    import threading
+
+    real_load = batch_folder.gio.load_image
+
+    def slow_load(path):
+        time.sleep(seconds)
+        try:
+            return real_load(path)
+        finally:
+            record.append((path, threading.current_thread() is threading.main_thread()))
+
+    monkeypatch.setattr(batch_folder.gio, "load_image", slow_load)
+
+
 def test_opening_a_result_reads_off_the_gui_thread(make_napari_viewer, qtbot, small_folder, tmp_path, monkeypatch):
     """A double-clicked result is read in a background thread: the window keeps running while
     a slow (large) file is read, the layers come once it is in memory, and a result that can
     no longer be read (deleted since the run) gives a message and no layer."""
-    import threading
-
-    viewer, w = _dock(make_napari_viewer, qtbot)
-    w.in_dir.setText(str(small_folder))
-    w.out_dir.setText(str(tmp_path / "out"))
-    w.method.setCurrentText("threshold")
-    w.start()
-    qtbot.waitUntil(lambda: w.report is not None, timeout=30000)
-    rows = {w.table.item(r, 0).text(): r for r in range(w.table.rowCount())}
-
-    readers = []
-    real_load = batch_folder.gio.load_image
-
-    def slow_load(path):
-        readers.append(threading.current_thread() is threading.main_thread())
-        time.sleep(0.5)  # a large file
-        return real_load(path)
-
-    monkeypatch.setattr(batch_folder.gio, "load_image", slow_load)
+    viewer, w, rows = _finished_threshold_run(make_napari_viewer, qtbot, small_folder, tmp_path / "out")
+    reads = []
+    _slow_reads(monkeypatch, 0.5, reads)
     t0 = time.perf_counter()
     w.open_row(rows[NAMES[1]])
     assert time.perf_counter() - t0 < 0.3  # the GUI thread did not wait for the read
     assert len(viewer.layers) == 0 and "opening" in w.status.text()
     ticks = []
     qtbot.waitUntil(lambda: ticks.append(time.perf_counter()) or len(viewer.layers) == 2, timeout=5000)
-    assert readers == [False]  # read in a background thread
+    assert [on_main for _p, on_main in reads] == [False]  # read in a background thread
     assert len(ticks) > 5  # the event loop ran while the file was read
     stem = NAMES[1][:-4]
     assert [ly.name for ly in viewer.layers] == [stem, f"{stem} labels"]
@@ -164,25 +176,11 @@ def test_opening_a_result_reads_off_the_gui_thread(make_napari_viewer, qtbot, sm
 def test_closing_the_viewer_while_a_result_is_read(make_napari_viewer, qtbot, small_folder, tmp_path, monkeypatch):
     """The window closed while a double-clicked result is still being read: the read ends
     without an error and nothing is added to the closed viewer."""
-    viewer, w = _dock(make_napari_viewer, qtbot, docked=True)
-    w.in_dir.setText(str(small_folder))
-    w.out_dir.setText(str(tmp_path / "out"))
-    w.method.setCurrentText("threshold")
-    w.start()
-    qtbot.waitUntil(lambda: w.report is not None, timeout=30000)
-    row = [r for r in range(w.table.rowCount()) if w.table.item(r, 0).text() == NAMES[0]][0]
+    viewer, w, rows = _finished_threshold_run(make_napari_viewer, qtbot, small_folder, tmp_path / "out",
+                                              docked=True)
     done = []
-    real_load = batch_folder.gio.load_image
-
-    def slow_load(path):
-        time.sleep(0.5)
-        try:
-            return real_load(path)
-        finally:
-            done.append(path)
-
-    monkeypatch.setattr(batch_folder.gio, "load_image", slow_load)
-    w.open_row(row)
+    _slow_reads(monkeypatch, 0.5, done)
+    w.open_row(rows[NAMES[0]])
     viewer.close()
     qtbot.waitUntil(lambda: bool(done), timeout=5000)
     qtbot.wait(300)  # the result is handed to the GUI thread after the read
