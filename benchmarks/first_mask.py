@@ -28,6 +28,9 @@ per drop where the dock's following goes: napari's ``add_image``, each of the do
 ``--wait-for-tile alternate`` switches, field by field, the preview's ``Job.defer`` off (the
 box's view is embedded again at a pause point even when the background encoder is computing
 it; the way before) and on (the prompt waits for that view), the same-run baseline for it.
+``--rest alternate`` makes, field by field, SAM negative and the labels layer while the dock
+follows the drop (``at-follow``, the way before) or after the first mask, once the prompts
+rest (``later``, as shipped), the same-run baseline for that.
 """
 from __future__ import annotations
 
@@ -72,6 +75,8 @@ def main() -> None:
     ap.add_argument("--hold", choices=("alternate", "on", "off"), default="alternate")
     ap.add_argument("--wait-for-tile", choices=("alternate", "on", "off"), default="on")
     ap.add_argument("--model", default=None, help="SAM model of the dock (default: the dock's default)")
+    ap.add_argument("--rest", choices=("alternate", "later", "at-follow"), default="later",
+                    help="when the dock makes SAM negative and the labels layer")
     args = ap.parse_args()
 
     import napari
@@ -160,10 +165,16 @@ def main() -> None:
             return [i % 2 == 0 for i in range(n)]
         return [args.hold == "on"] * n
     rows = []
-    defer_for = w._defer_for
+    defer_for, set_image_layer = w._defer_for, w.set_image_layer
+
+    def follow_with_rest(layer):
+        set_image_layer(layer)
+        w._make_rest()  # the way before: all five layers while following the drop
     for n_field, f in enumerate(files):
         waits = args.wait_for_tile == "on" or (args.wait_for_tile == "alternate" and n_field % 2 == 1)
         w._defer_for = defer_for if waits else (lambda *_a: None)
+        rest_later = args.rest == "later" or (args.rest == "alternate" and n_field % 2 == 1)
+        w.set_image_layer = set_image_layer if rest_later else follow_with_rest
         img = tifffile.imread(f)
         gt = tifffile.imread(data / "bbbc039" / "masks" / f.name)
         box = central_box(gt)
@@ -248,7 +259,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, waits=waits, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, waits=waits, rest_later=rest_later, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -283,6 +294,14 @@ def main() -> None:
                   f"{statistics.median(r['ratio'] for r in sub):.3f} (per field "
                   + ", ".join(f"{r['ratio']:.3f}" for r in sub) + "); box -> mask median "
                   f"{statistics.median(sum(r['first_split']) for r in sub):.0f} ms")
+    if args.rest == "alternate":
+        for later in (False, True):
+            sub = [r for r in rows if r["rest_later"] == later]
+            print(f"SAM negative and labels {'after the first mask' if later else 'while following'} "
+                  f"({len(sub)} fields): first mask median {statistics.median(r['first'] for r in sub):.2f} s, "
+                  f"dock following median {statistics.median(r['follow'] for r in sub):.2f} s, ratio median "
+                  f"{statistics.median(r['ratio'] for r in sub):.3f} (per field "
+                  + ", ".join(f"{r['ratio']:.3f}" for r in sub) + ")")
     lat_all = [x for r in rows for x in r["lat"]]
     off_all = [x for r in rows for x in r["lat_off"]]
     idle_all = [x for r in rows for x in r["idle"]]

@@ -13,9 +13,9 @@ POSITIVE, NEGATIVE, BOXES, PREVIEW = "SAM positive", "SAM negative", "SAM boxes"
 @dataclass
 class AnnotationLayers:
     pos: Layer
-    neg: Layer
+    neg: Layer | None  # None until :func:`add_rest` (a first prompt does not need it)
     boxes: Shapes
-    labels: Layer
+    labels: Layer | None  # idem
     preview: Layer
 
 
@@ -25,7 +25,36 @@ def spatial_shape(image) -> tuple:
     return tuple(data.shape[:-1] if image.rgb else data.shape)
 
 
-def ensure_layers(viewer, image) -> AnnotationLayers:
+def _shared(viewer, name: str, ndim: int, make: Callable[[], Layer] | None) -> Layer | None:
+    """The layer ``name`` if it fits ``ndim`` (one that does not is removed), else a new
+    one from ``make`` (None: none is made)."""
+    layers = viewer.layers
+    if name in layers and layers[name].ndim != ndim:
+        layers.remove(name)
+    if name not in layers:
+        if make is None:
+            return None
+        make()
+    return layers[name]
+
+
+def _labels_name(layers, image, shape: tuple) -> str:
+    name = f"{image.name} SAM labels"
+    if name in layers and layers[name].data.shape != shape:
+        name = f"{name} {shape}"
+    return name
+
+
+def _place(image) -> dict:
+    ndim = len(spatial_shape(image))
+    return {"scale": image.scale[-ndim:], "translate": image.translate[-ndim:]}
+
+
+def _make_neg(viewer, ndim: int):
+    return lambda: viewer.add_points(ndim=ndim, name=NEGATIVE, face_color="red", size=8)
+
+
+def ensure_layers(viewer, image, rest: bool = True) -> AnnotationLayers:
     """The annotator's layers for ``image``: the shared prompt and preview layers (made
     again only when their dimensionality does not fit; the preview takes a new shape in
     place) and ``<image> SAM labels`` (kept; a differently shaped one of the same name gets
@@ -33,38 +62,64 @@ def ensure_layers(viewer, image) -> AnnotationLayers:
 
     Making a layer is the slow part of following a new image (napari builds its visuals
     and overlays on the GUI thread: 0.2-0.75 s per layer on a 2-core AVX2 CPU), so a layer
-    that can serve the new image is kept rather than made again."""
+    that can serve the new image is kept rather than made again. With ``rest=False`` only
+    what a first prompt needs is made (SAM positive, SAM boxes, SAM preview); SAM negative
+    and the labels layer are taken if they exist and are otherwise left to :func:`add_rest`."""
     shape = spatial_shape(image)
     ndim = len(shape)
     layers = viewer.layers
-    place = {"scale": image.scale[-ndim:], "translate": image.translate[-ndim:]}
-
-    def shared(name: str, make: Callable[[], Layer]) -> Layer:
-        if name in layers and layers[name].ndim != ndim:
-            layers.remove(name)
-        if name not in layers:
-            make()
-        return layers[name]
-
-    pos = shared(POSITIVE, lambda: viewer.add_points(ndim=ndim, name=POSITIVE, face_color="lime", size=8))
-    neg = shared(NEGATIVE, lambda: viewer.add_points(ndim=ndim, name=NEGATIVE, face_color="red", size=8))
-    boxes = shared(BOXES, lambda: viewer.add_shapes(ndim=ndim, name=BOXES, edge_color="yellow",
-                                                     face_color="transparent", edge_width=2))
-    label_name = f"{image.name} SAM labels"
-    if label_name in layers and layers[label_name].data.shape != shape:
-        label_name = f"{label_name} {shape}"
-    if label_name not in layers:
+    place = _place(image)
+    pos = _shared(viewer, POSITIVE, ndim,
+                  lambda: viewer.add_points(ndim=ndim, name=POSITIVE, face_color="lime", size=8))
+    neg = _shared(viewer, NEGATIVE, ndim, _make_neg(viewer, ndim) if rest else None)
+    boxes = _shared(viewer, BOXES, ndim, lambda: viewer.add_shapes(
+        ndim=ndim, name=BOXES, edge_color="yellow", face_color="transparent", edge_width=2))
+    label_name = _labels_name(layers, image, shape)
+    if rest and label_name not in layers:
         viewer.add_labels(np.zeros(shape, np.int32), name=label_name, **place)
-    preview = shared(PREVIEW, lambda: viewer.add_labels(np.zeros(shape, np.uint8), name=PREVIEW,
-                                                         opacity=0.6, **place))
+    labels = layers[label_name] if label_name in layers else None
+    preview = _shared(viewer, PREVIEW, ndim, lambda: viewer.add_labels(
+        np.zeros(shape, np.uint8), name=PREVIEW, opacity=0.6, **place))
     if preview.data.shape != shape:
         preview.data = np.zeros(shape, np.uint8)
     for key, value in place.items():
         if not np.array_equal(getattr(preview, key), value):
             setattr(preview, key, value)
-    ours = (pos, neg, boxes, layers[label_name], preview)
-    raise_above(layers, image, ours)
-    return AnnotationLayers(*ours)
+    lay = AnnotationLayers(pos, neg, boxes, labels, preview)
+    raise_above(layers, image, [ly for ly in (pos, neg, boxes, labels, preview) if ly is not None])
+    return lay
+
+
+def add_rest(viewer, image, lay: AnnotationLayers, neg: bool = True, labels: bool = True) -> AnnotationLayers:
+    """``lay`` with SAM negative (``neg``) and ``<image> SAM labels`` (``labels``) made
+    where a first drop puts them (negative above positive, the labels under the preview),
+    and the layer that was active (the user's tool) active again."""
+    layers = viewer.layers
+    active = layers.selection.active
+    shape = spatial_shape(image)
+    make_neg, make_labels = neg, labels
+    neg, labels = lay.neg, lay.labels
+    if make_neg and (neg is None or neg not in layers):
+        neg = _shared(viewer, NEGATIVE, len(shape), _make_neg(viewer, len(shape)))
+        if lay.pos in layers:
+            _move_to(layers, neg, layers.index(lay.pos) + 1)
+    if make_labels and (labels is None or labels not in layers):
+        name = _labels_name(layers, image, shape)
+        if name not in layers:
+            viewer.add_labels(np.zeros(shape, np.int32), name=name, **_place(image))
+        labels = layers[name]
+        if lay.preview in layers:
+            _move_to(layers, labels, layers.index(lay.preview))
+    if active is not None and active in layers and layers.selection.active is not active:
+        layers.selection.active = active
+    return AnnotationLayers(lay.pos, neg, lay.boxes, labels, lay.preview)
+
+
+def _move_to(layers, layer, dest: int) -> None:
+    """Move ``layer`` so that it lies just under what is at index ``dest`` now."""
+    src = layers.index(layer)
+    if src != dest and src != dest - 1:
+        layers.move(src, dest)
 
 
 def raise_above(layers, image, ours) -> None:
@@ -95,7 +150,7 @@ def remove_on_plane(layer, index: tuple) -> None:
 
 
 def _prompt_layers_present(viewer, lay: AnnotationLayers | None) -> bool:
-    return lay is not None and all(ly.name in viewer.layers for ly in (lay.pos, lay.neg, lay.boxes))
+    return lay is not None and all(ly.name in viewer.layers for ly in (lay.pos, lay.boxes))
 
 
 def select_prompt_tool(viewer, lay: AnnotationLayers | None, boxes_first: bool) -> None:
@@ -107,7 +162,8 @@ def select_prompt_tool(viewer, lay: AnnotationLayers | None, boxes_first: bool) 
     if not _prompt_layers_present(viewer, lay):
         return
     lay.pos.mode = "add"
-    lay.neg.mode = "add"
+    if lay.neg is not None:
+        lay.neg.mode = "add"
     lay.boxes.mode = "add_rectangle"
     viewer.layers.selection.active = lay.boxes if boxes_first else lay.pos
 
@@ -115,7 +171,7 @@ def select_prompt_tool(viewer, lay: AnnotationLayers | None, boxes_first: bool) 
 def toggle_click_sign(viewer, lay: AnnotationLayers | None) -> None:
     """Switch the click tool between SAM positive and SAM negative (``Shift-N``): from
     either points layer to the other, from anything else to SAM negative."""
-    if not _prompt_layers_present(viewer, lay):
+    if not _prompt_layers_present(viewer, lay) or lay.neg is None or lay.neg.name not in viewer.layers:
         return
     active = viewer.layers.selection.active
     target = lay.pos if active is not None and active.name == lay.neg.name else lay.neg

@@ -36,13 +36,15 @@ class CommitActions:
         if self.image_layer is None:
             return
         index = plane_index(self.image_layer, self.viewer)
-        for ly in (self.pos_layer, self.neg_layer, self.box_layer):
+        lay = self._layers
+        for ly in () if lay is None else (lay.pos, lay.neg, lay.boxes):
             remove_on_plane(ly, index)
         self._generation += 1
         self._clear_preview()
 
     def undo(self) -> None:
-        if self.labels_layer is None:
+        if self._layers is None or self._layers.labels is None:  # nothing committed yet
+            self._set_status("nothing to undo")
             return
         ids = self.committer.undo(self.labels_layer.data)
         self.labels_layer.refresh()

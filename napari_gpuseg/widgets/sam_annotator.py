@@ -15,8 +15,9 @@ import time
 
 import numpy as np
 from napari.layers import Image
+from qtpy.QtCore import Qt, QTimer
 from qtpy.QtWidgets import (
-    QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
+    QApplication, QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
 
 from ..engine.sam.annotation import LabelCommitter
@@ -25,7 +26,7 @@ from ..engine.sam.cache import EmbeddingCache
 from ..engine.runtime.worker import BACKGROUND, INTERACTIVE, InferenceWorker, default_worker
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
-from ._annotation_layers import ensure_layers, select_prompt_tool, spatial_shape, toggle_click_sign
+from ._annotation_layers import add_rest, ensure_layers, select_prompt_tool, spatial_shape, toggle_click_sign
 from ._first_layer import warm_up
 from ._prompts import current_prompt, follow_up, plane, plane_index, prompt_focus, view_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
@@ -38,6 +39,14 @@ BACKGROUND_HOLD_S = 0.3
 """At most this long after a preview's decode, background embedding waits for the window
 to show the mask (it is released as soon as the repaint is done)."""
 
+REST_IDLE_MS = 600
+"""Following a new image makes only the layers a first prompt needs (its view embeds with
+less of the GUI thread's work beside it, and the window is free sooner); SAM negative and
+the labels layer come one at a time once the first tile is embedded or the first mask
+shown and the prompts have been left alone this long (making a layer freezes the window
+for a moment: not while the user edits a prompt, a decode runs or a mouse button is
+down), or at once when something needs them (Shift-N, commit, propagate)."""
+
 
 class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
     TITLE = "SAM annotator"
@@ -49,7 +58,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.policy = get_policy()
         self.committer = LabelCommitter()
         self.image_layer: Image | None = None
-        self.pos_layer = self.neg_layer = self.box_layer = self.labels_layer = self.preview_layer = None
+        self.pos_layer = self.box_layer = self.preview_layer = None
         self._layers, self._generation = None, 0  # layers: the AnnotationLayers of the followed image
         self._plane: tuple | None = None  # the plane of the image on display
         self._prepared: dict[tuple, object] = {}  # plane key -> image with every tile embedded
@@ -67,6 +76,9 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.hold_background_s = BACKGROUND_HOLD_S
         self._after_repaint = AfterRepaint(self.worker.release_background, self)
         self._follow = PostedCall(self._follow_active, self)
+        self._rest_timer = QTimer(self)  # SAM negative and the labels layer, after a first prompt
+        self._rest_timer.setSingleShot(True)
+        self._rest_timer.timeout.connect(self._rest_when_idle)
         self._build_ui()
         worker = self.worker
         self.destroyed.connect(lambda *_: (self.redraw.release(), self._cancel_own_jobs(),
@@ -75,7 +87,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.viewer.dims.events.current_step.connect(self._on_step)
         self.viewer.camera.events.center.connect(self._on_camera)
         for key, fn in (("Shift-C", self.commit), ("Shift-X", self.clear_prompts), ("Shift-Z", self.undo),
-                        ("Shift-N", lambda: toggle_click_sign(self.viewer, self._layers))):
+                        ("Shift-N", self._toggle_click_sign)):
             self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
         self._preload_model()
         warm_up(self, self._submit)  # napari's one-off work for its first layers, before the first drop
@@ -199,6 +211,8 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
 
     def _on_tiles(self, key: tuple, done: int, total: int) -> None:
         self._tiles[key] = (done, total)
+        if done and self._image_alive() and key == self._plane_key():
+            self._rest_soon()
         if key == self._plane_key():
             self._on_progress(done, total)
             self._set_status(self._status_text)
@@ -226,23 +240,77 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         # the encoder starts before napari builds the prompt layers (the slow part of
         # following a new image), so the tiles embed while the GUI thread makes them
         self._embed_current()
-        self._ensure_layers()
+        self._ensure_layers(rest=False)  # the others once a first prompt has its mask
         self._clear_preview()
 
     def _spatial_shape(self) -> tuple:
         return spatial_shape(self.image_layer)
 
-    def _ensure_layers(self) -> None:
-        lay = self._layers = ensure_layers(self.viewer, self.image_layer)
-        self.pos_layer, self.neg_layer, self.box_layer = lay.pos, lay.neg, lay.boxes
-        self.labels_layer, self.preview_layer = lay.labels, lay.preview
-        for ly in (self.pos_layer, self.neg_layer, self.box_layer):
+    def _ensure_layers(self, rest: bool = True) -> None:
+        lay = self._layers = ensure_layers(self.viewer, self.image_layer, rest=rest)
+        self.pos_layer, self.box_layer, self.preview_layer = lay.pos, lay.boxes, lay.preview
+        self._connect_prompts(lay)
+        select_prompt_tool(self.viewer, lay, is_box_trained(self.model_name))
+
+    def _connect_prompts(self, lay) -> None:
+        for ly in (lay.pos, lay.neg, lay.boxes):
+            if ly is None:
+                continue
             try:
                 ly.events.data.disconnect(self._on_prompts_changed)
             except (TypeError, ValueError, RuntimeError):  # not connected yet
                 logger.debug("prompt layer %r was not connected yet", ly.name)
             ly.events.data.connect(self._on_prompts_changed)
-        select_prompt_tool(self.viewer, lay, is_box_trained(self.model_name))
+
+    @property
+    def neg_layer(self):
+        """SAM negative (made now if following the image left it for later)."""
+        self._make_rest(labels=False)
+        return None if self._layers is None else self._layers.neg
+
+    @property
+    def labels_layer(self):
+        """``<image> SAM labels`` (made now if following the image left it for later)."""
+        self._make_rest(neg=False)
+        return None if self._layers is None else self._layers.labels
+
+    def _missing(self) -> list[str]:
+        """Which of SAM negative and the labels layer the followed image still lacks."""
+        lay = self._layers
+        if lay is None or not self._image_alive():
+            return []
+        return [k for k in ("neg", "labels")
+                if getattr(lay, k) is None or getattr(lay, k) not in self.viewer.layers]
+
+    def _make_rest(self, neg: bool = True, labels: bool = True) -> None:
+        missing = self._missing()
+        if not (neg and "neg" in missing or labels and "labels" in missing):
+            return
+        self._layers = add_rest(self.viewer, self.image_layer, self._layers, neg=neg, labels=labels)
+        self._connect_prompts(self._layers)
+        if neg:
+            self._layers.neg.mode = "add"
+
+    def _rest_soon(self) -> None:
+        """Make the rest once the prompts are left alone for :data:`REST_IDLE_MS`."""
+        if self._missing() and not self._rest_timer.isActive():
+            self._rest_timer.start(REST_IDLE_MS)
+
+    def _rest_when_idle(self) -> None:
+        """One layer of the rest per call (each is a short freeze of the window, not one
+        long one), never while a prompt decodes or is being drawn."""
+        missing = self._missing()
+        if not missing:
+            return
+        decoding = self._preview_job is not None and not self._preview_job.wait(0)
+        if not decoding and QApplication.mouseButtons() == Qt.MouseButton.NoButton:
+            self._make_rest(neg=missing[0] == "neg", labels=missing[0] == "labels")
+        if self._missing():
+            self._rest_timer.start(REST_IDLE_MS)
+
+    def _toggle_click_sign(self) -> None:
+        self._make_rest(labels=False)
+        toggle_click_sign(self.viewer, self._layers)
 
     # -- embedding --------------------------------------------------------------------
     def _plane_key(self, index=None) -> tuple:
@@ -322,6 +390,8 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
 
     # -- prompts and preview ------------------------------------------------------------
     def _on_prompts_changed(self, event=None) -> None:
+        if self._rest_timer.isActive():
+            self._rest_timer.start(REST_IDLE_MS)  # the user is at work: the rest waits
         action = str(getattr(event, "action", "") or "")
         if action.endswith("ing"):  # "adding"/"changing"/"removing": wait for the final event
             if self.hold_background_s > 0 and self._image_alive():
@@ -334,7 +404,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self._generation += 1
         index = plane_index(self.image_layer, self.viewer)
         try:
-            prompt = current_prompt(self.pos_layer, self.neg_layer, self.box_layer, index)
+            prompt = current_prompt(self.pos_layer, self._layers.neg, self.box_layer, index)
         except ValueError:
             prompt = None
         if prompt is None:
@@ -386,6 +456,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self._set_status(f"preview: {result.area} px, predicted IoU {result.score:.2f}")
         self.redraw.release()
         self._after_repaint.post()  # background embedding goes on once the mask is drawn
+        self._rest_soon()
 
     def _clear_preview(self) -> None:
         self._preview = self._preview_prompt = None
