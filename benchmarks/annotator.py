@@ -116,8 +116,8 @@ def main() -> None:
     shown = {}
     original = w._show_preview
 
-    def record(*a):
-        original(*a)
+    def record(*a, **kw):
+        original(*a, **kw)
         app.processEvents()  # the redraw that makes it visible
         shown["t"] = time.perf_counter()
 

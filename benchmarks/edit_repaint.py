@@ -59,9 +59,9 @@ def main() -> None:
     stamps: dict[str, float] = {}
     show, submit = w._show_preview, w._submit_job
 
-    def timed_show(*a):
+    def timed_show(*a, **kw):
         stamps["gui"] = time.perf_counter()
-        show(*a)
+        show(*a, **kw)
         stamps["shown"] = time.perf_counter()
         app.processEvents()  # the repaint that makes it visible
         stamps["painted"] = time.perf_counter()

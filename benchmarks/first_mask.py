@@ -30,7 +30,11 @@ box's view is embedded again at a pause point even when the background encoder i
 it; the way before) and on (the prompt waits for that view), the same-run baseline for it.
 ``--rest alternate`` makes, field by field, SAM negative and the labels layer while the dock
 follows the drop (``at-follow``, the way before) or after the first mask, once the prompts
-rest (``later``, as shipped), the same-run baseline for that.
+rest (``later``, as shipped), the same-run baseline for that. ``--prompt click`` measures
+a first click instead of a box (at the object's most interior pixel, in SAM positive; a
+first click is decoded in its native tile and in a 1.5x finer one, so it needs two views),
+its edits moving the click by a few pixels; ``--first-look alternate`` then shows, field
+by field, the click's native-tile mask first (as shipped) or only the mask of both scales.
 """
 from __future__ import annotations
 
@@ -61,6 +65,18 @@ def central_box(gt: np.ndarray) -> np.ndarray:
     return np.array([c0 - 3, r0 - 3, c1 + 3, r1 + 3], float)
 
 
+def interior_point(gt: np.ndarray, box: np.ndarray) -> np.ndarray:
+    """(row, col) of the most interior pixel of the object ``box`` was drawn around."""
+    from scipy import ndimage
+
+    x0, y0, x1, y1 = (int(v) + d for v, d in zip(box, (3, 3, -3, -3)))
+    crop = gt[y0:y1 + 1, x0:x1 + 1]
+    ids, counts = np.unique(crop[crop > 0], return_counts=True)
+    inside = ndimage.distance_transform_edt(np.pad(crop == ids[np.argmax(counts)], 1))[1:-1, 1:-1]
+    r, c = np.unravel_index(np.argmax(inside), inside.shape)
+    return np.array([y0 + r, x0 + c], float)
+
+
 def corners(box: np.ndarray) -> np.ndarray:
     x0, y0, x1, y1 = box
     return np.array([[y0, x0], [y0, x1], [y1, x1], [y1, x0]], float)
@@ -75,6 +91,8 @@ def main() -> None:
     ap.add_argument("--hold", choices=("alternate", "on", "off"), default="alternate")
     ap.add_argument("--wait-for-tile", choices=("alternate", "on", "off"), default="on")
     ap.add_argument("--model", default=None, help="SAM model of the dock (default: the dock's default)")
+    ap.add_argument("--prompt", choices=("box", "click"), default="box")
+    ap.add_argument("--first-look", choices=("alternate", "on", "off"), default="on")
     ap.add_argument("--rest", choices=("alternate", "later", "at-follow"), default="later",
                     help="when the dock makes SAM negative and the labels layer")
     args = ap.parse_args()
@@ -105,10 +123,12 @@ def main() -> None:
     shown = {}
     original = w._show_preview
 
-    def record(*a):
-        original(*a)
+    def record(*a, **kw):
+        original(*a, **kw)
         app.processEvents()  # the repaint that makes it visible
-        shown["t"] = time.perf_counter()
+        shown.setdefault("t", time.perf_counter())  # the first mask seen (a first look, for a click)
+        if kw.get("final", True):
+            shown["final"] = time.perf_counter()
 
     w._show_preview = record
     # where an edit's time goes (perf_counter stamps; the decode runs in the worker thread)
@@ -127,9 +147,9 @@ def main() -> None:
         finally:
             stamps["end"] = time.perf_counter()
 
-    def stamped_show(*a):
-        stamps["gui"] = time.perf_counter()
-        record(*a)
+    def stamped_show(*a, **kw):
+        stamps.setdefault("gui", time.perf_counter())
+        record(*a, **kw)
 
     w._submit_job, w._job_predict, w._show_preview = stamped_submit, stamped_predict, stamped_show
     # where the dock following a drop goes: napari's add_* calls (GUI thread) and the
@@ -165,7 +185,7 @@ def main() -> None:
             return [i % 2 == 0 for i in range(n)]
         return [args.hold == "on"] * n
     rows = []
-    defer_for, set_image_layer = w._defer_for, w.set_image_layer
+    defer_for, set_image_layer, first_look = w._defer_for, w.set_image_layer, w._job_first_look
 
     def follow_with_rest(layer):
         set_image_layer(layer)
@@ -175,9 +195,18 @@ def main() -> None:
         w._defer_for = defer_for if waits else (lambda *_a: None)
         rest_later = args.rest == "later" or (args.rest == "alternate" and n_field % 2 == 1)
         w.set_image_layer = set_image_layer if rest_later else follow_with_rest
+        look = args.first_look == "on" or (args.first_look == "alternate" and n_field % 2 == 1)
+        w._job_first_look = first_look if look else (lambda *_a, **_kw: None)
         img = tifffile.imread(f)
         gt = tifffile.imread(data / "bbbc039" / "masks" / f.name)
         box = central_box(gt)
+        point = interior_point(gt, box)
+
+        def draw(shift=np.zeros(4)):
+            if args.prompt == "box":
+                w.box_layer.data = [corners(box + shift)]
+            else:
+                w.pos_layer.data = (point + shift[:2])[None]
         viewer.layers.select_all()  # as a user would (``layers.clear()`` crashed vispy's
         viewer.layers.remove_selected()  # software GL draw of a new image here, old code too)
         pump(lambda: not w.worker.busy)
@@ -193,9 +222,10 @@ def main() -> None:
         follow_s = time.perf_counter() - t_add
         stamps.clear()
         t_box = time.perf_counter()
-        w.box_layer.data = [corners(box)]  # drawn at once
-        pump(lambda: "t" in shown)
+        draw()  # drawn at once
+        pump(lambda: "final" in shown)
         first_s = shown["t"] - t_add
+        final_s = shown["final"] - t_add
         first_split = parts(t_box)  # its view is embedded inside "decode"
         follow_split = dict(add_image=add_image_s, layers=[(n, d) for n, d in adds],
                             encodes=[(a - t_add, b - t_add) for a, b in encodes[:2]])
@@ -213,13 +243,13 @@ def main() -> None:
             if w._plane_key() in w._prepared:
                 break  # every tile is ready: later edits would not be "during"
             w.hold_background_s = BACKGROUND_HOLD_S if held else 0.0
-            moved = box + rng.integers(-3, 4, 4)
+            shift = rng.integers(-3, 4, 4)
             shown.clear()
             stamps.clear()
             t0 = time.perf_counter()
             edit_t.append((t0, held))
-            w.box_layer.data = [corners(moved)]
-            pump(lambda: "t" in shown)
+            draw(shift)
+            pump(lambda: "final" in shown)
             (lat if held else lat_off).append((shown["t"] - t0) * 1000)
             split[held].append(parts(t0))
             views.add(w._preview[3].view)
@@ -239,12 +269,12 @@ def main() -> None:
         # baseline in the same run: the same kind of edits with the worker idle
         idle = []
         for _ in range(len(lat) + len(lat_off)):
-            moved = box + rng.integers(-3, 4, 4)
+            shift = rng.integers(-3, 4, 4)
             shown.clear()
             stamps.clear()
             t0 = time.perf_counter()
-            w.box_layer.data = [corners(moved)]
-            pump(lambda: "t" in shown)
+            draw(shift)
+            pump(lambda: "final" in shown)
             idle.append((shown["t"] - t0) * 1000)
             split["idle"].append(parts(t0))
 
@@ -259,7 +289,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, waits=waits, rest_later=rest_later, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, look=look, waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -294,6 +324,14 @@ def main() -> None:
                   f"{statistics.median(r['ratio'] for r in sub):.3f} (per field "
                   + ", ".join(f"{r['ratio']:.3f}" for r in sub) + "); box -> mask median "
                   f"{statistics.median(sum(r['first_split']) for r in sub):.0f} ms")
+    if args.first_look == "alternate":
+        for look in (False, True):
+            sub = [r for r in rows if r["look"] == look]
+            print(f"first look {'on' if look else 'off'} ({len(sub)} fields): first mask median "
+                  f"{statistics.median(r['first'] for r in sub):.2f} s (ratio "
+                  f"{statistics.median(r['ratio'] for r in sub):.3f}; per field "
+                  + ", ".join(f"{r['ratio']:.3f}" for r in sub) + "), both scales median "
+                  f"{statistics.median(r['final'] for r in sub):.2f} s")
     if args.rest == "alternate":
         for later in (False, True):
             sub = [r for r in rows if r["rest_later"] == later]
@@ -311,6 +349,10 @@ def main() -> None:
     print(f"first mask / whole-field embedding: median ratio "
           f"{statistics.median(r['ratio'] for r in rows):.3f} over {len(rows)} fields "
           f"(per field {per_field}; target <= 0.25)")
+    if args.prompt == "click":
+        print(f"a first click's mask from both scales (after its native tile's first look): median "
+              f"{statistics.median(r['final'] for r in rows):.2f} s, ratio median "
+              f"{statistics.median(r['final'] / r['whole'] for r in rows):.3f}")
     print(f"first mask median {statistics.median(r['first'] for r in rows):.2f} s; whole field "
           f"median {statistics.median(r['whole'] for r in rows):.2f} s; all tiles in the dock "
           f"median {statistics.median(r['tiles'] for r in rows):.2f} s")

@@ -100,8 +100,8 @@ def main() -> None:
     shown = {}
     show = w._show_preview
 
-    def record(*a):
-        show(*a)
+    def record(*a, **kw):
+        show(*a, **kw)
         app.processEvents()
         shown["t"] = time.perf_counter()
 

@@ -213,6 +213,44 @@ def test_clicks_with_the_default_model_find_the_nucleus_and_refine(make_napari_v
     assert np.mean(scores) >= 0.8, scores
 
 
+def test_a_first_click_after_a_drop_shows_its_native_tile_mask_first(make_napari_viewer, qtbot, shared_data):
+    """Right after a drop the finer click view a first click is also decoded in is not
+    embedded (a whole field's 12 native tiles come first): the dock shows the mask of the
+    click's native tile as soon as that tile is ready, then the mask of both scales, the
+    same as the engine gives for the click."""
+    from napari_gpuseg.engine.sam.interaction import interior_point
+    from napari_gpuseg.engine.sam.prompt_types import Prompt
+
+    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[17]
+    img = tifffile.imread(f)
+    gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)
+    viewer = make_napari_viewer()
+    w = open_dock(viewer)
+    shown = []
+    show = w._show_preview
+
+    def record(layer, index, gen, result, prompt=None, final=True):
+        show(layer, index, gen, result, prompt, final=final)
+        shown.append((final, result, w.status.text()))
+
+    w._show_preview = record
+    viewer.add_image(img, name="nuclei")
+    qtbot.waitUntil(lambda: w.image_layer is not None and w.pos_layer is not None, timeout=WAIT)
+    oid = gt[gt.shape[0] // 2 - 60:gt.shape[0] // 2 + 60, gt.shape[1] // 2 - 60:gt.shape[1] // 2 + 60].max()
+    x, y = interior_point(gt == oid)
+    w.pos_layer.add([[y, x]])
+    qtbot.waitUntil(lambda: any(final for final, _r, _t in shown), timeout=WAIT)
+    assert [final for final, _r, _t in shown] == [False, True]
+    assert "native tile" in shown[0][2] and "native tile" not in shown[1][2]
+    assert w._preview[3] is shown[1][1]
+    engine = w._engine(w.model_name)
+    click = Prompt(points=np.array([[x, y]], float), labels=np.array([1]))
+    job = w.worker.submit(lambda: engine.predict(np.array(img), [click], multimask=True)[0])
+    qtbot.waitUntil(lambda: job.wait(0), timeout=WAIT)
+    np.testing.assert_array_equal(job.result().full(gt.shape), shown[1][1].full(gt.shape))
+    assert iou(shown[0][1].full(gt.shape), gt == oid) > 0.6
+
+
 def test_points_give_a_preview_and_negative_points_count(make_napari_viewer, qtbot, crop):
     img, gt = crop
     viewer = make_napari_viewer()

@@ -149,14 +149,14 @@ def test_tiles_wait_while_the_preview_is_drawn(make_napari_viewer, qtbot, strip)
     at_show = []
     real_show = w._show_preview
 
-    def show(*args):
+    def show(*args, **kw):
         tiles = w._embed_job
         for _ in range(6000):  # the worker holds the tiles (or fails the test)
             if ("held", tiles.id) in [(ev, i) for ev, i, _t in list(w.worker.log)]:
                 break
             threading.Event().wait(0.01)
         at_show.append((tiles, list(w.worker.log), w.worker.holding))
-        real_show(*args)
+        real_show(*args, **kw)
 
     w._show_preview = show
     img, gt = img[:, :256], gt[:, :256]  # one grid tile (and its click views) is enough here

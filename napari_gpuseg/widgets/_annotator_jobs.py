@@ -82,6 +82,16 @@ class AnnotatorJobs:
         # a box holds its object: the mask is computed near the box (as box mode does)
         return engine.predict(image, prompts, multimask=multimask, cancel=cancel, near_box=True)
 
+    def _job_first_look(self, model: str, image, prompt, cancel=None):
+        """A first click's mask from its native tile alone while the finer click view it is
+        also decoded in is not embedded yet (right after a drop: one view to wait for, not
+        two); None when that view is ready (the full decode is as quick then)."""
+        engine = self._engine(model)
+        image = engine.prepare(image)
+        if engine.click_zoom <= 1 or engine.is_embedded(image, [engine.route(image, prompt)]):
+            return None
+        return engine.predict(image, [prompt], multimask=True, cancel=cancel, zoom=False)[0]
+
     def _job_boxes(self, model: str, image, boxes, cancel=None):
         return self._engine(model).predict_boxes(image, boxes, cancel=cancel)
 

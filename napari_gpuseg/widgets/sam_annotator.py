@@ -417,9 +417,18 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self._focus, self._focus_on_view = prompt_focus(prompt), False  # its tiles come next
         gen, layer = self._generation, self.image_layer
         prompt, multimask = self._follow_up(prompt, index)
+        first_click = multimask and prompt.box is None and prompt.mask_input is None
+        if first_click:  # its native tile's mask first, while the finer click view embeds
+            self._submit(
+                self._job_first_look, self.model_name, image, prompt, tag="preview", replace=True,
+                priority=INTERACTIVE, hold_after=self.hold_background_s,
+                defer=self._defer_for(self.model_name, image, prompt),
+                on_result=lambda res: res is not None and self._show_preview(layer, index, gen, res, prompt,
+                                                                             final=False),
+                on_error=self._on_preview_error)
         self._preview_job = self._submit(
             self._job_predict, self.model_name, image, [prompt], multimask,
-            tag="preview", replace=True, priority=INTERACTIVE, hold_after=self.hold_background_s,
+            tag="preview", replace=not first_click, priority=INTERACTIVE, hold_after=self.hold_background_s,
             defer=self._defer_for(self.model_name, image, prompt),
             on_result=lambda res: self._show_preview(layer, index, gen, res[0], prompt),
             on_error=self._on_preview_error)
@@ -442,9 +451,11 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         one_click = prompt.box is None and prompt.points is not None and len(prompt.points) == 1
         return prompt, one_click and self.multimask.isChecked()
 
-    def _show_preview(self, layer, index, generation, result, prompt=None) -> None:
+    def _show_preview(self, layer, index, generation, result, prompt=None, final: bool = True) -> None:
         if layer is not self.image_layer or generation != self._generation:
             return  # stale: the image, slice or prompts changed since
+        if not final and self._preview is not None and self._preview[2] == generation:
+            return  # a first look after the full decode: never replaces it
         self._preview = (layer, index, generation, result)
         self._preview_prompt = prompt
         data = self.preview_layer.data
@@ -453,7 +464,8 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
             data[...] = 0
         target[...] = result.full(target.shape)
         self.preview_layer.refresh()
-        self._set_status(f"preview: {result.area} px, predicted IoU {result.score:.2f}")
+        self._set_status(f"preview: {result.area} px, predicted IoU {result.score:.2f}"
+                         + ("" if final else " (native tile; the finer view is coming)"))
         self.redraw.release()
         self._after_repaint.post()  # background embedding goes on once the mask is drawn
         self._rest_soon()

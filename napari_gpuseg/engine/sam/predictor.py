@@ -271,7 +271,7 @@ class SamEngine:
 
     def predict(self, image: np.ndarray | PreparedImage, prompts: Sequence[Prompt],
                 multimask: bool = False, cancel: CancelToken | None = None,
-                near_box: bool = False) -> list[MaskResult]:
+                near_box: bool = False, zoom: bool = True) -> list[MaskResult]:
         """Masks for ``prompts``; prompts sharing a view and a shape go in one decoder call.
 
         ``multimask=True`` asks for the candidates (:attr:`candidates`: SAM's three, and
@@ -282,14 +282,15 @@ class SamEngine:
         a mask reaching further is cut there. The same numbers inside; the decoder's mask
         upscaling, its largest per-pixel part, runs on that region alone. The result's
         low-res logits then hold ``fast_decoder.ROI_FILL`` outside the region, so do not
-        feed them back as a mask input.
+        feed them back as a mask input. ``zoom=False`` decodes every prompt in a native view
+        only (no click views: a first look at a first click before its click view is embedded).
         """
         image = self.prepare(image)
         for p in prompts:
             p.check_inside(image.shape)
         given = list(prompts)
-        prompts = [self._into_click_view(image, p) for p in given]
-        routed = [self.route(image, p) for p in prompts]
+        prompts = [self._into_click_view(image, p) if zoom else p for p in given]
+        routed = [self.route(image, p, zoom=zoom) for p in prompts]
         results = self._decode_routed(image, prompts, routed, multimask, cancel, near_box)
         # a corrective click carried into a click view whose mask reaches a cut edge of it
         # (the object may go on outside) is decoded again in its mask input's own view
