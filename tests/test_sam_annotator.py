@@ -393,6 +393,13 @@ def test_following_a_drop_makes_the_layers_a_first_prompt_needs_then_the_rest(ma
     assert w.neg_layer.mode == "add"
     ids_committed = w.commit()
     assert iou(w.labels_layer.data == ids_committed[0], gt == ids[0]) > 0.6
+    viewer.layers.remove("SAM negative")  # the user's choice: not made again behind their back
+    add_box(w, boxes[1])
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    qtbot.wait(1000)
+    assert "SAM negative" not in viewer.layers
+    w._toggle_click_sign()  # until they ask for it
+    assert viewer.layers.selection.active.name == "SAM negative"
 
 
 def test_the_rest_of_the_layers_come_at_once_when_needed(make_napari_viewer, qtbot, crop):

@@ -77,6 +77,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self._after_repaint = AfterRepaint(self.worker.release_background, self)
         self._follow = PostedCall(self._follow_active, self)
         self._rest_timer = QTimer(self)  # SAM negative and the labels layer, after a first prompt
+        self._rest_pending = False  # following the image left them for later
         self._rest_timer.setSingleShot(True)
         self._rest_timer.timeout.connect(self._rest_when_idle)
         self._build_ui()
@@ -241,6 +242,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         # following a new image), so the tiles embed while the GUI thread makes them
         self._embed_current()
         self._ensure_layers(rest=False)  # the others once a first prompt has its mask
+        self._rest_pending = bool(self._missing())
         self._clear_preview()
 
     def _spatial_shape(self) -> tuple:
@@ -292,21 +294,26 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
             self._layers.neg.mode = "add"
 
     def _rest_soon(self) -> None:
-        """Make the rest once the prompts are left alone for :data:`REST_IDLE_MS`."""
-        if self._missing() and not self._rest_timer.isActive():
+        """Make the rest once the prompts are left alone for :data:`REST_IDLE_MS` (only what
+        following the image left for later: a layer the user deleted since stays deleted
+        until something needs it)."""
+        if self._rest_pending and self._missing() and not self._rest_timer.isActive():
             self._rest_timer.start(REST_IDLE_MS)
 
     def _rest_when_idle(self) -> None:
         """One layer of the rest per call (each is a short freeze of the window, not one
         long one), never while a prompt decodes or is being drawn."""
         missing = self._missing()
-        if not missing:
+        if not (missing and self._rest_pending):
+            self._rest_pending = False
             return
         decoding = self._preview_job is not None and not self._preview_job.wait(0)
         if not decoding and QApplication.mouseButtons() == Qt.MouseButton.NoButton:
             self._make_rest(neg=missing[0] == "neg", labels=missing[0] == "labels")
         if self._missing():
             self._rest_timer.start(REST_IDLE_MS)
+        else:
+            self._rest_pending = False
 
     def _toggle_click_sign(self) -> None:
         self._make_rest(labels=False)
