@@ -316,30 +316,22 @@ def main() -> None:
                 print(f"  probe gaps, {kind}: max {max(g):.0f} ms, p99 {np.percentile(g, 99):.0f} ms "
                       f"({len(g)} gaps)", flush=True)
 
-    if args.wait_for_tile == "alternate":
-        for waits in (False, True):
-            sub = [r for r in rows if r["waits"] == waits]
-            print(f"box's view {'waited for' if waits else 'embedded again'} ({len(sub)} fields): first mask "
-                  f"median {statistics.median(r['first'] for r in sub):.2f} s, ratio median "
-                  f"{statistics.median(r['ratio'] for r in sub):.3f} (per field "
-                  + ", ".join(f"{r['ratio']:.3f}" for r in sub) + "); box -> mask median "
-                  f"{statistics.median(sum(r['first_split']) for r in sub):.0f} ms")
-    if args.first_look == "alternate":
-        for look in (False, True):
-            sub = [r for r in rows if r["look"] == look]
-            print(f"first look {'on' if look else 'off'} ({len(sub)} fields): first mask median "
-                  f"{statistics.median(r['first'] for r in sub):.2f} s (ratio "
-                  f"{statistics.median(r['ratio'] for r in sub):.3f}; per field "
-                  + ", ".join(f"{r['ratio']:.3f}" for r in sub) + "), both scales median "
-                  f"{statistics.median(r['final'] for r in sub):.2f} s")
-    if args.rest == "alternate":
-        for later in (False, True):
-            sub = [r for r in rows if r["rest_later"] == later]
-            print(f"SAM negative and labels {'after the first mask' if later else 'while following'} "
-                  f"({len(sub)} fields): first mask median {statistics.median(r['first'] for r in sub):.2f} s, "
-                  f"dock following median {statistics.median(r['follow'] for r in sub):.2f} s, ratio median "
-                  f"{statistics.median(r['ratio'] for r in sub):.3f} (per field "
-                  + ", ".join(f"{r['ratio']:.3f}" for r in sub) + ")")
+    med = statistics.median
+    for flag, key, labels, extra in (
+            (args.wait_for_tile, "waits", ("box's view embedded again", "box's view waited for"),
+             lambda sub: f"box -> mask median {med(sum(r['first_split']) for r in sub):.0f} ms"),
+            (args.first_look, "look", ("first look off", "first look on"),
+             lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s"),
+            (args.rest, "rest_later", ("SAM negative and labels while following",
+                                       "SAM negative and labels after the first mask"),
+             lambda sub: f"dock following median {med(r['follow'] for r in sub):.2f} s")):
+        if flag != "alternate":
+            continue
+        for on in (False, True):  # the same-run baseline, then the variant
+            sub = [r for r in rows if r[key] == on]
+            print(f"{labels[on]} ({len(sub)} fields): first mask median {med(r['first'] for r in sub):.2f} s, "
+                  f"ratio median {med(r['ratio'] for r in sub):.3f} (per field "
+                  + ", ".join(f"{r['ratio']:.3f}" for r in sub) + f"); {extra(sub)}")
     lat_all = [x for r in rows for x in r["lat"]]
     off_all = [x for r in rows for x in r["lat_off"]]
     idle_all = [x for r in rows for x in r["idle"]]

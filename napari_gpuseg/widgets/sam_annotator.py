@@ -15,9 +15,8 @@ import time
 
 import numpy as np
 from napari.layers import Image
-from qtpy.QtCore import Qt, QTimer
 from qtpy.QtWidgets import (
-    QApplication, QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
 
 from ..engine.sam.annotation import LabelCommitter
@@ -26,12 +25,14 @@ from ..engine.sam.cache import EmbeddingCache
 from ..engine.runtime.worker import BACKGROUND, INTERACTIVE, InferenceWorker, default_worker
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
-from ._annotation_layers import add_rest, ensure_layers, select_prompt_tool, spatial_shape, toggle_click_sign
+from ._annotation_layers import ensure_layers, select_prompt_tool, spatial_shape
 from ._first_layer import warm_up
-from ._prompts import current_prompt, follow_up, plane, plane_index, prompt_focus, view_focus
+from ._prompts import current_prompt, plane, plane_index, prompt_focus, view_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
 from ._annotator_commit import CommitActions
 from ._annotator_jobs import AnnotatorJobs
+from ._annotator_later import LaterLayers
+from ._annotator_preview import PreviewDisplay
 
 logger = logging.getLogger(__name__)
 
@@ -39,16 +40,7 @@ BACKGROUND_HOLD_S = 0.3
 """At most this long after a preview's decode, background embedding waits for the window
 to show the mask (it is released as soon as the repaint is done)."""
 
-REST_IDLE_MS = 600
-"""Following a new image makes only the layers a first prompt needs (its view embeds with
-less of the GUI thread's work beside it, and the window is free sooner); SAM negative and
-the labels layer come one at a time once the first tile is embedded or the first mask
-shown and the prompts have been left alone this long (making a layer freezes the window
-for a moment: not while the user edits a prompt, a decode runs or a mouse button is
-down), or at once when something needs them (Shift-N, commit, propagate)."""
-
-
-class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
+class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDisplay, DockWidget):
     TITLE = "SAM annotator"
 
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
@@ -76,10 +68,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
         self.hold_background_s = BACKGROUND_HOLD_S
         self._after_repaint = AfterRepaint(self.worker.release_background, self)
         self._follow = PostedCall(self._follow_active, self)
-        self._rest_timer = QTimer(self)  # SAM negative and the labels layer, after a first prompt
-        self._rest_pending = False  # following the image left them for later
-        self._rest_timer.setSingleShot(True)
-        self._rest_timer.timeout.connect(self._rest_when_idle)
+        self._init_later_layers()
         self._build_ui()
         worker = self.worker
         self.destroyed.connect(lambda *_: (self.redraw.release(), self._cancel_own_jobs(),
@@ -264,61 +253,6 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
                 logger.debug("prompt layer %r was not connected yet", ly.name)
             ly.events.data.connect(self._on_prompts_changed)
 
-    @property
-    def neg_layer(self):
-        """SAM negative (made now if following the image left it for later)."""
-        self._make_rest(labels=False)
-        return None if self._layers is None else self._layers.neg
-
-    @property
-    def labels_layer(self):
-        """``<image> SAM labels`` (made now if following the image left it for later)."""
-        self._make_rest(neg=False)
-        return None if self._layers is None else self._layers.labels
-
-    def _missing(self) -> list[str]:
-        """Which of SAM negative and the labels layer the followed image still lacks."""
-        lay = self._layers
-        if lay is None or not self._image_alive():
-            return []
-        return [k for k in ("neg", "labels")
-                if getattr(lay, k) is None or getattr(lay, k) not in self.viewer.layers]
-
-    def _make_rest(self, neg: bool = True, labels: bool = True) -> None:
-        missing = self._missing()
-        if not (neg and "neg" in missing or labels and "labels" in missing):
-            return
-        self._layers = add_rest(self.viewer, self.image_layer, self._layers, neg=neg, labels=labels)
-        self._connect_prompts(self._layers)
-        if neg:
-            self._layers.neg.mode = "add"
-
-    def _rest_soon(self) -> None:
-        """Make the rest once the prompts are left alone for :data:`REST_IDLE_MS` (only what
-        following the image left for later: a layer the user deleted since stays deleted
-        until something needs it)."""
-        if self._rest_pending and self._missing() and not self._rest_timer.isActive():
-            self._rest_timer.start(REST_IDLE_MS)
-
-    def _rest_when_idle(self) -> None:
-        """One layer of the rest per call (each is a short freeze of the window, not one
-        long one), never while a prompt decodes or is being drawn."""
-        missing = self._missing()
-        if not (missing and self._rest_pending):
-            self._rest_pending = False
-            return
-        decoding = self._preview_job is not None and not self._preview_job.wait(0)
-        if not decoding and QApplication.mouseButtons() == Qt.MouseButton.NoButton:
-            self._make_rest(neg=missing[0] == "neg", labels=missing[0] == "labels")
-        if self._missing():
-            self._rest_timer.start(REST_IDLE_MS)
-        else:
-            self._rest_pending = False
-
-    def _toggle_click_sign(self) -> None:
-        self._make_rest(labels=False)
-        toggle_click_sign(self.viewer, self._layers)
-
     # -- embedding --------------------------------------------------------------------
     def _plane_key(self, index=None) -> tuple:
         index = plane_index(self.image_layer, self.viewer) if index is None else index
@@ -397,8 +331,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
 
     # -- prompts and preview ------------------------------------------------------------
     def _on_prompts_changed(self, event=None) -> None:
-        if self._rest_timer.isActive():
-            self._rest_timer.start(REST_IDLE_MS)  # the user is at work: the rest waits
+        self._postpone_rest()  # the user is at work: the later layers wait
         action = str(getattr(event, "action", "") or "")
         if action.endswith("ing"):  # "adding"/"changing"/"removing": wait for the final event
             if self.hold_background_s > 0 and self._image_alive():
@@ -440,50 +373,3 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, DockWidget):
             on_result=lambda res: self._show_preview(layer, index, gen, res[0], prompt),
             on_error=self._on_preview_error)
         self.redraw.hold()
-
-    def _on_preview_error(self, exc: BaseException) -> None:
-        self.redraw.release()
-        self.worker.release_background()
-        self._on_error(exc)
-
-    def _follow_up(self, prompt, index: tuple):
-        """(prompt, multimask): a click added to the shown mask's prompt refines that mask
-        (its logits go back as mask input); an object's first click takes the best of
-        the candidate masks (the "best of the candidates" box); anything else starts over."""
-        shown = self._preview
-        if shown is not None and shown[0] is self.image_layer and shown[1] == index:
-            refined = follow_up(prompt, self._preview_prompt, shown[3])
-            if refined is not prompt:
-                return refined, False
-        one_click = prompt.box is None and prompt.points is not None and len(prompt.points) == 1
-        return prompt, one_click and self.multimask.isChecked()
-
-    def _show_preview(self, layer, index, generation, result, prompt=None, final: bool = True) -> None:
-        if layer is not self.image_layer or generation != self._generation:
-            return  # stale: the image, slice or prompts changed since
-        if not final and self._preview is not None and self._preview[2] == generation:
-            return  # a first look after the full decode: never replaces it
-        self._preview = (layer, index, generation, result)
-        self._preview_prompt = prompt
-        data = self.preview_layer.data
-        target = data[index] if index else data
-        if index:
-            data[...] = 0
-        target[...] = result.full(target.shape)
-        self.preview_layer.refresh()
-        self._set_status(f"preview: {result.area} px, predicted IoU {result.score:.2f}"
-                         + ("" if final else " (native tile; the finer view is coming)"))
-        self.redraw.release()
-        self._after_repaint.post()  # background embedding goes on once the mask is drawn
-        self._rest_soon()
-
-    def _clear_preview(self) -> None:
-        self._preview = self._preview_prompt = None
-        self.redraw.release()
-        self.worker.release_background()
-        if self.preview_layer is not None and self.preview_layer.data.any():
-            self.preview_layer.data[...] = 0
-            self.preview_layer.refresh()
-
-    def has_preview(self) -> bool:
-        return self._preview is not None
