@@ -35,6 +35,8 @@ a first click instead of a box (at the object's most interior pixel, in SAM posi
 first click is decoded in its native tile and in a 1.5x finer one, so it needs two views),
 its edits moving the click by a few pixels; ``--first-look alternate`` then shows, field
 by field, the click's native-tile mask first (as shipped) or only the mask of both scales.
+``--encoder-process alternate`` embeds, field by field, the first tile after the drop in the
+dock's second encoder process (as shipped on a CPU) or in the napari process with the rest.
 """
 from __future__ import annotations
 
@@ -95,6 +97,8 @@ def main() -> None:
     ap.add_argument("--first-look", choices=("alternate", "on", "off"), default="on")
     ap.add_argument("--rest", choices=("alternate", "later", "at-follow"), default="later",
                     help="when the dock makes SAM negative and the labels layer")
+    ap.add_argument("--encoder-process", choices=("alternate", "on", "off"), default="on",
+                    help="a new image's first tile in the dock's second encoder process (CPU)")
     args = ap.parse_args()
 
     import napari
@@ -119,6 +123,14 @@ def main() -> None:
     if args.model:
         w.use_sam_model(args.model)
     pump(lambda: "ready" in w.status.text())
+    slot = w._encoder_slot
+    if slot.process is not None:
+        t_proc = time.perf_counter()
+        pump(lambda: slot.process.ready or slot.process.state != "starting", timeout=300)
+        print(f"second encoder process: {slot.process.state} "
+              f"({time.perf_counter() - t_proc:.1f} s more after the dock's model)", flush=True)
+    elif args.encoder_process != "off":
+        print("second encoder process: none (a GPU, a large encoder, or switched off)", flush=True)
     print(f"model: {w.model_name}", flush=True)
     shown = {}
     original = w._show_preview
@@ -186,6 +198,7 @@ def main() -> None:
         return [args.hold == "on"] * n
     rows = []
     defer_for, set_image_layer, first_look = w._defer_for, w.set_image_layer, w._job_first_look
+    slot_offload = slot.offload
 
     def follow_with_rest(layer):
         set_image_layer(layer)
@@ -197,6 +210,8 @@ def main() -> None:
         w.set_image_layer = set_image_layer if rest_later else follow_with_rest
         look = args.first_look == "on" or (args.first_look == "alternate" and n_field % 2 == 1)
         w._job_first_look = first_look if look else (lambda *_a, **_kw: None)
+        offloads = args.encoder_process == "on" or (args.encoder_process == "alternate" and n_field % 2 == 1)
+        slot.offload = slot_offload if offloads else (lambda *_a: None)
         img = tifffile.imread(f)
         gt = tifffile.imread(data / "bbbc039" / "masks" / f.name)
         box = central_box(gt)
@@ -289,7 +304,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, look=look, waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, offloads=offloads, look=look, waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -324,7 +339,10 @@ def main() -> None:
              lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s"),
             (args.rest, "rest_later", ("SAM negative and labels while following",
                                        "SAM negative and labels after the first mask"),
-             lambda sub: f"dock following median {med(r['follow'] for r in sub):.2f} s")):
+             lambda sub: f"dock following median {med(r['follow'] for r in sub):.2f} s"),
+            (args.encoder_process, "offloads", ("first tile in this process", "first tile in the second process"),
+             lambda sub: f"first tile ends (s after the drop) median "
+                         f"{med(r['follow_split']['encodes'][0][1] for r in sub):.2f}")):
         if flag != "alternate":
             continue
         for on in (False, True):  # the same-run baseline, then the variant

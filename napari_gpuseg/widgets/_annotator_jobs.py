@@ -52,10 +52,13 @@ class AnnotatorJobs:
         grid = engine.views(image)
         extra = engine.prompt_views(image)[len(grid):]
         total = len(grid) + len(extra)
+        # the first tile in the second process (CPU), beside napari building the new layers
+        offload = self._encoder_slot.offload(model)
         for before, views in ((0, grid), (len(grid), extra)):
             report = None if progress is None else (lambda done, _n, b=before: progress(b + done, total))
             image = yield from engine.embed_steps(image, views, step=step, focus=lambda: self._focus,
-                                                  progress=report, cancel=cancel)
+                                                  progress=report, cancel=cancel, offload_first=offload)
+            offload = None
         synchronize(engine.policy.device)  # the time includes the GPU work, not just its launch
         return [image], time.perf_counter() - t0
 
@@ -97,8 +100,11 @@ class AnnotatorJobs:
 
     def _job_load(self, model: str) -> float:
         t0 = time.perf_counter()
+        engine = self._engine(model)
         # on a GPU, kernel loading and cuDNN's autotuning are paid here, not by the first image
-        warm_gpu(self._engine(model))
+        warm_gpu(engine)
+        # on a CPU, a second process for a new image's first tile (engine/sam/encoder_process.py)
+        self._encoder_slot.ensure(model, engine)
         return time.perf_counter() - t0
 
     def precompute_stack(self) -> None:

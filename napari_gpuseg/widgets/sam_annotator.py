@@ -22,6 +22,7 @@ from qtpy.QtWidgets import (
 from ..engine.sam.annotation import LabelCommitter
 from ..engine.runtime.device import get_policy
 from ..engine.sam.cache import EmbeddingCache
+from ..engine.sam.encoder_process import EncoderSlot
 from ..engine.runtime.worker import BACKGROUND, INTERACTIVE, InferenceWorker, default_worker
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
@@ -60,6 +61,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         self._status_text, self._preview = "idle", None  # preview: (layer, index, generation, MaskResult)
         self._preview_prompt = None  # the prompt that gave the shown mask
         self._cache = EmbeddingCache()
+        self._encoder_slot = EncoderSlot()  # a second process for a new image's first tile (CPU)
         self._embed_job = self._stack_job = self._preview_job = None
         self.stack_order: list[tuple] = []  # planes in the order the last precompute took them
         self._embed_started, self.last_embed_seconds, self._jobs = 0.0, None, []  # seconds: last embedding
@@ -70,9 +72,9 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         self._follow = PostedCall(self._follow_active, self)
         self._init_later_layers()
         self._build_ui()
-        worker = self.worker
+        worker, slot = self.worker, self._encoder_slot
         self.destroyed.connect(lambda *_: (self.redraw.release(), self._cancel_own_jobs(),
-                                           worker.release_background()))
+                                           worker.release_background(), slot.close()))
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
         self.viewer.camera.events.center.connect(self._on_camera)

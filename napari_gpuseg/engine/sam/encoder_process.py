@@ -1,0 +1,313 @@
+"""A SAM image encoder in a second process, for a new image's first tile on a CPU.
+
+Right after a drop, two things run at once on a CPU: napari builds the new image's layers
+and draws them (0.4-0.7 s of Python on the GUI thread on a 2-core machine), and the
+encoder embeds the tile under the view, which the first prompt needs. In one process they
+share Python's interpreter lock: the encoder's few hundred operators each wait for the GUI
+thread to hand the lock over (every 5 ms) before they can start, so the tile is done only
+after the window is idle again, one after the other. A second process has its own
+interpreter, and with one intra-op thread it takes one core and leaves the other to the
+window, so both run side by side (``benchmarks/first_mask.py --encoder-process alternate``).
+After the first tile the dock's own encoder (all cores, pause points for prompts) is faster
+again, so only that tile goes here.
+
+:class:`EncoderProcess` starts ``python -m napari_gpuseg.engine.sam.encoder_process`` with
+the model's name and the precision, and talks to it over its stdin and stdout: length-framed
+pickles of ``(request id, tensor)`` both ways. Anything that goes wrong there (the process
+could not start or load the model, died, timed out, answered with an error) makes
+:meth:`EncoderProcess.encode` return None, and the caller embeds the tile itself: this
+process only ever makes things faster, never breaks them. The process ends when its stdin
+closes: :meth:`EncoderProcess.close`, or this process ending for any reason.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ENV = "NAPARI_GPUSEG_ENCODER_PROCESS"
+"""Set to 0 to keep every encoder call in the napari process."""
+
+MAX_PARAMS = 50_000_000
+"""Encoders up to this size get a copy in a second process (TinyViT: 6 M; SAM ViT-B's
+86 M and larger would double a large memory footprint for a tile that a GPU makes moot)."""
+
+_HEADER = struct.Struct("<Q")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def wanted(encoder: torch.nn.Module, device: torch.device) -> bool:
+    """Whether a second process would help: a CPU device, a small encoder, and not switched
+    off through ``NAPARI_GPUSEG_ENCODER_PROCESS=0``."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return device.type == "cpu" and sum(p.numel() for p in encoder.parameters()) <= MAX_PARAMS
+
+
+def default_threads() -> int:
+    """Intra-op threads of the second process: all of this process's but one, which stays
+    with the window (napari's GUI thread); one on a 2-core machine."""
+    return max(1, torch.get_num_threads() - 1)
+
+
+def _pack(t: torch.Tensor) -> tuple[str, tuple, bytes]:
+    t = t.detach().to("cpu").contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise TypeError(f"cannot send a {t.dtype} tensor")
+    return name, tuple(t.shape), t.view(torch.uint8).numpy().tobytes()
+
+
+def _unpack(name: str, shape: tuple, data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=_DTYPES[name]).reshape(shape)
+
+
+def _write(stream, obj) -> None:
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(body)) + body)
+    stream.flush()
+
+
+def _read(stream):
+    """One frame from ``stream``; None at its end."""
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (n,) = _HEADER.unpack(head)
+    body = stream.read(n)
+    if len(body) < n:
+        return None
+    return pickle.loads(body)  # noqa: S301 - frames of the process this module started
+
+
+class EncoderProcess:
+    """A second process holding ``model``'s image encoder (on the CPU, at ``precision``,
+    ``threads`` intra-op threads, default :func:`default_threads`). Starting it does not wait: :attr:`ready` turns true once
+    the model is loaded and warm (a few seconds)."""
+
+    def __init__(self, model: str, precision: str, threads: int | None = None,
+                 command: list[str] | None = None) -> None:
+        if threads is None:
+            threads = default_threads()
+        self.model, self.precision = str(model), precision
+        self.state = "starting"  # -> "ready" | "failed" | "closed"
+        self.error: str | None = None
+        self.calls = 0  # tiles embedded here
+        self._replies: queue.Queue = queue.Queue()
+        self._send_lock = threading.Lock()
+        self._busy = False
+        self._next_id = 0
+        cmd = command or [sys.executable, "-m", __name__, self.model, precision, str(threads)]
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        flags = getattr(subprocess, "CREATE_NO_WINDOW", 0)  # Windows: no console window
+        try:
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.DEVNULL, env=env, creationflags=flags)
+        except OSError as exc:
+            self._proc = None
+            self._fail(f"could not start: {exc}")
+            return
+        threading.Thread(target=self._read_replies, name="napari-gpuseg-encoder-process",
+                         daemon=True).start()
+
+    def _read_replies(self) -> None:
+        out = self._proc.stdout
+        while True:
+            try:
+                msg = _read(out)
+            except Exception as exc:  # noqa: BLE001 - a broken frame ends the conversation
+                msg = ("error", f"unreadable reply: {exc}")
+            if msg is None:
+                self._replies.put(("eof",))
+                return
+            self._replies.put(msg)
+
+    def _fail(self, reason: str) -> None:
+        if self.state in ("failed", "closed"):
+            return
+        self.state, self.error = "failed", reason
+        logger.warning("encoder process for %s: %s (tiles are embedded in this process)",
+                       self.model, reason)
+        self._stop()
+
+    def _handle(self, msg) -> None:
+        """A message that is not the reply awaited: status, or a late reply (dropped)."""
+        kind = msg[0]
+        if kind == "ready" and self.state == "starting":
+            self.state = "ready"
+        elif kind == "error":
+            self._fail(msg[1])
+        elif kind == "eof":
+            self._fail("the process ended")
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._handle(self._replies.get_nowait())
+            except queue.Empty:
+                return
+
+    @property
+    def ready(self) -> bool:
+        """True while the process has the model loaded and answers."""
+        if self.state in ("starting", "ready"):
+            self._drain()  # news of its start, or of its end
+        return self.state == "ready"
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block up to ``timeout`` s for :attr:`ready` (tests, benchmarks)."""
+        end = time.monotonic() + timeout
+        while self.state == "starting" and time.monotonic() < end:
+            try:
+                self._handle(self._replies.get(timeout=0.05))
+            except queue.Empty:
+                pass
+        return self.ready
+
+    def encode(self, batch: torch.Tensor, wait: Callable[[], None] | None = None,
+               timeout: float = 60.0) -> torch.Tensor | None:
+        """The encoder's output for ``batch`` computed in the second process, or None (not
+        ready, busy with another call, or failed: the caller computes it itself). While
+        waiting, ``wait()`` is called every 10 ms (a worker's pause point: queued prompts
+        run meanwhile; an exception from it abandons the call, whose late reply is dropped)."""
+        if self._busy or not self.ready:
+            return None
+        self._busy = True
+        try:
+            self._next_id += 1
+            rid = self._next_id
+            try:
+                with self._send_lock:
+                    _write(self._proc.stdin, ("encode", rid, *_pack(batch)))
+            except (OSError, ValueError) as exc:  # a closed pipe: the process is gone
+                self._fail(f"could not send a tile: {exc}")
+                return None
+            end = time.monotonic() + timeout
+            while True:
+                try:
+                    msg = self._replies.get(timeout=0.01)
+                except queue.Empty:
+                    if time.monotonic() > end:
+                        self._fail(f"no answer within {timeout:.0f} s")
+                        return None
+                    if wait is not None:
+                        wait()
+                    continue
+                if msg[0] == "result" and msg[1] == rid:
+                    self.calls += 1
+                    return _unpack(*msg[2:])
+                if msg[0] == "failed" and msg[1] == rid:
+                    logger.warning("encoder process: %s (the tile is embedded here)", msg[2])
+                    return None
+                self._handle(msg)
+                if self.state != "ready":
+                    return None
+        finally:
+            self._busy = False
+
+    def _stop(self) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            proc.stdin.close()  # the process ends at its input's end
+            proc.wait(timeout=2)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            proc.kill()
+
+    def close(self) -> None:
+        """End the process (it exits when its input closes; killed after 2 s)."""
+        if self.state != "closed":
+            self._stop()
+            self.state = "closed"
+
+    def __del__(self):  # a dock that went without closing it
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class EncoderSlot:
+    """One :class:`EncoderProcess` at a time, for the model a dock uses now."""
+
+    def __init__(self) -> None:
+        self.process: EncoderProcess | None = None
+        self._lock = threading.Lock()
+
+    def ensure(self, model: str, engine) -> None:
+        """A process for ``model`` (a :class:`.predictor.SamEngine` loaded in this process)
+        when :func:`wanted`; the one for another model is closed."""
+        with self._lock:
+            old = self.process
+            if old is not None and old.model == str(model) and old.state in ("starting", "ready"):
+                return
+            want = wanted(engine.sam.image_encoder, engine.policy.device)
+            self.process = EncoderProcess(str(model), engine.policy.active_precision) if want else None
+            if old is not None:
+                old.close()
+
+    def offload(self, model: str) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
+        """``encode`` of the process for ``model`` once it is ready (queued prompts run at a
+        worker's pause points while it waits), else None."""
+        from ..runtime.worker import pause_point
+
+        proc = self.process
+        if proc is None or proc.model != str(model) or not proc.ready:
+            return None
+        return lambda batch: proc.encode(batch, wait=pause_point)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.process is not None:
+                self.process.close()
+                self.process = None
+
+
+def serve(model: str, precision: str, threads: int, stdin, stdout) -> None:
+    """The second process: load ``model``, then answer ``encode`` frames until stdin ends."""
+    torch.set_num_threads(max(1, threads))
+    from ..runtime.device import make_policy
+    from .loader import load_engine
+
+    try:
+        engine = load_engine(model, make_policy("cpu", precision))
+        n = engine.input_size
+        engine.encode(torch.zeros(1, 3, n, n))  # the first call's one-off costs, paid now
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on without
+        _write(stdout, ("error", f"could not load {model}: {type(exc).__name__}: {exc}"))
+        return
+    _write(stdout, ("ready", os.getpid()))
+    while True:
+        msg = _read(stdin)
+        if msg is None:
+            return
+        _kind, rid, *packed = msg
+        try:
+            out = engine.encode(_unpack(*packed))
+            _write(stdout, ("result", rid, *_pack(out)))
+        except Exception as exc:  # noqa: BLE001 - one failed tile, the parent embeds it
+            _write(stdout, ("failed", rid, f"{type(exc).__name__}: {exc}"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    model, precision, threads = (argv if argv is not None else sys.argv[1:])[:3]
+    stdin = sys.stdin.buffer
+    stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints never reach the frames
+    serve(model, precision, int(threads), stdin, stdout)
+
+
+if __name__ == "__main__":
+    main()

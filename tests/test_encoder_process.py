@@ -1,0 +1,168 @@
+"""The second encoder process that embeds a new image's first tile on a CPU: the same
+embeddings as this process, the worker's pause points served while it waits, everything
+that can go wrong there falling back to this process, and the annotator using it (and
+ending it) on a real viewer."""
+import sys
+
+import pytest
+import tifffile
+import torch
+
+from napari_gpuseg.engine.runtime.cancel import Cancelled
+from napari_gpuseg.engine.runtime.device import make_policy
+from napari_gpuseg.engine.sam import encoder_process as ep
+from napari_gpuseg.engine.sam.inputs import view_input
+from napari_gpuseg.engine.sam.loader import load_engine
+
+from sam_fixtures import gt_boxes, iou, require_lite_medsam
+
+WAIT = 180_000
+MODEL = "nuclei_sam"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lite_available():
+    require_lite_medsam()
+
+
+@pytest.fixture(scope="module")
+def field(shared_data):
+    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[21]
+    return tifffile.imread(f), tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return load_engine(MODEL, make_policy("cpu", "fp32"))
+
+
+def batch_of(engine, image, k=0):
+    prepared = engine.prepare(image)
+    view = engine.views(prepared)[k]
+    return torch.stack([view_input(prepared, view, engine.info.normalization)])
+
+
+def test_wanted_by_device_size_and_switch(monkeypatch):
+    small = torch.nn.Linear(4, 4)
+    monkeypatch.setenv(ep.ENV, "1")
+    assert ep.wanted(small, torch.device("cpu"))
+    assert not ep.wanted(small, torch.device("cuda"))  # a GPU embeds a tile in milliseconds
+    monkeypatch.setattr(ep, "MAX_PARAMS", 10)
+    assert not ep.wanted(small, torch.device("cpu"))  # SAM ViT-B and larger: no second copy
+    monkeypatch.setattr(ep, "MAX_PARAMS", 10**9)
+    for off in ("0", "off", "false"):
+        monkeypatch.setenv(ep.ENV, off)
+        assert not ep.wanted(small, torch.device("cpu"))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert ep.default_threads() == 1  # the other core stays with the window
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert ep.default_threads() == 7
+
+
+def test_the_second_process_embeds_as_this_one_and_serves_pause_points(engine, field):
+    img, _gt = field
+    proc = ep.EncoderProcess(MODEL, "fp32")
+    try:
+        assert proc.wait_ready(WAIT / 1000), proc.error
+        x = batch_of(engine, img)
+        waits = []
+        out = proc.encode(x, wait=lambda: waits.append(1))
+        torch.testing.assert_close(out, engine.encode(x), rtol=1e-4, atol=1e-4)
+        assert proc.calls == 1 and waits  # the worker's pause point ran while it waited
+
+        # a job cancelled while it waits: the call is abandoned, its late reply dropped,
+        # and the next call gets its own tile's embedding
+        def cancelled():
+            raise Cancelled("a new image")
+
+        with pytest.raises(Cancelled):
+            proc.encode(x, wait=cancelled)
+        x2 = batch_of(engine, img, k=1)
+        torch.testing.assert_close(proc.encode(x2), engine.encode(x2), rtol=1e-4, atol=1e-4)
+
+        proc._proc.kill()  # the process dies: the caller embeds the tile itself
+        proc._proc.wait()
+        assert proc.encode(x) is None
+        assert proc.state == "failed"
+        assert "ended" in proc.error or "could not send" in proc.error  # whichever is seen first
+    finally:
+        proc.close()
+    assert proc._proc.poll() is not None
+
+
+def test_a_process_that_cannot_load_leaves_the_work_here(engine, field):
+    proc = ep.EncoderProcess("no-such-model", "fp32")
+    assert not proc.wait_ready(WAIT / 1000)
+    assert proc.state == "failed" and "could not load no-such-model" in proc.error
+    assert proc.encode(batch_of(engine, field[0])) is None
+    ended = ep.EncoderProcess(MODEL, "fp32", command=[sys.executable, "-c", "pass"])
+    assert not ended.wait_ready(30) and "ended" in ended.error
+    missing = ep.EncoderProcess(MODEL, "fp32", command=["/no/such/python"])
+    assert missing.state == "failed" and "could not start" in missing.error
+
+
+def test_only_the_first_step_goes_elsewhere_and_none_falls_back(engine, field):
+    img = field[0] + 3  # content no other test embedded
+    calls = []
+
+    def offload(batch):
+        calls.append(batch.shape)
+        return torch.full((batch.shape[0], 256, 64, 64), 0.5)
+
+    steps = engine.embed_steps(img, offload_first=offload)
+    prepared = None
+    try:
+        while True:
+            next(steps)
+    except StopIteration as stop:
+        prepared = stop.value
+    views = engine.views(prepared)
+    assert calls == [(1, 3, engine.input_size, engine.input_size)]  # one step, one tile
+    firsts = [v for v in views if torch.equal(engine.embedding(prepared, v).float(),
+                                              torch.full((256, 64, 64), 0.5))]
+    assert len(firsts) == 1  # that tile is the offloaded one; the others were embedded here
+    # an offload that answers None (not ready, busy, failed): the tile is embedded here
+    img2 = field[0] + 5
+    steps = engine.embed_steps(img2, offload_first=lambda b: None)
+    try:
+        while True:
+            next(steps)
+    except StopIteration as stop:
+        prepared = stop.value
+    v = engine.views(prepared)[0]
+    x = torch.stack([view_input(prepared, v, engine.info.normalization)])
+    torch.testing.assert_close(engine.embedding(prepared, v), engine.encode(x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_annotator_embeds_a_new_image_s_first_tile_in_the_second_process(
+        make_napari_viewer, qtbot, field, monkeypatch):
+    monkeypatch.setenv(ep.ENV, "1")
+    img, gt = field
+    viewer = make_napari_viewer()
+    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)
+    qtbot.waitUntil(lambda: w._encoder_slot.process is not None, timeout=WAIT)
+    proc = w._encoder_slot.process
+    assert proc.model == w.model_name
+    qtbot.waitUntil(lambda: proc.ready, timeout=WAIT)
+    viewer.add_image(img + 7, name="field")
+    qtbot.waitUntil(lambda: w.box_layer is not None, timeout=WAIT)
+    ids, boxes = gt_boxes(gt)
+    h, wd = gt.shape
+    k = min(range(len(boxes)), key=lambda i: abs((boxes[i][0] + boxes[i][2]) / 2 - wd / 2)
+            + abs((boxes[i][1] + boxes[i][3]) / 2 - h / 2))  # under the canvas centre
+    x0, y0, x1, y1 = boxes[k]
+    w.box_layer.add_rectangles([[y0, x0], [y0, x1], [y1, x1], [y1, x0]])
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    assert proc.calls == 1  # the first tile came from the second process, the rest from here
+    assert iou(w._preview[3].full(gt.shape), gt == ids[k]) > 0.7
+    qtbot.waitUntil(lambda: w._embed_job is None or w._embed_job.status != "running", timeout=WAIT)
+    assert proc.calls == 1
+    # another model: that process ends, one for the new model starts
+    w.use_sam_model("lite_medsam")
+    qtbot.waitUntil(lambda: w._encoder_slot.process is not proc, timeout=WAIT)
+    assert proc._proc.wait(10) is not None
+    newer = w._encoder_slot.process
+    assert newer is not None and newer.model == "lite_medsam"
+    w.deleteLater()  # the dock goes: its process ends
+    qtbot.waitUntil(lambda: newer._proc.poll() is not None, timeout=WAIT)
