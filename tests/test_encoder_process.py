@@ -87,7 +87,8 @@ def test_the_second_process_embeds_as_this_one_and_serves_pause_points(engine, f
         assert "ended" in proc.error or "could not send" in proc.error  # whichever is seen first
     finally:
         proc.close()
-    assert proc._proc.poll() is not None
+    assert proc.state == "closed"
+    assert proc._proc.wait(10) is not None  # it ended at its input's end
 
 
 def test_a_process_that_cannot_load_leaves_the_work_here(engine, field):

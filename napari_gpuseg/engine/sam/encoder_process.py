@@ -93,8 +93,8 @@ def _read(stream):
 
 class EncoderProcess:
     """A second process holding ``model``'s image encoder (on the CPU, at ``precision``,
-    ``threads`` intra-op threads, default :func:`default_threads`). Starting it does not wait: :attr:`ready` turns true once
-    the model is loaded and warm (a few seconds)."""
+    ``threads`` intra-op threads, default :func:`default_threads`). Starting it does not
+    wait: :attr:`ready` turns true once the model is loaded and warm (a few seconds)."""
 
     def __init__(self, model: str, precision: str, threads: int | None = None,
                  command: list[str] | None = None) -> None:
@@ -105,8 +105,8 @@ class EncoderProcess:
         self.error: str | None = None
         self.calls = 0  # tiles embedded here
         self._replies: queue.Queue = queue.Queue()
-        self._send_lock = threading.Lock()
-        self._busy = False
+        self._consume = threading.Lock()  # one reader of the replies at a time
+        self._busy = False  # an encode under way (a nested call from a pause point gets None)
         self._next_id = 0
         cmd = command or [sys.executable, "-m", __name__, self.model, precision, str(threads)]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -161,18 +161,22 @@ class EncoderProcess:
     @property
     def ready(self) -> bool:
         """True while the process has the model loaded and answers."""
-        if self.state in ("starting", "ready"):
-            self._drain()  # news of its start, or of its end
+        if self.state in ("starting", "ready") and self._consume.acquire(blocking=False):
+            try:
+                self._drain()  # news of its start, or of its end
+            finally:
+                self._consume.release()
         return self.state == "ready"
 
     def wait_ready(self, timeout: float) -> bool:
         """Block up to ``timeout`` s for :attr:`ready` (tests, benchmarks)."""
         end = time.monotonic() + timeout
-        while self.state == "starting" and time.monotonic() < end:
-            try:
-                self._handle(self._replies.get(timeout=0.05))
-            except queue.Empty:
-                pass
+        with self._consume:
+            while self.state == "starting" and time.monotonic() < end:
+                try:
+                    self._handle(self._replies.get(timeout=0.05))
+                except queue.Empty:
+                    pass
         return self.ready
 
     def encode(self, batch: torch.Tensor, wait: Callable[[], None] | None = None,
@@ -181,15 +185,17 @@ class EncoderProcess:
         ready, busy with another call, or failed: the caller computes it itself). While
         waiting, ``wait()`` is called every 10 ms (a worker's pause point: queued prompts
         run meanwhile; an exception from it abandons the call, whose late reply is dropped)."""
-        if self._busy or not self.ready:
+        if self._busy or not self._consume.acquire(blocking=False):
             return None
         self._busy = True
         try:
+            self._drain()
+            if self.state != "ready":
+                return None
             self._next_id += 1
             rid = self._next_id
             try:
-                with self._send_lock:
-                    _write(self._proc.stdin, ("encode", rid, *_pack(batch)))
+                _write(self._proc.stdin, ("encode", rid, *_pack(batch)))
             except (OSError, ValueError) as exc:  # a closed pipe: the process is gone
                 self._fail(f"could not send a tile: {exc}")
                 return None
@@ -215,19 +221,30 @@ class EncoderProcess:
                     return None
         finally:
             self._busy = False
+            self._consume.release()
 
     def _stop(self) -> None:
+        """Close the process's input (it exits at its end) and reap it in a daemon thread
+        (killed after 5 s): nobody waits, not the GUI thread closing a dock."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return
         try:
-            proc.stdin.close()  # the process ends at its input's end
-            proc.wait(timeout=2)
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            proc.kill()
+            proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+
+        def reap() -> None:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+        threading.Thread(target=reap, name="napari-gpuseg-encoder-reaper", daemon=True).start()
 
     def close(self) -> None:
-        """End the process (it exits when its input closes; killed after 2 s)."""
+        """End the process (see :meth:`_stop`); returns at once."""
         if self.state != "closed":
             self._stop()
             self.state = "closed"
