@@ -36,7 +36,9 @@ first click is decoded in its native tile and in a 1.5x finer one, so it needs t
 its edits moving the click by a few pixels; ``--first-look alternate`` then shows, field
 by field, the click's native-tile mask first (as shipped) or only the mask of both scales.
 ``--encoder-process alternate`` embeds, field by field, the first tile after the drop in the
-dock's second encoder process (as shipped on a CPU) or in the napari process with the rest.
+dock's second encoder process (as shipped on a CPU) or in the napari process with the rest;
+``--handover alternate`` makes the GUI thread wait (as shipped) or not for the worker to hand
+that tile over before it builds the new layers.
 """
 from __future__ import annotations
 
@@ -99,6 +101,8 @@ def main() -> None:
                     help="when the dock makes SAM negative and the labels layer")
     ap.add_argument("--encoder-process", choices=("alternate", "on", "off"), default="on",
                     help="a new image's first tile in the dock's second encoder process (CPU)")
+    ap.add_argument("--handover", choices=("alternate", "on", "off"), default="on",
+                    help="the GUI thread waits for the first tile's handover to that process")
     args = ap.parse_args()
 
     import napari
@@ -108,7 +112,7 @@ def main() -> None:
     from napari_gpuseg.engine.runtime.device import set_policy
     from napari_gpuseg.engine.sam.cache import EmbeddingCache
     from napari_gpuseg.engine.sam.predictor import SamEngine
-    from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S
+    from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S, HANDOVER_WAIT_S
 
     policy = set_policy("auto", args.precision)
     data = Path(args.data)
@@ -212,6 +216,8 @@ def main() -> None:
         w._job_first_look = first_look if look else (lambda *_a, **_kw: None)
         offloads = args.encoder_process == "on" or (args.encoder_process == "alternate" and n_field % 2 == 1)
         slot.offload = slot_offload if offloads else (lambda *_a: None)
+        hands = args.handover == "on" or (args.handover == "alternate" and n_field % 2 == 1)
+        w.handover_wait_s = HANDOVER_WAIT_S if hands else 0.0
         img = tifffile.imread(f)
         gt = tifffile.imread(data / "bbbc039" / "masks" / f.name)
         box = central_box(gt)
@@ -242,7 +248,9 @@ def main() -> None:
         first_s = shown["t"] - t_add
         final_s = shown["final"] - t_add
         first_split = parts(t_box)  # its view is embedded inside "decode"
-        follow_split = dict(add_image=add_image_s, layers=[(n, d) for n, d in adds],
+        proc = slot.process
+        measured = (slot.here_seconds, proc.tile_seconds if proc is not None else None, slot.window_seconds)
+        follow_split = dict(measured=measured, add_image=add_image_s, layers=[(n, d) for n, d in adds],
                             encodes=[(a - t_add, b - t_add) for a, b in encodes[:2]])
         ready_at_first = w._tiles.get(w._plane_key(), (0, 12))
 
@@ -304,7 +312,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, offloads=offloads, look=look, waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, hands=hands, offloads=offloads, look=look, waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -325,7 +333,9 @@ def main() -> None:
         print(f"  the drop: add_image {fs['add_image'] * 1000:.0f} ms, the dock's layers " +
               ", ".join(f"{n[4:]} {d * 1000:.0f}" for n, d in fs["layers"]) +
               f" ms (sum {sum(d for _n, d in fs['layers']) * 1000:.0f}); first encoder calls (s after the drop) " +
-              ", ".join(f"{a:.2f}-{b:.2f}" for a, b in fs["encodes"]), flush=True)
+              ", ".join(f"{a:.2f}-{b:.2f}" for a, b in fs["encodes"]) +
+              "; tile here / in the second process / the window's work after the drop (s): " +
+              " / ".join("-" if v is None else f"{v:.2f}" for v in fs["measured"]), flush=True)
         for kind, g in kinds.items():
             if g:
                 print(f"  probe gaps, {kind}: max {max(g):.0f} ms, p99 {np.percentile(g, 99):.0f} ms "
@@ -340,6 +350,10 @@ def main() -> None:
             (args.rest, "rest_later", ("SAM negative and labels while following",
                                        "SAM negative and labels after the first mask"),
              lambda sub: f"dock following median {med(r['follow'] for r in sub):.2f} s"),
+            (args.handover, "hands", ("no wait for the handover", "GUI waits for the handover"),
+             lambda sub: f"first tile ends (s after the drop) median "
+                         f"{med(r['follow_split']['encodes'][0][1] for r in sub):.2f}, dock following "
+                         f"{med(r['follow'] for r in sub):.2f} s"),
             (args.encoder_process, "offloads", ("first tile in this process", "first tile in the second process"),
              lambda sub: f"first tile ends (s after the drop) median "
                          f"{med(r['follow_split']['encodes'][0][1] for r in sub):.2f}")):

@@ -41,6 +41,12 @@ BACKGROUND_HOLD_S = 0.3
 """At most this long after a preview's decode, background embedding waits for the window
 to show the mask (it is released as soon as the repaint is done)."""
 
+HANDOVER_WAIT_S = 0.1
+"""At most this long, after a drop, the GUI thread waits for the worker to hand the first
+tile to the second encoder process before it builds the new layers: the worker's Python
+(preparing the image) then runs without waiting for the interpreter lock, and the tile
+starts that much sooner."""
+
 class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDisplay, DockWidget):
     TITLE = "SAM annotator"
 
@@ -68,8 +74,12 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         self.redraw = RedrawHold(self)  # a prompt and its mask appear in one redraw
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
+        self.handover_wait_s = HANDOVER_WAIT_S  # 0: no wait
         self._after_repaint = AfterRepaint(self.worker.release_background, self)
         self._follow = PostedCall(self._follow_active, self)
+        self._drop_noticed: float | None = None  # when a new layer became the active one
+        self._followed: tuple[float, float] | None = None  # (noticed, waited) until painted
+        self._painted = AfterRepaint(self._on_followed_painted, self)
         self._init_later_layers()
         self._build_ui()
         worker, slot = self.worker, self._encoder_slot
@@ -217,24 +227,49 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         # posted event (not a zero-delay timer) runs before napari's first repaint, so the
         # new image is never drawn alone first: on software OpenGL, napari 0.9 crashed on
         # the third "delete every layer, add an image" round when it was (README)
+        if self._drop_noticed is None and isinstance(self.viewer.layers.selection.active, Image):
+            self._drop_noticed = time.perf_counter()
         self._follow.post()
 
     def _follow_active(self) -> None:
         layer = self.viewer.layers.selection.active
         if isinstance(layer, Image) and layer is not self.image_layer and layer in self.viewer.layers:
             self.set_image_layer(layer)
+        self._drop_noticed = None  # measured by set_image_layer, or no new image to follow
 
     def set_image_layer(self, layer: Image) -> None:
         self.image_layer = layer
         self.image_label.setText(layer.name)
         self._plane = plane_index(layer, self.viewer)
         self._generation += 1
-        # the encoder starts before napari builds the prompt layers (the slow part of
-        # following a new image), so the tiles embed while the GUI thread makes them
-        self._embed_current()
-        self._ensure_layers(rest=False)  # the others once a first prompt has its mask
+        self._embed_then_layers()
         self._rest_pending = bool(self._missing())
         self._clear_preview()
+
+    def _embed_then_layers(self) -> None:
+        """Start the new image's tiles, then make the prompt layers (the slow part of
+        following a new image, napari's). With a second encoder process ready, the GUI thread
+        first waits (at most ``handover_wait_s``) for the worker to hand it the first tile.
+        The window's work after the drop is measured for :func:`.encoder_process.worth_it`:
+        from the new layer's activation to the first repaint with the layers made, the wait
+        not counted."""
+        slot = self._encoder_slot
+        handover = slot.handover(self.model_name) if self.handover_wait_s > 0 else None
+        t_wait = time.perf_counter()
+        if self._embed_current() and handover is not None:
+            handover.wait(self.handover_wait_s)
+        waited = time.perf_counter() - t_wait
+        self._ensure_layers(rest=False)  # the others once a first prompt has its mask
+        noticed, self._drop_noticed = self._drop_noticed, None
+        if noticed is not None:
+            self._followed = (noticed, waited)
+            self._painted.post()
+
+    def _on_followed_painted(self) -> None:
+        followed, self._followed = self._followed, None
+        if followed is not None:
+            noticed, waited = followed
+            self._encoder_slot.window_seconds = time.perf_counter() - noticed - waited
 
     def _spatial_shape(self) -> tuple:
         return spatial_shape(self.image_layer)
@@ -260,9 +295,10 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         index = plane_index(self.image_layer, self.viewer) if index is None else index
         return (id(self.image_layer), self.model_name, index)
 
-    def _embed_current(self) -> None:
+    def _embed_current(self) -> bool:
+        """Embed the plane on display in the background; True when its tiles are started."""
         if not self._image_alive():
-            return
+            return False
         index = plane_index(self.image_layer, self.viewer)
         key = self._plane_key(index)
         self._focus, self._focus_on_view = view_focus(self.viewer, self.image_layer), True
@@ -270,7 +306,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
             self._set_status("embedding cached")
             self._submit(self._job_warm, self.model_name, self._prepared[key], tag="warm",
                          replace=True, priority=BACKGROUND)
-            return
+            return False
         img = np.array(plane(self.image_layer, index), copy=True)
         self._embed_started = time.perf_counter()
         self._set_status(f"embedding {self.image_layer.name} {index or ''} (prompts need not wait)")
@@ -282,6 +318,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
             on_result=lambda r, key=key: self._on_embedded(key, r),
             on_error=self._on_error, on_progress=lambda d, t, key=key: self._on_tiles(key, d, t),
             on_cancelled=lambda key=key: self._on_tiles_cancelled(key))
+        return True
 
     def _on_tiles_cancelled(self, key: tuple) -> None:
         self._early.pop(key, None)
