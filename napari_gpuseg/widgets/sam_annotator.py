@@ -47,6 +47,7 @@ tile to the second encoder process before it builds the new layers: the worker's
 (preparing the image) then runs without waiting for the interpreter lock, and the tile
 starts that much sooner."""
 
+
 class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDisplay, DockWidget):
     TITLE = "SAM annotator"
 
