@@ -38,7 +38,8 @@ by field, the click's native-tile mask first (as shipped) or only the mask of bo
 ``--encoder-process alternate`` embeds, field by field, the first tile after the drop in the
 dock's second encoder process (as shipped on a CPU) or in the napari process with the rest;
 ``--handover alternate`` makes the GUI thread wait (as shipped) or not for the worker to hand
-that tile over before it builds the new layers.
+that tile over before it builds the new layers. ``--drop-at-once`` drops the first field while
+that process may still be starting (the dock ends it and starts it again once idle).
 """
 from __future__ import annotations
 
@@ -103,6 +104,9 @@ def main() -> None:
                     help="a new image's first tile in the dock's second encoder process (CPU)")
     ap.add_argument("--handover", choices=("alternate", "on", "off"), default="on",
                     help="the GUI thread waits for the first tile's handover to that process")
+    ap.add_argument("--drop-at-once", action="store_true",
+                    help="drop the first field as soon as the model is ready, not after the "
+                         "second encoder process is")
     args = ap.parse_args()
 
     import napari
@@ -128,12 +132,12 @@ def main() -> None:
         w.use_sam_model(args.model)
     pump(lambda: "ready" in w.status.text())
     slot = w._encoder_slot
-    if slot.process is not None:
+    if slot.process is not None and not args.drop_at_once:
         t_proc = time.perf_counter()
         pump(lambda: slot.process.ready or slot.process.state != "starting", timeout=300)
         print(f"second encoder process: {slot.process.state} "
               f"({time.perf_counter() - t_proc:.1f} s more after the dock's model)", flush=True)
-    elif args.encoder_process != "off":
+    elif slot.process is None and args.encoder_process != "off":
         print("second encoder process: none (a GPU, a large encoder, or switched off)", flush=True)
     print(f"model: {w.model_name}", flush=True)
     shown = {}

@@ -197,3 +197,58 @@ def test_the_annotator_embeds_a_new_image_s_first_tile_in_the_second_process(
     assert newer is not None and newer.model == "lite_medsam"
     w.deleteLater()  # the dock goes: its process ends
     qtbot.waitUntil(lambda: newer._proc.poll() is not None, timeout=WAIT)
+
+
+def test_a_drop_while_the_process_starts_defers_it_to_idle_time(make_napari_viewer, qtbot, field,
+                                                                 monkeypatch):
+    monkeypatch.setenv(ep.ENV, "1")
+    img, gt = field
+    viewer = make_napari_viewer()
+    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    slot = w._encoder_slot
+    qtbot.waitUntil(lambda: slot.process is not None, timeout=WAIT)
+    starting = slot.process
+    assert starting.state == "starting"  # loading torch takes seconds
+    viewer.add_image(img + 9, name="first")  # dropped at once: its start would slow this drop
+    qtbot.waitUntil(lambda: w.box_layer is not None, timeout=WAIT)
+    assert slot.process is None and slot.deferred == w.model_name
+    assert starting._proc.wait(10) is not None  # killed, not left loading
+    # once the image's tiles are all embedded, the process starts again and is used next time
+    qtbot.waitUntil(lambda: slot.process is not None and slot.process.ready, timeout=WAIT)
+    proc = slot.process
+    window = slot.window_seconds  # measured by the first drop (little under offscreen Qt)
+    viewer.add_image(img + 13, name="second")
+    qtbot.waitUntil(lambda: w.image_layer is not None and w.image_layer.name == "second", timeout=WAIT)
+    ids, boxes = gt_boxes(gt)
+    h, wd = gt.shape
+    k = min(range(len(boxes)), key=lambda i: abs((boxes[i][0] + boxes[i][2]) / 2 - wd / 2)
+            + abs((boxes[i][1] + boxes[i][3]) / 2 - h / 2))
+    x0, y0, x1, y1 = boxes[k]
+    w.box_layer.add_rectangles([[y0, x0], [y0, x1], [y1, x1], [y1, x0]])
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    # the first tile went there exactly when the measured times said it was worth it
+    assert window is not None and window > 0
+    assert proc.calls == int(ep.worth_it(proc.tile_seconds, slot.here_seconds, window))
+    assert iou(w._preview[3].full(gt.shape), gt == ids[k]) > 0.7
+    w.deleteLater()
+    qtbot.waitUntil(lambda: proc._proc.poll() is not None, timeout=WAIT)
+
+
+def test_the_window_s_work_is_measured_on_drops_whose_tile_stayed_here(make_napari_viewer):
+    import time
+
+    viewer = make_napari_viewer()
+    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    slot = w._encoder_slot
+
+    def painted(ago, waited, elsewhere):
+        w._followed = (time.perf_counter() - ago, waited, elsewhere)
+        w._on_followed_painted()
+
+    painted(0.5, 0.1, True)
+    assert 0.39 < slot.window_seconds < 0.6  # a first estimate, even from a tile elsewhere
+    slot.window_seconds = 0.2
+    painted(0.5, 0.0, True)
+    assert slot.window_seconds == 0.2  # the window had less to contend with: kept
+    painted(0.5, 0.0, False)
+    assert 0.49 < slot.window_seconds < 0.7  # what delays a tile embedded here

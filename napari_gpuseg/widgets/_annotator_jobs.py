@@ -60,7 +60,9 @@ class AnnotatorJobs:
                                                   progress=report, cancel=cancel, offload_first=offload)
             offload = None
         synchronize(engine.policy.device)  # the time includes the GPU work, not just its launch
-        return [image], time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self._encoder_slot.resume(model, engine)  # a start a drop deferred, now that all is embedded
+        return [image], seconds
 
     def _job_stack(self, model: str, planes: dict, keys: dict, step: int | None,
                    progress=None, cancel=None):

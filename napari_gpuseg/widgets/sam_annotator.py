@@ -79,7 +79,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         self._after_repaint = AfterRepaint(self.worker.release_background, self)
         self._follow = PostedCall(self._follow_active, self)
         self._drop_noticed: float | None = None  # when a new layer became the active one
-        self._followed: tuple[float, float] | None = None  # (noticed, waited) until painted
+        self._followed: tuple | None = None  # (noticed, waited, tile elsewhere) until painted
         self._painted = AfterRepaint(self._on_followed_painted, self)
         self._init_later_layers()
         self._build_ui()
@@ -253,8 +253,11 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         first waits (at most ``handover_wait_s``) for the worker to hand it the first tile.
         The window's work after the drop is measured for :func:`.encoder_process.worth_it`:
         from the new layer's activation to the first repaint with the layers made, the wait
-        not counted."""
+        not counted. It is what delays a tile embedded here, so a drop whose tile went to the
+        second process (and left the window less to contend with) only gives a first estimate."""
         slot = self._encoder_slot
+        slot.defer_start()  # a process still starting waits for idle time
+        elsewhere = slot.offload(self.model_name) is not None
         handover = slot.handover(self.model_name) if self.handover_wait_s > 0 else None
         t_wait = time.perf_counter()
         if self._embed_current() and handover is not None:
@@ -263,14 +266,16 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         self._ensure_layers(rest=False)  # the others once a first prompt has its mask
         noticed, self._drop_noticed = self._drop_noticed, None
         if noticed is not None:
-            self._followed = (noticed, waited)
+            self._followed = (noticed, waited, elsewhere)
             self._painted.post()
 
     def _on_followed_painted(self) -> None:
         followed, self._followed = self._followed, None
+        slot = self._encoder_slot
         if followed is not None:
-            noticed, waited = followed
-            self._encoder_slot.window_seconds = time.perf_counter() - noticed - waited
+            noticed, waited, elsewhere = followed
+            if not elsewhere or slot.window_seconds is None:
+                slot.window_seconds = time.perf_counter() - noticed - waited
 
     def _spatial_shape(self) -> tuple:
         return spatial_shape(self.image_layer)

@@ -81,7 +81,7 @@ def worth_it(there: float | None, here: float | None, window: float | None) -> b
     image's first tile sooner than this process: here the tile (``here`` s alone) gets going
     only once the window's work after the drop (``window`` s, last measured) lets go of the
     interpreter lock. Unmeasured window work (before the first drop): yes, and that drop
-    measures it. (Xeon AMX, 2 cores: 0.56 s there with one thread, 0.28-0.31 s here, 0.4-0.5 s
+    measures it (later, the drops whose tile stayed here do). (Xeon AMX, 2 cores: 0.56 s there with one thread, 0.28-0.31 s here, 0.4-0.5 s
     of window work: used. The same in fp32: 1.10, 0.60 and 0.25-0.30 s: not used.)"""
     if there is None or here is None:
         return False
@@ -273,6 +273,15 @@ class EncoderProcess:
 
         threading.Thread(target=reap, name="napari-gpuseg-encoder-reaper", daemon=True).start()
 
+    def kill(self) -> None:
+        """End the process now, mid-start or mid-tile (:meth:`close` waits for it to read
+        its input's end, which a starting process does only once loaded)."""
+        if self.state != "closed":
+            self.state = "closed"
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+                threading.Thread(target=self._proc.wait, daemon=True).start()
+
     def close(self) -> None:
         """End the process (see :meth:`_stop`); returns at once."""
         if self.state != "closed":
@@ -293,7 +302,9 @@ class EncoderSlot:
         self.process: EncoderProcess | None = None
         self._lock = threading.Lock()
         self.here_seconds: float | None = None  # this process's tile time, measured at load
+        self._here_model: str | None = None  # the model it was measured with
         self.window_seconds: float | None = None  # the window's work after the last drop
+        self.deferred: str | None = None  # a model whose process start waits for idle time
 
     def ensure(self, model: str, engine) -> None:
         """A process for ``model`` (a :class:`.predictor.SamEngine` loaded in this process)
@@ -305,10 +316,29 @@ class EncoderSlot:
             want = wanted(engine.sam.image_encoder, engine.policy.device)
             if old is not None:
                 old.close()
-            self.process = None
+            self.process, self.deferred = None, None
             if want:  # this process's tile time first, on cores the new process does not share yet
-                self.here_seconds = time_tile(engine)
+                if self._here_model != str(model):
+                    self.here_seconds, self._here_model = time_tile(engine), str(model)
                 self.process = EncoderProcess(str(model), engine.policy.active_precision)
+
+    def defer_start(self) -> None:
+        """A drop while the process is still starting: it is ended, and :meth:`resume` starts
+        it again later. Its start (loading torch and the model, timing tiles: 2-4 s of CPU)
+        would otherwise compete with the drop's work for the cores: on 2 cores the first
+        mask came 1.9 s after such a drop instead of 0.97 s."""
+        with self._lock:
+            proc = self.process
+            if proc is None or proc.ready or proc.state != "starting":
+                return
+            proc.kill()
+            self.process, self.deferred = None, proc.model
+
+    def resume(self, model: str, engine) -> None:
+        """Start the process :meth:`defer_start` ended, once the dock is idle (the image's
+        tiles are all embedded)."""
+        if self.deferred is not None and self.deferred == str(model):
+            self.ensure(model, engine)
 
     def offload(self, model: str) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
         """``encode`` of the process for ``model`` once it is ready (queued prompts run at a
