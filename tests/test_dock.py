@@ -91,8 +91,17 @@ def test_annotator_rows_are_not_clipped_at_the_default_window_size(make_napari_v
     viewer.add_image(np.zeros((64, 64), np.uint8), name="img")
     _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     viewer.window.add_plugin_dock_widget("napari-gpuseg", "GPU monitor")
-    qtbot.wait(300)
     form = w.model_combo.parentWidget().layout().itemAt(0).layout()
+    widgets = [(f, form.labelForField(f)) for f in (w.model_combo, w.image_label)]
+
+    def settled():
+        return all(wd.isVisible() and wd.visibleRegion().boundingRect() == wd.rect()
+                   for pair in widgets for wd in pair)
+
+    # the docks' layout settles over a few event-loop rounds (the status line's text changes
+    # as the model loads, and a 2 px clip was once seen right after 300 ms)
+    qtbot.wait(300)
+    qtbot.waitUntil(settled, timeout=5000)
     for field in (w.model_combo, w.image_label):
         label = form.labelForField(field)
         for widget in (field, label):
