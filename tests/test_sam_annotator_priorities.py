@@ -80,7 +80,9 @@ def test_a_box_on_a_new_image_needs_only_its_own_tile(make_napari_viewer, qtbot,
     assert preview.status == DONE
     result = w._preview[3]
     assert result.view.x0 > 256 and iou(result.full(gt.shape), gt == ids[k]) > 0.6
-    # the decode (and the embedding of its one tile) ran before the image's tiles
+    # the decode (and the embedding of its one tile) ran before the image's tiles (the tiles
+    # job may start just after the preview reaches the GUI thread: wait for its start)
+    qtbot.waitUntil(lambda: ("start", tiles.id) in [(ev, i) for ev, i, _t in w.worker.log], timeout=WAIT)
     assert log_index(w.worker, "end", preview) < log_index(w.worker, "start", tiles)
     prepared = engine.prepare(img)  # the dock's image (embeddings are keyed by content)
     qtbot.waitUntil(lambda: engine.views_ready(prepared) == 3, timeout=WAIT)
