@@ -12,6 +12,7 @@ import torch
 from napari_gpuseg.engine.runtime.cancel import Cancelled
 from napari_gpuseg.engine.runtime.device import make_policy
 from napari_gpuseg.engine.sam import encoder_process as ep
+from napari_gpuseg.engine.sam import encoder_slot as es
 from napari_gpuseg.engine.sam.inputs import view_input
 from napari_gpuseg.engine.sam.loader import load_engine
 
@@ -62,10 +63,10 @@ def test_wanted_by_device_size_and_switch(monkeypatch):
 
 def test_worth_it_compares_the_measured_times():
     # Xeon AMX, bf16: one thread 0.56 s; two here 0.31 s after 0.45 s of the window's work
-    assert ep.worth_it(0.56, 0.31, 0.45)
-    assert not ep.worth_it(1.10, 0.60, 0.35)  # fp32 there: the tile is sooner here
-    assert ep.worth_it(1.10, 0.60, None)  # no drop measured yet: that drop measures it
-    assert not ep.worth_it(None, 0.31, 0.45) and not ep.worth_it(0.56, None, 0.45)
+    assert es.worth_it(0.56, 0.31, 0.45)
+    assert not es.worth_it(1.10, 0.60, 0.35)  # fp32 there: the tile is sooner here
+    assert es.worth_it(1.10, 0.60, None)  # no drop measured yet: that drop measures it
+    assert not es.worth_it(None, 0.31, 0.45) and not es.worth_it(0.56, None, 0.45)
 
     class Ready:
         model, ready, tile_seconds, sent = MODEL, True, 1.10, threading.Event()
@@ -73,7 +74,7 @@ def test_worth_it_compares_the_measured_times():
         def encode(self, batch, wait=None):
             return batch
 
-    slot = ep.EncoderSlot()
+    slot = es.EncoderSlot()
     slot.process, slot.here_seconds = Ready(), 0.60
     assert slot.offload(MODEL) is not None  # before the first drop
     slot.window_seconds = 0.35
@@ -228,7 +229,7 @@ def test_a_drop_while_the_process_starts_defers_it_to_idle_time(make_napari_view
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
     # the first tile went there exactly when the measured times said it was worth it
     assert window is not None and window > 0
-    assert proc.calls == int(ep.worth_it(proc.tile_seconds, slot.here_seconds, window))
+    assert proc.calls == int(es.worth_it(proc.tile_seconds, slot.here_seconds, window))
     assert iou(w._preview[3].full(gt.shape), gt == ids[k]) > 0.7
     w.deleteLater()
     qtbot.waitUntil(lambda: proc._proc.poll() is not None, timeout=WAIT)

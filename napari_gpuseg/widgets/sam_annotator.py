@@ -22,7 +22,7 @@ from qtpy.QtWidgets import (
 from ..engine.sam.annotation import LabelCommitter
 from ..engine.runtime.device import get_policy
 from ..engine.sam.cache import EmbeddingCache
-from ..engine.sam.encoder_process import EncoderSlot
+from ..engine.sam.encoder_slot import EncoderSlot
 from ..engine.runtime.worker import BACKGROUND, INTERACTIVE, InferenceWorker, default_worker
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
@@ -33,6 +33,7 @@ from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
 from ._annotator_commit import CommitActions
 from ._annotator_jobs import AnnotatorJobs
 from ._annotator_later import LaterLayers
+from ._annotator_handover import HANDOVER_WAIT_S, FirstTileHandover
 from ._annotator_preview import PreviewDisplay
 
 logger = logging.getLogger(__name__)
@@ -41,14 +42,8 @@ BACKGROUND_HOLD_S = 0.3
 """At most this long after a preview's decode, background embedding waits for the window
 to show the mask (it is released as soon as the repaint is done)."""
 
-HANDOVER_WAIT_S = 0.1
-"""At most this long, after a drop, the GUI thread waits for the worker to hand the first
-tile to the second encoder process before it builds the new layers: the worker's Python
-(preparing the image) then runs without waiting for the interpreter lock, and the tile
-starts that much sooner."""
-
-
-class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDisplay, DockWidget):
+class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDisplay, FirstTileHandover,
+                         DockWidget):
     TITLE = "SAM annotator"
 
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
@@ -246,36 +241,6 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         self._embed_then_layers()
         self._rest_pending = bool(self._missing())
         self._clear_preview()
-
-    def _embed_then_layers(self) -> None:
-        """Start the new image's tiles, then make the prompt layers (the slow part of
-        following a new image, napari's). With a second encoder process ready, the GUI thread
-        first waits (at most ``handover_wait_s``) for the worker to hand it the first tile.
-        The window's work after the drop is measured for :func:`.encoder_process.worth_it`:
-        from the new layer's activation to the first repaint with the layers made, the wait
-        not counted. It is what delays a tile embedded here, so a drop whose tile went to the
-        second process (and left the window less to contend with) only gives a first estimate."""
-        slot = self._encoder_slot
-        slot.defer_start()  # a process still starting waits for idle time
-        elsewhere = slot.offload(self.model_name) is not None
-        handover = slot.handover(self.model_name) if self.handover_wait_s > 0 else None
-        t_wait = time.perf_counter()
-        if self._embed_current() and handover is not None:
-            handover.wait(self.handover_wait_s)
-        waited = time.perf_counter() - t_wait
-        self._ensure_layers(rest=False)  # the others once a first prompt has its mask
-        noticed, self._drop_noticed = self._drop_noticed, None
-        if noticed is not None:
-            self._followed = (noticed, waited, elsewhere)
-            self._painted.post()
-
-    def _on_followed_painted(self) -> None:
-        followed, self._followed = self._followed, None
-        slot = self._encoder_slot
-        if followed is not None:
-            noticed, waited, elsewhere = followed
-            if not elsewhere or slot.window_seconds is None:
-                slot.window_seconds = time.perf_counter() - noticed - waited
 
     def _spatial_shape(self) -> tuple:
         return spatial_shape(self.image_layer)

@@ -9,8 +9,8 @@ after the window is idle again, one after the other. A second process has its ow
 interpreter, and with one intra-op thread it takes one core and leaves the other to the
 window, so both run side by side (``benchmarks/first_mask.py --encoder-process alternate``).
 After the first tile the dock's own encoder (all cores, pause points for prompts) is faster
-again, so only that tile goes here, and only while :func:`worth_it` says the second process
-ends it sooner (measured tile times of both, and the window's work after the last drop).
+again, so only that tile goes here, and only while :func:`.encoder_slot.worth_it` says the
+second process ends it sooner (measured tile times of both, and the window's work after the last drop).
 
 :class:`EncoderProcess` starts ``python -m napari_gpuseg.engine.sam.encoder_process`` with
 the model's name and the precision, and talks to it over its stdin and stdout: length-framed
@@ -74,18 +74,6 @@ def time_tile(engine, repeats: int = 2) -> float:
         engine.encode(x)
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def worth_it(there: float | None, here: float | None, window: float | None) -> bool:
-    """Whether the second process, whose tile takes ``there`` seconds alone, ends a new
-    image's first tile sooner than this process: here the tile (``here`` s alone) gets going
-    only once the window's work after the drop (``window`` s, last measured) lets go of the
-    interpreter lock. Unmeasured window work (before the first drop): yes, and that drop
-    measures it (later, the drops whose tile stayed here do). (Xeon AMX, 2 cores: 0.56 s there with one thread, 0.28-0.31 s here, 0.4-0.5 s
-    of window work: used. The same in fp32: 1.10, 0.60 and 0.25-0.30 s: not used.)"""
-    if there is None or here is None:
-        return False
-    return window is None or there < here + window
 
 
 def _pack(t: torch.Tensor) -> tuple[str, tuple, bytes]:
@@ -293,78 +281,6 @@ class EncoderProcess:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
-
-
-class EncoderSlot:
-    """One :class:`EncoderProcess` at a time, for the model a dock uses now."""
-
-    def __init__(self) -> None:
-        self.process: EncoderProcess | None = None
-        self._lock = threading.Lock()
-        self.here_seconds: float | None = None  # this process's tile time, measured at load
-        self._here_model: str | None = None  # the model it was measured with
-        self.window_seconds: float | None = None  # the window's work after the last drop
-        self.deferred: str | None = None  # a model whose process start waits for idle time
-
-    def ensure(self, model: str, engine) -> None:
-        """A process for ``model`` (a :class:`.predictor.SamEngine` loaded in this process)
-        when :func:`wanted`; the one for another model is closed."""
-        with self._lock:
-            old = self.process
-            if old is not None and old.model == str(model) and old.state in ("starting", "ready"):
-                return
-            want = wanted(engine.sam.image_encoder, engine.policy.device)
-            if old is not None:
-                old.close()
-            self.process, self.deferred = None, None
-            if want:  # this process's tile time first, on cores the new process does not share yet
-                if self._here_model != str(model):
-                    self.here_seconds, self._here_model = time_tile(engine), str(model)
-                self.process = EncoderProcess(str(model), engine.policy.active_precision)
-
-    def defer_start(self) -> None:
-        """A drop while the process is still starting: it is ended, and :meth:`resume` starts
-        it again later. Its start (loading torch and the model, timing tiles: 2-4 s of CPU)
-        would otherwise compete with the drop's work for the cores: on 2 cores the first
-        mask came 1.9 s after such a drop instead of 0.97 s."""
-        with self._lock:
-            proc = self.process
-            if proc is None or proc.ready or proc.state != "starting":
-                return
-            proc.kill()
-            self.process, self.deferred = None, proc.model
-
-    def resume(self, model: str, engine) -> None:
-        """Start the process :meth:`defer_start` ended, once the dock is idle (the image's
-        tiles are all embedded)."""
-        if self.deferred is not None and self.deferred == str(model):
-            self.ensure(model, engine)
-
-    def offload(self, model: str) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
-        """``encode`` of the process for ``model`` once it is ready (queued prompts run at a
-        worker's pause points while it waits), else None."""
-        from ..runtime.worker import pause_point
-
-        proc = self.process
-        if proc is None or proc.model != str(model) or not proc.ready:
-            return None
-        if not worth_it(proc.tile_seconds, self.here_seconds, self.window_seconds):
-            return None
-        return lambda batch: proc.encode(batch, wait=pause_point)
-
-    def handover(self, model: str) -> threading.Event | None:
-        """None unless :meth:`offload` would hand ``model``'s next tile over; else the
-        process's :attr:`EncoderProcess.sent` event, cleared now: set once it is handed over."""
-        if self.offload(model) is None:
-            return None
-        self.process.sent.clear()
-        return self.process.sent
-
-    def close(self) -> None:
-        with self._lock:
-            if self.process is not None:
-                self.process.close()
-                self.process = None
 
 
 def serve(model: str, precision: str, threads: int, stdin, stdout) -> None:
