@@ -52,6 +52,10 @@ def test_wanted_by_device_size_and_switch(monkeypatch):
     monkeypatch.setattr(ep, "MAX_PARAMS", 10)
     assert not ep.wanted(small, torch.device("cpu"))  # SAM ViT-B and larger: no second copy
     monkeypatch.setattr(ep, "MAX_PARAMS", 10**9)
+    monkeypatch.setattr(ep, "MIN_AVAILABLE_BYTES", 1 << 60)
+    assert not ep.wanted(small, torch.device("cpu"))  # short of memory: the images need it more
+    monkeypatch.setattr(ep, "MIN_AVAILABLE_BYTES", 0)
+    assert ep.wanted(small, torch.device("cpu"))
     for off in ("0", "off", "false"):
         monkeypatch.setenv(ep.ENV, off)
         assert not ep.wanted(small, torch.device("cpu"))

@@ -33,6 +33,7 @@ import threading
 import time
 from typing import Callable
 
+import psutil
 import torch
 
 logger = logging.getLogger(__name__)
@@ -44,16 +45,29 @@ MAX_PARAMS = 50_000_000
 """Encoders up to this size get a copy in a second process (TinyViT: 6 M; SAM ViT-B's
 86 M and larger would double a large memory footprint for a tile that a GPU makes moot)."""
 
+MIN_AVAILABLE_BYTES = 1 << 30
+"""Memory that must be available before the second process starts: it holds about 420 MB
+(torch, the encoder and its working buffers), and a machine short of memory needs it more
+for the images than for a faster first tile."""
+
 _HEADER = struct.Struct("<Q")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def wanted(encoder: torch.nn.Module, device: torch.device) -> bool:
-    """Whether a second process would help: a CPU device, a small encoder, and not switched
-    off through ``NAPARI_GPUSEG_ENCODER_PROCESS=0``."""
+    """Whether a second process would help: a CPU device, a small encoder, at least
+    :data:`MIN_AVAILABLE_BYTES` of memory available, and not switched off through
+    ``NAPARI_GPUSEG_ENCODER_PROCESS=0``."""
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    return device.type == "cpu" and sum(p.numel() for p in encoder.parameters()) <= MAX_PARAMS
+    if device.type != "cpu" or sum(p.numel() for p in encoder.parameters()) > MAX_PARAMS:
+        return False
+    available = psutil.virtual_memory().available
+    if available < MIN_AVAILABLE_BYTES:
+        logger.info("no second encoder process: %.0f MB of memory available, %.0f MB wanted",
+                    available / 2**20, MIN_AVAILABLE_BYTES / 2**20)
+        return False
+    return True
 
 
 def default_threads() -> int:
