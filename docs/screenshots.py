@@ -120,8 +120,21 @@ def sam_automatic(viewer, app):
     pump(app, seconds=3)
 
 
+def sam_everything_nuclei(viewer, app):
+    """Segment everything with the default model on a 320x480 crop of a validation field."""
+    img = tifffile.imread(DATA / "bbbc039" / "images" / "IXMtest_O18_s7.tif")[:320, :480]
+    viewer.add_image(img, name="IXMtest_O18_s7", contrast_limits=(0, np.percentile(img, 99.8)))
+    _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM automatic")
+    w.mode_combo.setCurrentIndex(1)  # Segment everything
+    w.run()
+    pump(app, lambda: w.labels_layer is not None and w.run_button.isEnabled()
+         and "objects" in w.status.text(), 600)
+    pump(app, seconds=3)
+
+
 SHOTS = {"annotator": annotator, "gpu_monitor": gpu_monitor, "unet_predict": unet_predict,
-         "sam_automatic": sam_automatic, "propagate": propagate}
+         "sam_automatic": sam_automatic, "sam_everything_nuclei": sam_everything_nuclei,
+         "propagate": propagate}
 AT_DEFAULT_SIZE = {"annotator"}  # shown at napari's default window size (no clipped dock rows)
 
 
