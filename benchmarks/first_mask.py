@@ -37,6 +37,8 @@ its edits moving the click by a few pixels; ``--first-look alternate`` then show
 by field, the click's native-tile mask first (as shipped) or only the mask of both scales.
 ``--encoder-process alternate`` embeds, field by field, the first tile after the drop in the
 dock's second encoder process (as shipped on a CPU) or in the napari process with the rest;
+``--look-paint alternate`` makes a first click's full decode wait (as shipped) or not for its first
+look to be painted (its finer view's encoder would hold Python's lock through that paint).
 ``--handover alternate`` makes the GUI thread wait (as shipped) or not for the worker to hand
 that tile over before it builds the new layers. ``--drop-at-once`` drops the first field while
 that process may still be starting (the dock ends it and starts it again once idle).
@@ -104,6 +106,8 @@ def main() -> None:
                     help="a new image's first tile in the dock's second encoder process (CPU)")
     ap.add_argument("--handover", choices=("alternate", "on", "off"), default="on",
                     help="the GUI thread waits for the first tile's handover to that process")
+    ap.add_argument("--look-paint", choices=("alternate", "on", "off"), default="on",
+                    help="a first click's full decode waits for its first look to be painted")
     ap.add_argument("--drop-at-once", action="store_true",
                     help="drop the first field as soon as the model is ready, not after the "
                          "second encoder process is")
@@ -160,10 +164,12 @@ def main() -> None:
             stamps["submit"] = time.perf_counter()
         return submit_job(fn, *a, **kw)
 
-    def stamped_predict(model, image, prompts, multimask, cancel=None):
+    look_paint = {"on": True}
+
+    def stamped_predict(model, image, prompts, multimask, look=None, cancel=None):
         stamps["start"] = time.perf_counter()
-        try:
-            return predict(model, image, prompts, multimask, cancel=cancel)
+        try:  # look: a first click's full decode waits for its first look's paint (as shipped)
+            return predict(model, image, prompts, multimask, look if look_paint["on"] else None, cancel=cancel)
         finally:
             stamps["end"] = time.perf_counter()
 
@@ -220,6 +226,7 @@ def main() -> None:
         w._job_first_look = first_look if look else (lambda *_a, **_kw: None)
         offloads = args.encoder_process == "on" or (args.encoder_process == "alternate" and n_field % 2 == 1)
         slot.offload = slot_offload if offloads else (lambda *_a: None)
+        look_paint["on"] = args.look_paint == "on" or (args.look_paint == "alternate" and n_field % 2 == 1)
         hands = args.handover == "on" or (args.handover == "alternate" and n_field % 2 == 1)
         w.handover_wait_s = HANDOVER_WAIT_S if hands else 0.0
         img = tifffile.imread(f)
@@ -316,7 +323,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, hands=hands, offloads=offloads, look=look, waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, hands=hands, offloads=offloads, look=look, look_paint=look_paint["on"], waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -350,6 +357,8 @@ def main() -> None:
             (args.wait_for_tile, "waits", ("box's view embedded again", "box's view waited for"),
              lambda sub: f"box -> mask median {med(sum(r['first_split']) for r in sub):.0f} ms"),
             (args.first_look, "look", ("first look off", "first look on"),
+             lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s"),
+            (args.look_paint, "look_paint", ("full decode at once", "full decode after the first look's paint"),
              lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s"),
             (args.rest, "rest_later", ("SAM negative and labels while following",
                                        "SAM negative and labels after the first mask"),

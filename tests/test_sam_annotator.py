@@ -213,13 +213,15 @@ def test_clicks_with_the_default_model_find_the_nucleus_and_refine(make_napari_v
     assert np.mean(scores) >= 0.8, scores
 
 
-def test_a_first_click_after_a_drop_shows_its_native_tile_mask_first(make_napari_viewer, qtbot, shared_data):
+def test_a_first_click_after_a_drop_shows_its_native_tile_mask_first(make_napari_viewer, qtbot, shared_data,
+                                                                    monkeypatch):
     """Right after a drop the finer click view a first click is also decoded in is not
     embedded (a whole field's 12 native tiles come first): the dock shows the mask of the
     click's native tile as soon as that tile is ready, then the mask of both scales, the
     same as the engine gives for the click."""
     from napari_gpuseg.engine.sam.interaction import interior_point
     from napari_gpuseg.engine.sam.prompt_types import Prompt
+    from napari_gpuseg.widgets import _annotator_jobs as jobs
 
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[17]
     img = tifffile.imread(f)
@@ -234,6 +236,19 @@ def test_a_first_click_after_a_drop_shows_its_native_tile_mask_first(make_napari
         shown.append((final, result, w.status.text()))
 
     w._show_preview = record
+    events = []  # the full decode's finer view is embedded once the first look is painted
+    painted, wait_painted = w._on_look_painted, jobs.wait_painted
+
+    def on_painted():
+        events.append("painted")
+        painted()
+
+    def waited(look, cancel=None):
+        wait_painted(look, cancel)
+        events.append(("decode", look.is_set()))
+
+    w._look_painted._fn = on_painted
+    monkeypatch.setattr(jobs, "wait_painted", waited)
     viewer.add_image(img, name="nuclei")
     qtbot.waitUntil(lambda: w.image_layer is not None and w.pos_layer is not None, timeout=WAIT)
     oid = gt[gt.shape[0] // 2 - 60:gt.shape[0] // 2 + 60, gt.shape[1] // 2 - 60:gt.shape[1] // 2 + 60].max()
@@ -241,6 +256,8 @@ def test_a_first_click_after_a_drop_shows_its_native_tile_mask_first(make_napari
     w.pos_layer.add([[y, x]])
     qtbot.waitUntil(lambda: any(final for final, _r, _t in shown), timeout=WAIT)
     assert [final for final, _r, _t in shown] == [False, True]
+    assert events == ["painted", ("decode", True)]  # the decode went on after the paint, not the timeout
+    assert not w._looks_waiting
     assert "native tile" in shown[0][2] and "native tile" not in shown[1][2]
     assert w._preview[3] is shown[1][1]
     engine = w._engine(w.model_name)
@@ -249,6 +266,29 @@ def test_a_first_click_after_a_drop_shows_its_native_tile_mask_first(make_napari
     qtbot.waitUntil(lambda: job.wait(0), timeout=WAIT)
     np.testing.assert_array_equal(job.result().full(gt.shape), shown[1][1].full(gt.shape))
     assert iou(shown[0][1].full(gt.shape), gt == oid) > 0.6
+
+
+def test_a_first_clicks_full_decode_waits_for_its_first_look_within_bounds():
+    """The full decode of a first click starts once its first look is painted (the event
+    is set), after at most FIRST_LOOK_PAINT_WAIT_S when it never is, and not at all once
+    the click is replaced (cancelled)."""
+    import threading
+
+    from napari_gpuseg.engine.runtime.cancel import CancelToken, Cancelled
+    from napari_gpuseg.widgets import _annotator_jobs as jobs
+
+    look = threading.Event()
+    threading.Timer(0.05, look.set).start()
+    t0 = time.perf_counter()
+    jobs.wait_painted(look)
+    assert 0.04 < time.perf_counter() - t0 < jobs.FIRST_LOOK_PAINT_WAIT_S
+    t0 = time.perf_counter()
+    jobs.wait_painted(threading.Event())  # never painted (a stale first look): bounded
+    assert jobs.FIRST_LOOK_PAINT_WAIT_S <= time.perf_counter() - t0 < jobs.FIRST_LOOK_PAINT_WAIT_S + 0.2
+    token = CancelToken()
+    token.cancel()
+    with pytest.raises(Cancelled):
+        jobs.wait_painted(threading.Event(), token)
 
 
 def test_points_give_a_preview_and_negative_points_count(make_napari_viewer, qtbot, crop):
@@ -463,9 +503,9 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     real = w._job_predict
     calls = []
 
-    def counted(model, image, prompts, multimask, cancel=None):
+    def counted(model, image, prompts, multimask, *rest, cancel=None):
         calls.append(prompts)
-        return real(model, image, prompts, multimask, cancel=cancel)
+        return real(model, image, prompts, multimask, *rest, cancel=cancel)
 
     w._job_predict = counted
     for box in boxes[:2]:  # the usual case: held until the mask is there
@@ -477,9 +517,9 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     qtbot.wait(50)
     assert len(calls) == 2  # one decode per box: a dims event on the same plane is no edit
 
-    def slow(model, image, prompts, multimask, cancel=None):
+    def slow(model, image, prompts, multimask, *rest, cancel=None):
         time.sleep(4 * HOLD_MS / 1000)
-        return real(model, image, prompts, multimask, cancel=cancel)
+        return real(model, image, prompts, multimask, *rest, cancel=cancel)
 
     w._job_predict = slow  # a decoder slower than the hold: the box shows after HOLD_MS
     timeouts = w.redraw.timeouts
@@ -492,7 +532,7 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
     w.clear_prompts()
 
-    def broken(model, image, prompts, multimask, cancel=None):
+    def broken(model, image, prompts, multimask, *rest, cancel=None):
         raise RuntimeError("decoder exploded")
 
     w._job_predict = broken  # an error releases at once and is reported
@@ -569,9 +609,9 @@ def test_drawing_a_box_with_the_mouse_decodes_once_on_release(make_napari_viewer
                  key=lambda c: c.width() * c.height())
     real, calls = w._job_predict, []
 
-    def counted(model, image, prompts, multimask, cancel=None):
+    def counted(model, image, prompts, multimask, *rest, cancel=None):
         calls.append(prompts)
-        return real(model, image, prompts, multimask, cancel=cancel)
+        return real(model, image, prompts, multimask, *rest, cancel=cancel)
 
     w._job_predict = counted
     mid = QPoint(canvas.width() // 2, canvas.height() // 2)

@@ -44,6 +44,22 @@ class PreviewDisplay:
         self._after_repaint.post()  # background embedding goes on once the mask is drawn
         self._rest_soon()
 
+    def _show_first_look(self, layer, index, generation, result, prompt, look) -> None:
+        """A first click's native-tile mask (``result``; None: nothing to show). ``look`` is
+        set once the window has painted it: the full decode waits for that
+        (``_annotator_jobs.wait_painted``)."""
+        if result is None:
+            look.set()
+            return
+        self._show_preview(layer, index, generation, result, prompt, final=False)
+        self._looks_waiting.append(look)
+        self._look_painted.post()  # after the repaint _show_preview asked for
+
+    def _on_look_painted(self) -> None:
+        waiting, self._looks_waiting = self._looks_waiting, []
+        for look in waiting:
+            look.set()
+
     def _clear_preview(self) -> None:
         self._preview = self._preview_prompt = None
         self.redraw.release()

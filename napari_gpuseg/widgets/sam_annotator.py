@@ -11,6 +11,7 @@ repainted with the mask, so the repaint does not share the cores with the encode
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import numpy as np
@@ -72,6 +73,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         self.hold_background_s = BACKGROUND_HOLD_S
         self.handover_wait_s = HANDOVER_WAIT_S  # 0: no wait
         self._after_repaint = AfterRepaint(self.worker.release_background, self)
+        self._looks_waiting, self._look_painted = [], AfterRepaint(self._on_look_painted, self)
         self._follow = PostedCall(self._follow_active, self)
         self._drop_noticed: float | None = None  # when a new layer became the active one
         self._followed: tuple | None = None  # (noticed, waited, tile elsewhere) until painted
@@ -368,16 +370,16 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         gen, layer = self._generation, self.image_layer
         prompt, multimask = self._follow_up(prompt, index)
         first_click = multimask and prompt.box is None and prompt.mask_input is None
+        look = threading.Event() if first_click else None  # set once the first look is painted
         if first_click:  # its native tile's mask first, while the finer click view embeds
             self._submit(
-                self._job_first_look, self.model_name, image, prompt, tag="preview", replace=True,
+                self._job_first_look, self.model_name, image, prompt, look, tag="preview", replace=True,
                 priority=INTERACTIVE, hold_after=self.hold_background_s,
                 defer=self._defer_for(self.model_name, image, prompt),
-                on_result=lambda res: res is not None and self._show_preview(layer, index, gen, res, prompt,
-                                                                             final=False),
-                on_error=self._on_preview_error)
+                on_result=lambda res: self._show_first_look(layer, index, gen, res, prompt, look),
+                on_error=lambda exc: (look.set(), self._on_preview_error(exc)))
         self._preview_job = self._submit(
-            self._job_predict, self.model_name, image, [prompt], multimask,
+            self._job_predict, self.model_name, image, [prompt], multimask, look,
             tag="preview", replace=not first_click, priority=INTERACTIVE, hold_after=self.hold_background_s,
             defer=self._defer_for(self.model_name, image, prompt),
             on_result=lambda res: self._show_preview(layer, index, gen, res[0], prompt),
