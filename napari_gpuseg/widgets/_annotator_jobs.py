@@ -24,8 +24,9 @@ def wait_painted(look, cancel=None) -> None:
     """Wait (at most :data:`FIRST_LOOK_PAINT_WAIT_S`, cancellable) for a first click's
     first look to be on screen. The full decode right after it embeds the click's finer
     view, and in this process the encoder's operators take Python's lock from the GUI
-    thread every few milliseconds: painted meanwhile, the first look appeared only with
-    the final mask (about 0.7 s after the click instead of 0.2 s on a 2-core CPU)."""
+    thread every few milliseconds, which slows a paint beside it down (first look on
+    screen 148 ms after a click instead of 127 ms, median, on a 2-core Xeon;
+    ``benchmarks/click_first_look.py``)."""
     end = time.monotonic() + FIRST_LOOK_PAINT_WAIT_S
     while not look.wait(0.005):
         check(cancel)
