@@ -20,10 +20,10 @@ class FirstTileHandover:
         following a new image, napari's). With a second encoder process ready, the GUI thread
         first waits (at most ``handover_wait_s``) for the worker to hand it the first tile.
         The window's work after the drop is measured for ``worth_it``
-        (engine/sam/encoder_slot.py):
-        from the new layer's activation to the first repaint with the layers made, the wait
-        not counted. It is what delays a tile embedded here, so a drop whose tile went to the
-        second process (and left the window less to contend with) only gives a first estimate."""
+        (engine/sam/encoder_slot.py): from the new layer's activation to the first repaint
+        with the layers made, the wait not counted. It is what delays a tile embedded here,
+        so a drop whose tile went to the second process (and left the window less to contend
+        with) only gives a first estimate."""
         slot = self._encoder_slot
         slot.defer_start()  # a process still starting waits for idle time
         elsewhere = slot.offload(self.model_name) is not None

@@ -45,9 +45,9 @@ class PreviewDisplay:
         self._rest_soon()
 
     def _show_first_look(self, layer, index, generation, result, prompt, look) -> None:
-        """A first click's native-tile mask (``result``; None: nothing to show). ``look`` is
-        set once the window has painted it: the full decode waits for that
-        (``_annotator_jobs.wait_painted``)."""
+        """A first click's native-tile mask (``result``; None: nothing to show, and the job
+        has set ``look`` already). ``look`` is set once the window has painted the mask: the
+        full decode waits for that (``_annotator_jobs.wait_painted``)."""
         if result is None:
             look.set()
             return

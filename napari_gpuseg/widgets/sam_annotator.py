@@ -377,7 +377,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
                 priority=INTERACTIVE, hold_after=self.hold_background_s,
                 defer=self._defer_for(self.model_name, image, prompt),
                 on_result=lambda res: self._show_first_look(layer, index, gen, res, prompt, look),
-                on_error=lambda exc: (look.set(), self._on_preview_error(exc)))
+                on_error=self._on_preview_error)  # the job set ``look`` itself
         self._preview_job = self._submit(
             self._job_predict, self.model_name, image, [prompt], multimask, look,
             tag="preview", replace=not first_click, priority=INTERACTIVE, hold_after=self.hold_background_s,

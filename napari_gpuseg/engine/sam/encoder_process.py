@@ -10,7 +10,8 @@ interpreter, and with one intra-op thread it takes one core and leaves the other
 window, so both run side by side (``benchmarks/first_mask.py --encoder-process alternate``).
 After the first tile the dock's own encoder (all cores, pause points for prompts) is faster
 again, so only that tile goes here, and only while :func:`.encoder_slot.worth_it` says the
-second process ends it sooner (measured tile times of both, and the window's work after the last drop).
+second process ends it sooner (measured tile times of both, and the window's work after the
+last drop).
 
 :class:`EncoderProcess` starts ``python -m napari_gpuseg.engine.sam.encoder_process`` with
 the model's name and the precision, and talks to it over its stdin and stdout: length-framed

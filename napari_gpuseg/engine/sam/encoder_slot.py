@@ -16,8 +16,9 @@ def worth_it(there: float | None, here: float | None, window: float | None) -> b
     image's first tile sooner than this process: here the tile (``here`` s alone) gets going
     only once the window's work after the drop (``window`` s, last measured) lets go of the
     interpreter lock. Unmeasured window work (before the first drop): yes, and that drop
-    measures it (later, the drops whose tile stayed here do). (Xeon AMX, 2 cores: 0.56 s there with one thread, 0.28-0.31 s here, 0.4-0.5 s
-    of window work: used. The same in fp32: 1.10, 0.60 and 0.25-0.30 s: not used.)"""
+    measures it (later, the drops whose tile stayed here do). (Xeon AMX, 2 cores: 0.56 s
+    there with one thread, 0.28-0.31 s here, 0.4-0.5 s of window work: used. The same in
+    fp32: 1.10, 0.60 and 0.25-0.30 s: not used.)"""
     if there is None or here is None:
         return False
     return window is None or there < here + window
