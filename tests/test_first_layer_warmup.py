@@ -13,17 +13,15 @@ from sam_fixtures import require_lite_medsam
 WAIT = 120_000
 
 
-def test_the_unit_registry_is_built_ahead():
-    app = pint.get_application_registry()
-    built = app.get()
-    app.set(pint.registry.LazyRegistry())
-    try:
-        assert type(app.get()) is pint.registry.LazyRegistry  # what a newly started process has
-        _first_layer.build_unit_registry()
-        assert type(app.get()) is pint.UnitRegistry
-        assert app.get().pixel == app.get().Unit("pixel")
-    finally:
-        app.set(built)
+def test_the_unit_registry_is_built_ahead(monkeypatch):
+    # an application registry of the test's own, as a newly started process has it: the
+    # process's own one (napari's layers and their units use it) is never swapped
+    fresh = pint.registry.ApplicationRegistry(pint.registry.LazyRegistry())
+    monkeypatch.setattr(pint, "get_application_registry", lambda: fresh)
+    assert type(fresh.get()) is pint.registry.LazyRegistry
+    _first_layer.build_unit_registry()
+    assert type(fresh.get()) is pint.UnitRegistry
+    assert fresh.get().pixel == fresh.get().Unit("pixel")
 
 
 def test_layer_modules_import_and_a_missing_one_is_skipped(monkeypatch):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from qtpy.QtCore import QSize, Qt
+from qtpy.QtCore import QEvent, QSize, Qt
 from qtpy.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QScrollArea, QSpinBox, QWidget
 
 from . import _bridge
@@ -42,7 +42,15 @@ def notify_error(message: str) -> None:
 
 
 class _VerticalScroll(QScrollArea):
-    """Scrolls vertically only: as wide as its content plus the scroll bar."""
+    """Scrolls vertically only: as wide as its content plus the scroll bar. When the
+    content's layout changes (a longer status text, a row shown), the dock asks for the new
+    width at once: Qt's scroll area keeps its old size hint otherwise, and a shown scroll bar
+    then covered the right edge of the rows (2-11 px, seen at napari's default window size)."""
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 - Qt name
+        if obj is self.widget() and event.type() == QEvent.Type.LayoutRequest:
+            self.updateGeometry()
+        return super().eventFilter(obj, event)
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt name
         hint = super().minimumSizeHint()
