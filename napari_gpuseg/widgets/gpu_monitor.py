@@ -13,6 +13,20 @@ from ._plot import HistoryPlot
 fmt = memory.format_bytes
 
 
+class _WrappedLabel(QLabel):
+    """A word-wrapped label that keeps the height of all its lines: a dock squeezed by the
+    window's height (docked below the annotator at napari's default size) otherwise cut a long
+    CPU name's second line off, since Qt lays docks out without height-for-width."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.setWordWrap(True)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt name
+        super().resizeEvent(event)
+        self.setMinimumHeight(self.heightForWidth(self.width()))
+
+
 class GpuMonitorWidget(QWidget):
     """Refreshes about twice a second; reading the probes is cheap (docs/benchmarks.md)."""
 
@@ -24,8 +38,7 @@ class GpuMonitorWidget(QWidget):
         self.is_gpu = self.device.type == "cuda"
         self.setObjectName("GpuMonitorWidget")
 
-        self.device_label = QLabel(device_name(self.device))
-        self.device_label.setWordWrap(True)
+        self.device_label = _WrappedLabel(device_name(self.device))
         self.precision_label = QLabel(f"{policy.precision} ({policy.reason})")
         self.fields: dict[str, QLabel] = {}
         form = QFormLayout()
