@@ -59,12 +59,56 @@ def _close_leaked_viewers() -> int:
     return len(leaked)
 
 
+_gl_facts_asked = False
+
+
+def _ask_gl_facts_once(request) -> None:
+    """Have napari ask OpenGL for its extensions and texture sizes once per process, before
+    the first viewer, with an OpenGL context current.
+
+    napari asks the first time a process makes an image layer and caches only an answer. Under
+    the offscreen Qt platform the question sometimes met no current context (a closed viewer's
+    canvas still listed as vispy's current one, or, rarely, a fresh worker): ``glGetString``
+    returned nothing, and every image layer of that worker failed from then on (the layer never
+    reached the canvas, the viewer could not be closed: 18 failed tests and 35 errors in one CI
+    run). Each try here makes a hidden vispy canvas first, whose own offscreen context vispy
+    makes current, asks, and closes it; the answers then stay cached for the process."""
+    global _gl_facts_asked
+    if _gl_facts_asked:
+        return
+    request.getfixturevalue("qapp")  # pytest-qt's application, the one the viewers use
+    import time
+    import warnings
+
+    from napari._vispy.utils.gl import get_gl_extensions, get_max_texture_sizes
+    from qtpy.QtWidgets import QApplication
+    from vispy.app import Canvas
+
+    error = None
+    for _try in range(3):
+        canvas = Canvas(show=False)
+        try:
+            get_gl_extensions()
+            get_max_texture_sizes()
+            _gl_facts_asked = True
+            return
+        except Exception as exc:  # noqa: BLE001 - asked again below
+            error = exc
+        finally:
+            canvas.close()
+        QApplication.processEvents()
+        time.sleep(0.2)
+    warnings.warn(f"napari's OpenGL facts could not be asked ahead: {error!r}", stacklevel=1)
+
+
 @pytest.fixture(autouse=True)
 def _no_viewer_left_behind(request):
-    """A viewer whose test's teardown failed (that test reports it) is closed before the next
-    viewer test starts: one broken teardown fails one test, not every viewer test after it
-    in that worker (napari's fixture refuses to start while one is left)."""
+    """Before a viewer test: napari's OpenGL facts asked once (:func:`_ask_gl_facts_once`),
+    and a viewer whose test's teardown failed (that test reports it) closed, so that one
+    broken teardown fails one test, not every viewer test after it in that worker (napari's
+    fixture refuses to start while one is left)."""
     if "make_napari_viewer" in request.fixturenames:
+        _ask_gl_facts_once(request)
         n = _close_leaked_viewers()
         if n:
             import warnings

@@ -278,13 +278,14 @@ def test_a_first_clicks_full_decode_waits_for_its_first_look_within_bounds():
     from napari_gpuseg.widgets import _annotator_jobs as jobs
 
     look = threading.Event()
+    t0 = time.perf_counter()  # before the timer starts: it sets the event 0.05 s after that
     threading.Timer(0.05, look.set).start()
-    t0 = time.perf_counter()
     jobs.wait_painted(look)
     assert 0.04 < time.perf_counter() - t0 < jobs.FIRST_LOOK_PAINT_WAIT_S
     t0 = time.perf_counter()
     jobs.wait_painted(threading.Event())  # never painted (a stale first look): bounded
-    assert jobs.FIRST_LOOK_PAINT_WAIT_S <= time.perf_counter() - t0 < jobs.FIRST_LOOK_PAINT_WAIT_S + 0.2
+    # (a loose upper bound: a loaded 2-core machine may wake the thread late)
+    assert jobs.FIRST_LOOK_PAINT_WAIT_S <= time.perf_counter() - t0 < jobs.FIRST_LOOK_PAINT_WAIT_S + 1.0
     token = CancelToken()
     token.cancel()
     with pytest.raises(Cancelled):
