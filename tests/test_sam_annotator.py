@@ -578,7 +578,8 @@ def test_a_held_edit_repaints_what_changed_not_the_whole_window(make_napari_view
         add_box(w, boxes[0])
         assert w.redraw.held
         qtbot.waitUntil(lambda: bool(shown), timeout=WAIT)
-        assert shown[0] == 0  # nothing was painted between the edit and the mask
+        # nothing was painted between the edit and the mask
+        assert shown[0] == 0, f"painted while held: {painted[:shown[0]]}"
         qtbot.waitUntil(lambda: not w.redraw.held, timeout=WAIT)
         assert w.redraw.timeouts == timeouts  # released by the mask, not by the time limit
         qtbot.wait(100)
