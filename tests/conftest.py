@@ -64,41 +64,49 @@ _gl_facts_asked = False
 
 def _ask_gl_facts_once(request) -> None:
     """Have napari ask OpenGL for its extensions and texture sizes once per process, before
-    the first viewer, with an OpenGL context current.
+    the first viewer.
 
     napari asks the first time a process makes an image layer and caches only an answer. Under
-    the offscreen Qt platform the question sometimes met no current context (a closed viewer's
-    canvas still listed as vispy's current one, or, rarely, a fresh worker): ``glGetString``
-    returned nothing, and every image layer of that worker failed from then on (the layer never
-    reached the canvas, the viewer could not be closed: 18 failed tests and 35 errors in one CI
-    run). Each try here makes a hidden vispy canvas first, whose own offscreen context vispy
-    makes current, asks, and closes it; the answers then stay cached for the process."""
+    the offscreen Qt platform the question sometimes met no current context: between tests (a
+    closed viewer's canvas still listed as vispy's current one) and, in some pytest-xdist
+    workers, from the process's start (no try in that process ever got an answer).
+    ``glGetString`` then returned nothing, and every image layer of that worker failed (the
+    layer never reached the canvas, the viewer could not be closed: 18 failed tests and 35
+    errors in one CI run). So: napari's own question first (it makes a hidden canvas when
+    none exists), then tries with a hidden vispy canvas of our own (vispy makes its offscreen
+    context current). A process where every try fails has no OpenGL to draw with anyway
+    (offscreen draws nothing): its image layers get napari's answer for a GPU without float
+    textures, with a warning, instead of failing."""
     global _gl_facts_asked
     if _gl_facts_asked:
         return
+    _gl_facts_asked = True
     request.getfixturevalue("qapp")  # pytest-qt's application, the one the viewers use
     import time
     import warnings
 
-    from napari._vispy.utils.gl import get_gl_extensions, get_max_texture_sizes
+    from napari._vispy.layers import image as napari_image
+    from napari._vispy.utils import gl as napari_gl
     from qtpy.QtWidgets import QApplication
     from vispy.app import Canvas
 
     error = None
-    for _try in range(3):
-        canvas = Canvas(show=False)
+    for attempt in range(4):
+        canvas = Canvas(show=False) if attempt else None  # napari's own path first
         try:
-            get_gl_extensions()
-            get_max_texture_sizes()
-            _gl_facts_asked = True
+            napari_gl.get_gl_extensions()
+            napari_gl.get_max_texture_sizes()
             return
         except Exception as exc:  # noqa: BLE001 - asked again below
             error = exc
         finally:
-            canvas.close()
+            if canvas is not None:
+                canvas.close()
         QApplication.processEvents()
         time.sleep(0.2)
-    warnings.warn(f"napari's OpenGL facts could not be asked ahead: {error!r}", stacklevel=1)
+    warnings.warn(f"no OpenGL context in this test process ({error!r}): image layers are made "
+                  "as for a GPU without float textures", stacklevel=1)
+    napari_image.get_gl_extensions = lambda: ""
 
 
 @pytest.fixture(autouse=True)
