@@ -1,4 +1,5 @@
 import os
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -83,7 +84,6 @@ def _ask_gl_facts_once(request) -> None:
     _gl_facts_asked = True
     request.getfixturevalue("qapp")  # pytest-qt's application, the one the viewers use
     import time
-    import warnings
 
     from napari._vispy.layers import image as napari_image
     from napari._vispy.utils import gl as napari_gl
@@ -104,9 +104,9 @@ def _ask_gl_facts_once(request) -> None:
                 canvas.close()
         QApplication.processEvents()
         time.sleep(0.2)
+    napari_image.get_gl_extensions = lambda: ""  # before the warning: `-W error` raises there
     warnings.warn(f"no OpenGL context in this test process ({error!r}): image layers are made "
                   "as for a GPU without float textures", stacklevel=1)
-    napari_image.get_gl_extensions = lambda: ""
 
 
 @pytest.fixture(autouse=True)
@@ -119,7 +119,5 @@ def _no_viewer_left_behind(request):
         _ask_gl_facts_once(request)
         n = _close_leaked_viewers()
         if n:
-            import warnings
-
             warnings.warn(f"{n} napari viewer(s) left open by an earlier test were closed", stacklevel=1)
     yield
