@@ -42,6 +42,10 @@ look to be painted (its finer view's encoder would hold Python's lock through th
 ``--handover alternate`` makes the GUI thread wait (as shipped) or not for the worker to hand
 that tile over before it builds the new layers. ``--drop-at-once`` drops the first field while
 that process may still be starting (the dock ends it and starts it again once idle).
+``--box-at corner`` boxes an object near the field's top-left corner instead of its centre:
+outside the first tile (the background starts at the canvas centre), so the box needs a view
+of its own while the second process embeds that tile; ``--hold-process alternate`` makes that
+process wait (as shipped) or not while the box is served (``EncoderSlot.hold_for_prompts``).
 """
 from __future__ import annotations
 
@@ -61,13 +65,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _viewer import pump as pump_until  # noqa: E402
 
 
-def central_box(gt: np.ndarray) -> np.ndarray:
-    """(x0, y0, x1, y1) of a mid-sized object near the middle of the field, 3 px margin."""
+def central_box(gt: np.ndarray, at: tuple[float, float] = (0.5, 0.5)) -> np.ndarray:
+    """(x0, y0, x1, y1) of a mid-sized object near the point ``at`` (fractions of the field's
+    height and width; default: its middle), 3 px margin."""
     from skimage.measure import regionprops
 
     props = [p for p in regionprops(gt) if 200 <= p.area]
     h, w = gt.shape
-    p = min(props, key=lambda p: (p.centroid[0] - h / 2) ** 2 + (p.centroid[1] - w / 2) ** 2)
+    p = min(props, key=lambda p: (p.centroid[0] - at[0] * h) ** 2 + (p.centroid[1] - at[1] * w) ** 2)
     r0, c0, r1, c1 = p.bbox
     return np.array([c0 - 3, r0 - 3, c1 + 3, r1 + 3], float)
 
@@ -108,6 +113,10 @@ def main() -> None:
                     help="the GUI thread waits for the first tile's handover to that process")
     ap.add_argument("--look-paint", choices=("alternate", "on", "off"), default="on",
                     help="a first click's full decode waits for its first look to be painted")
+    ap.add_argument("--box-at", choices=("centre", "corner"), default="centre",
+                    help="the object prompted: near the field's centre (in the first tile) or its top-left corner")
+    ap.add_argument("--hold-process", choices=("alternate", "on", "off"), default="on",
+                    help="the second encoder process waits while a prompt is served at a pause point")
     ap.add_argument("--drop-at-once", action="store_true",
                     help="drop the first field as soon as the model is ready, not after the "
                          "second encoder process is")
@@ -229,9 +238,11 @@ def main() -> None:
         look_paint["on"] = args.look_paint == "on" or (args.look_paint == "alternate" and n_field % 2 == 1)
         hands = args.handover == "on" or (args.handover == "alternate" and n_field % 2 == 1)
         w.handover_wait_s = HANDOVER_WAIT_S if hands else 0.0
+        holds = args.hold_process == "on" or (args.hold_process == "alternate" and n_field % 2 == 1)
+        slot.hold_for_prompts = holds
         img = tifffile.imread(f)
         gt = tifffile.imread(data / "bbbc039" / "masks" / f.name)
-        box = central_box(gt)
+        box = central_box(gt, (0.5, 0.5) if args.box_at == "centre" else (0.2, 0.15))
         point = interior_point(gt, box)
 
         def draw(shift=np.zeros(4)):
@@ -261,8 +272,7 @@ def main() -> None:
         first_split = parts(t_box)  # its view is embedded inside "decode"
         proc = slot.process
         measured = (slot.here_seconds, proc.tile_seconds if proc is not None else None, slot.window_seconds)
-        follow_split = dict(measured=measured, add_image=add_image_s, layers=[(n, d) for n, d in adds],
-                            encodes=[(a - t_add, b - t_add) for a, b in encodes[:2]])
+        follow_split = dict(measured=measured, add_image=add_image_s, layers=[(n, d) for n, d in adds])
         ready_at_first = w._tiles.get(w._plane_key(), (0, 12))
 
         ticks: list[float] = []
@@ -292,6 +302,9 @@ def main() -> None:
         edits_end = time.perf_counter()
         pump(lambda: w._plane_key() in w._prepared)
         tiles_s = time.perf_counter() - t_add
+        # the first two encoder calls to start (a call ends only once the calls a pause point
+        # served inside it have ended: a box's own view inside the first tile's wait)
+        follow_split["encodes"] = [(a - t_add, b - t_add) for a, b in sorted(encodes)[:2]]
         probe.stop()
         gaps = np.diff(ticks) * 1000
         kinds = {"hold": [], "no hold": [], "no edit": []}
@@ -323,7 +336,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, hands=hands, offloads=offloads, look=look, look_paint=look_paint["on"], waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, hands=hands, holds=holds, offloads=offloads, look=look, look_paint=look_paint["on"], waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -367,6 +380,10 @@ def main() -> None:
              lambda sub: f"first tile ends (s after the drop) median "
                          f"{med(r['follow_split']['encodes'][0][1] for r in sub):.2f}, dock following "
                          f"{med(r['follow'] for r in sub):.2f} s"),
+            (args.hold_process, "holds", ("second process goes on while the prompt is served",
+                                          "second process waits while the prompt is served"),
+             lambda sub: f"box -> mask median {med(sum(r['first_split']) for r in sub):.0f} ms, first tile ends "
+                         f"(s after the drop) median {med(r['follow_split']['encodes'][0][1] for r in sub):.2f}"),
             (args.encoder_process, "offloads", ("first tile in this process", "first tile in the second process"),
              lambda sub: f"first tile ends (s after the drop) median "
                          f"{med(r['follow_split']['encodes'][0][1] for r in sub):.2f}")):

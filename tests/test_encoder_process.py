@@ -2,6 +2,8 @@
 embeddings as this process, the worker's pause points served while it waits, everything
 that can go wrong there falling back to this process, and the annotator using it (and
 ending it) on a real viewer."""
+import contextlib
+import os
 import sys
 import threading
 
@@ -78,6 +80,9 @@ def test_worth_it_compares_the_measured_times():
         def encode(self, batch, wait=None):
             return batch
 
+        def held(self):
+            return contextlib.nullcontext()
+
     slot = es.EncoderSlot()
     slot.process, slot.here_seconds = Ready(), 0.60
     assert slot.offload(MODEL) is not None  # before the first drop
@@ -97,11 +102,24 @@ def test_the_second_process_embeds_as_this_one_and_serves_pause_points(engine, f
     try:
         assert proc.wait_ready(WAIT / 1000), proc.error
         assert proc.tile_seconds > 0  # its warm-up tile, timed
+        assert not os.path.exists(proc._gate.path)  # its flag is mapped there: no file left
         x = batch_of(engine, img)
         waits = []
         out = proc.encode(x, wait=lambda: waits.append(1))
         torch.testing.assert_close(out, engine.encode(x), rtol=1e-4, atol=1e-4)
         assert proc.calls == 1 and waits  # the worker's pause point ran while it waited
+        assert proc.held_seconds == 0.0
+
+        # while a prompt is served here, the process's encoder waits at its pause points
+        got = []
+        with proc.held():
+            caller = threading.Thread(target=lambda: got.append(proc.encode(x)))
+            caller.start()
+            caller.join(1.0)
+            assert not got  # its tile waits while the flag is up
+        caller.join(WAIT / 1000)
+        torch.testing.assert_close(got[0], engine.encode(x), rtol=1e-4, atol=1e-4)
+        assert 0.5 < proc.held_seconds < 60
 
         # a job cancelled while it waits: the call is abandoned, its late reply dropped,
         # and the next call gets its own tile's embedding
@@ -118,6 +136,7 @@ def test_the_second_process_embeds_as_this_one_and_serves_pause_points(engine, f
         assert proc.encode(x) is None
         assert proc.state == "failed"
         assert "ended" in proc.error or "could not send" in proc.error  # whichever is seen first
+        assert not os.path.exists(proc._gate.path)  # its flag's file went with it
     finally:
         proc.close()
     assert proc.state == "closed"
@@ -168,30 +187,44 @@ def test_only_the_first_step_goes_elsewhere_and_none_falls_back(engine, field):
     torch.testing.assert_close(engine.embedding(prepared, v), engine.encode(x)[0], rtol=1e-4, atol=1e-4)
 
 
-def test_the_annotator_embeds_a_new_image_s_first_tile_in_the_second_process(
-        make_napari_viewer, qtbot, field, monkeypatch):
+def draw_box_near(w, gt, fy=0.5, fx=0.5):
+    """Draw in the dock's box layer the ground-truth box of the object nearest the point at
+    fractions ``fy``, ``fx`` of the field's height and width (default: its centre, under the
+    canvas centre); returns that object's id."""
+    ids, boxes = gt_boxes(gt)
+    h, wd = gt.shape
+    k = min(range(len(boxes)), key=lambda i: abs((boxes[i][0] + boxes[i][2]) / 2 - fx * wd)
+            + abs((boxes[i][1] + boxes[i][3]) / 2 - fy * h))
+    x0, y0, x1, y1 = boxes[k]
+    w.box_layer.add_rectangles([[y0, x0], [y0, x1], [y1, x1], [y1, x0]])
+    return ids[k]
+
+
+def annotator_with_process(make_napari_viewer, qtbot, monkeypatch):
+    """(viewer, dock, its second encoder process) once the process is ready."""
     monkeypatch.setenv(ep.ENV, "1")
-    img, gt = field
     viewer = make_napari_viewer()
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)
     qtbot.waitUntil(lambda: w._encoder_slot.process is not None, timeout=WAIT)
     proc = w._encoder_slot.process
-    assert proc.model == w.model_name
     qtbot.waitUntil(lambda: proc.ready, timeout=WAIT)
+    return viewer, w, proc
+
+
+def test_the_annotator_embeds_a_new_image_s_first_tile_in_the_second_process(
+        make_napari_viewer, qtbot, field, monkeypatch):
+    img, gt = field
+    viewer, w, proc = annotator_with_process(make_napari_viewer, qtbot, monkeypatch)
+    assert proc.model == w.model_name
     viewer.add_image(img + 7, name="field")
     qtbot.waitUntil(lambda: w.box_layer is not None, timeout=WAIT)
-    ids, boxes = gt_boxes(gt)
-    h, wd = gt.shape
-    k = min(range(len(boxes)), key=lambda i: abs((boxes[i][0] + boxes[i][2]) / 2 - wd / 2)
-            + abs((boxes[i][1] + boxes[i][3]) / 2 - h / 2))  # under the canvas centre
-    x0, y0, x1, y1 = boxes[k]
-    w.box_layer.add_rectangles([[y0, x0], [y0, x1], [y1, x1], [y1, x0]])
+    oid = draw_box_near(w, gt)  # under the canvas centre
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
     assert proc.calls == 1  # the first tile came from the second process, the rest from here
     slot = w._encoder_slot
     assert slot.here_seconds > 0 and proc.tile_seconds > 0 and slot.window_seconds > 0  # measured
-    assert iou(w._preview[3].full(gt.shape), gt == ids[k]) > 0.7
+    assert iou(w._preview[3].full(gt.shape), gt == oid) > 0.7
     qtbot.waitUntil(lambda: w._embed_job is None or w._embed_job.status != "running", timeout=WAIT)
     assert proc.calls == 1
     # another model: that process ends, one for the new model starts
@@ -202,6 +235,39 @@ def test_the_annotator_embeds_a_new_image_s_first_tile_in_the_second_process(
     assert newer is not None and newer.model == "lite_medsam"
     w.deleteLater()  # the dock goes: its process ends
     qtbot.waitUntil(lambda: newer._proc.poll() is not None, timeout=WAIT)
+
+
+def test_a_box_outside_the_first_tile_is_served_while_the_second_process_waits(
+        make_napari_viewer, qtbot, field, monkeypatch):
+    import time
+
+    img, gt = field
+    viewer, w, proc = annotator_with_process(make_napari_viewer, qtbot, monkeypatch)
+    encode = proc.encode
+
+    def encode_once_the_box_waits(batch, wait=None, timeout=60.0):
+        """The first tile is sent, then the worker's pause point waits for the box's job
+        (however fast this machine, the box comes while that process works)."""
+        def wait_for_box():
+            end = time.monotonic() + 60
+            while (time.monotonic() < end and proc._gate.raises == 0
+                   and not any(e[2].tag == "preview" for e in w.worker._heap)):
+                time.sleep(0.01)
+            wait()
+        return encode(batch, wait=None if wait is None else wait_for_box, timeout=timeout)
+
+    monkeypatch.setattr(proc, "encode", encode_once_the_box_waits)
+    viewer.add_image(img + 11, name="field")
+    qtbot.waitUntil(lambda: w.box_layer is not None, timeout=WAIT)
+    oid = draw_box_near(w, gt, 0.2, 0.15)  # near the top-left corner
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    # the box's own view was embedded here at a pause point, with that process held
+    assert proc._gate.raises >= 1
+    assert iou(w._preview[3].full(gt.shape), gt == oid) > 0.7
+    qtbot.waitUntil(lambda: w._embed_job is None or w._embed_job.status != "running", timeout=WAIT)
+    assert proc.calls == 1  # and the first tile still came from there
+    w.deleteLater()
+    qtbot.waitUntil(lambda: proc._proc.poll() is not None, timeout=WAIT)
 
 
 def test_a_drop_while_the_process_starts_defers_it_to_idle_time(make_napari_viewer, qtbot, field,
@@ -224,17 +290,12 @@ def test_a_drop_while_the_process_starts_defers_it_to_idle_time(make_napari_view
     window = slot.window_seconds  # measured by the first drop (little under offscreen Qt)
     viewer.add_image(img + 13, name="second")
     qtbot.waitUntil(lambda: w.image_layer is not None and w.image_layer.name == "second", timeout=WAIT)
-    ids, boxes = gt_boxes(gt)
-    h, wd = gt.shape
-    k = min(range(len(boxes)), key=lambda i: abs((boxes[i][0] + boxes[i][2]) / 2 - wd / 2)
-            + abs((boxes[i][1] + boxes[i][3]) / 2 - h / 2))
-    x0, y0, x1, y1 = boxes[k]
-    w.box_layer.add_rectangles([[y0, x0], [y0, x1], [y1, x1], [y1, x0]])
+    oid = draw_box_near(w, gt)
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
     # the first tile went there exactly when the measured times said it was worth it
     assert window is not None and window > 0
     assert proc.calls == int(es.worth_it(proc.tile_seconds, slot.here_seconds, window))
-    assert iou(w._preview[3].full(gt.shape), gt == ids[k]) > 0.7
+    assert iou(w._preview[3].full(gt.shape), gt == oid) > 0.7
     w.deleteLater()
     qtbot.waitUntil(lambda: proc._proc.poll() is not None, timeout=WAIT)
 

@@ -24,14 +24,18 @@ _PAUSE_AT = re.compile(
     r"|downsample(\.\w+)?|neck(\.\d+)?|patch_embed(\.seq\.\d+)?)$")
 
 
+def pause_modules(encoder: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules a pause point comes before (see :data:`_PAUSE_AT`)."""
+    return [module for name, module in encoder.named_modules() if _PAUSE_AT.search(name)]
+
+
 def add_pause_points(encoder: torch.nn.Module) -> None:
     """Call :func:`worker.pause_point` all through the encoder, so queued prompts are
     answered (and a cancel takes effect) within a fraction of a block, not after a batch."""
     if getattr(encoder, "_gpuseg_pause_points", False):
         return
-    for name, module in encoder.named_modules():
-        if _PAUSE_AT.search(name):
-            module.register_forward_pre_hook(lambda _m, _a: pause_point())
+    for module in pause_modules(encoder):
+        module.register_forward_pre_hook(lambda _m, _a: pause_point())
     encoder._gpuseg_pause_points = True
 
 

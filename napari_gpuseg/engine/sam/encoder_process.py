@@ -19,10 +19,13 @@ pickles of ``(request id, tensor)`` both ways. Anything that goes wrong there (t
 could not start or load the model, died, timed out, answered with an error) makes
 :meth:`EncoderProcess.encode` return None, and the caller embeds the tile itself: this
 process only ever makes things faster, never breaks them. The process ends when its stdin
-closes: :meth:`EncoderProcess.close`, or this process ending for any reason.
+closes: :meth:`EncoderProcess.close`, or this process ending for any reason. While a prompt
+is served here at a pause point, the process's encoder waits (:meth:`EncoderProcess.held`,
+:mod:`.encoder_gate`): the prompt has the cores, the speculative tile comes after it.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -36,6 +39,8 @@ from typing import Callable
 
 import psutil
 import torch
+
+from .encoder_gate import Gate, GateReader
 
 logger = logging.getLogger(__name__)
 
@@ -135,12 +140,19 @@ class EncoderProcess:
         self.error: str | None = None
         self.calls = 0  # tiles embedded here
         self.tile_seconds: float | None = None  # its tile time alone, measured as it starts
+        self.held_seconds = 0.0  # its encoder's waits while prompts were served here
         self._replies: queue.Queue = queue.Queue()
         self._consume = threading.Lock()  # one reader of the replies at a time
         self._busy = False  # an encode under way (a nested call from a pause point gets None)
         self._next_id = 0
         self.sent = threading.Event()  # set each time a tile is handed over
-        cmd = command or [sys.executable, "-m", __name__, self.model, precision, str(threads)]
+        try:
+            self._gate: Gate | None = Gate()
+        except OSError as exc:  # no temporary file: the process just never waits for prompts
+            logger.info("encoder process: no pause flag (%s)", exc)
+            self._gate = None
+        cmd = command or [sys.executable, "-m", __name__, self.model, precision, str(threads),
+                          *([self._gate.path] if self._gate is not None else [])]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         flags = getattr(subprocess, "CREATE_NO_WINDOW", 0)  # Windows: no console window
         try:
@@ -178,6 +190,8 @@ class EncoderProcess:
         kind = msg[0]
         if kind == "ready" and self.state == "starting":
             self.state, self.tile_seconds = "ready", msg[2]
+            if self._gate is not None:  # mapped there by now: its file can go
+                self._gate.unlink()
         elif kind == "error":
             self._fail(msg[1])
         elif kind == "eof":
@@ -189,6 +203,14 @@ class EncoderProcess:
                 self._handle(self._replies.get_nowait())
             except queue.Empty:
                 return
+
+    def held(self):
+        """A context in which the process's encoder waits at its pause points (at most
+        :data:`.encoder_gate.MAX_WAIT_S`): entered around each job a worker's pause point
+        serves while this process embeds a tile (:meth:`.encoder_slot.EncoderSlot.offload`)."""
+        if self._gate is None or self.state != "ready":
+            return contextlib.nullcontext()
+        return self._gate.raised()
 
     @property
     def ready(self) -> bool:
@@ -245,7 +267,8 @@ class EncoderProcess:
                     continue
                 if msg[0] == "result" and msg[1] == rid:
                     self.calls += 1
-                    return _unpack(*msg[2:])
+                    self.held_seconds += msg[2]
+                    return _unpack(*msg[3:])
                 if msg[0] == "failed" and msg[1] == rid:
                     logger.warning("encoder process: %s (the tile is embedded here)", msg[2])
                     return None
@@ -259,8 +282,10 @@ class EncoderProcess:
     def _stop(self) -> None:
         """Close the process's input (it exits at its end) and reap it in a daemon thread
         (killed after 5 s): nobody waits, not the GUI thread closing a dock."""
-        proc = self._proc
+        proc, gate = self._proc, self._gate
         if proc is None or proc.poll() is not None:
+            if gate is not None:
+                gate.close()
             return
         try:
             proc.stdin.close()
@@ -273,6 +298,9 @@ class EncoderProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            finally:
+                if gate is not None:  # once the process no longer maps its file
+                    gate.close()
 
         threading.Thread(target=reap, name="napari-gpuseg-encoder-reaper", daemon=True).start()
 
@@ -281,9 +309,18 @@ class EncoderProcess:
         its input's end, which a starting process does only once loaded)."""
         if self.state != "closed":
             self.state = "closed"
-            if self._proc is not None and self._proc.poll() is None:
-                self._proc.kill()
-                threading.Thread(target=self._proc.wait, daemon=True).start()
+            proc, gate = self._proc, self._gate
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+
+                def reap() -> None:
+                    proc.wait()
+                    if gate is not None:
+                        gate.close()
+
+                threading.Thread(target=reap, daemon=True).start()
+            elif gate is not None:
+                gate.close()
 
     def close(self) -> None:
         """End the process (see :meth:`_stop`); returns at once."""
@@ -298,10 +335,12 @@ class EncoderProcess:
             pass
 
 
-def serve(model: str, precision: str, threads: int, stdin, stdout) -> None:
-    """The second process: load ``model``, then answer ``encode`` frames until stdin ends."""
+def serve(model: str, precision: str, threads: int, stdin, stdout, gate: str | None = None) -> None:
+    """The second process: load ``model``, then answer ``encode`` frames until stdin ends;
+    its encoder waits at its pause points while the flag in the file ``gate`` is up."""
     torch.set_num_threads(max(1, threads))
     from ..runtime.device import make_policy
+    from .encoder_pauses import pause_modules
     from .loader import load_engine
 
     try:
@@ -310,6 +349,14 @@ def serve(model: str, precision: str, threads: int, stdin, stdout) -> None:
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on without
         _write(stdout, ("error", f"could not load {model}: {type(exc).__name__}: {exc}"))
         return
+    reader = None
+    if gate:
+        try:
+            reader = GateReader(gate)
+        except (OSError, ValueError):  # no flag to read: tiles are never held for prompts
+            pass
+        for module in pause_modules(engine.sam.image_encoder) if reader is not None else ():
+            module.register_forward_pre_hook(lambda _m, _a: reader.wait())
     _write(stdout, ("ready", os.getpid(), seconds))
     while True:
         msg = _read(stdin)
@@ -317,18 +364,21 @@ def serve(model: str, precision: str, threads: int, stdin, stdout) -> None:
             return
         _kind, rid, *packed = msg
         try:
+            waited = reader.waited if reader is not None else 0.0
             out = engine.encode(_unpack(*packed))
-            _write(stdout, ("result", rid, *_pack(out)))
+            waited = (reader.waited if reader is not None else 0.0) - waited
+            _write(stdout, ("result", rid, waited, *_pack(out)))
         except Exception as exc:  # noqa: BLE001 - one failed tile, the parent embeds it
             _write(stdout, ("failed", rid, f"{type(exc).__name__}: {exc}"))
 
 
 def main(argv: list[str] | None = None) -> None:
-    model, precision, threads = (argv if argv is not None else sys.argv[1:])[:3]
+    args = argv if argv is not None else sys.argv[1:]
+    model, precision, threads = args[:3]
     stdin = sys.stdin.buffer
     stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints never reach the frames
-    serve(model, precision, int(threads), stdin, stdout)
+    serve(model, precision, int(threads), stdin, stdout, args[3] if len(args) > 3 else None)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ class EncoderSlot:
         self._here_model: str | None = None  # the model it was measured with
         self.window_seconds: float | None = None  # the window's work after the last drop
         self.deferred: str | None = None  # a model whose process start waits for idle time
+        self.hold_for_prompts = True  # the process waits while a prompt is served (benchmarks: off)
 
     def ensure(self, model: str, engine) -> None:
         """A process for ``model`` (a :class:`.predictor.SamEngine` loaded in this process)
@@ -70,8 +71,9 @@ class EncoderSlot:
             self.ensure(model, engine)
 
     def offload(self, model: str) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
-        """``encode`` of the process for ``model`` once it is ready (queued prompts run at a
-        worker's pause points while it waits), else None."""
+        """``encode`` of the process for ``model`` once it is ready, else None. Queued
+        prompts run at a worker's pause points while it waits, the process's encoder held
+        meanwhile (:meth:`.EncoderProcess.held`) unless :attr:`hold_for_prompts` is False."""
         from ..runtime.worker import pause_point
 
         proc = self.process
@@ -79,7 +81,8 @@ class EncoderSlot:
             return None
         if not worth_it(proc.tile_seconds, self.here_seconds, self.window_seconds):
             return None
-        return lambda batch: proc.encode(batch, wait=pause_point)
+        hold = proc.held if self.hold_for_prompts else None
+        return lambda batch: proc.encode(batch, wait=lambda: pause_point(hold))
 
     def handover(self, model: str) -> threading.Event | None:
         """None unless :meth:`offload` would hand ``model``'s next tile over; else the

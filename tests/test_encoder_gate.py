@@ -1,0 +1,51 @@
+"""The flag that makes the second encoder process wait while a prompt is served here: up and
+down across a memory map, nested raises, a bounded wait, and its file removed at the end."""
+import os
+import threading
+import time
+
+from napari_gpuseg.engine.sam import encoder_gate as eg
+
+
+def test_a_reader_waits_while_the_flag_is_up_and_no_longer():
+    gate = eg.Gate()
+    try:
+        reader = eg.GateReader(gate.path)
+        t0 = time.monotonic()
+        reader.wait()  # down: at once
+        assert reader.waited == 0.0
+        done = threading.Event()
+        with gate.raised():
+            with gate.raised():  # nested (a served job's own pause point): still one raise
+                pass
+            waiter = threading.Thread(target=lambda: (reader.wait(), done.set()))
+            waiter.start()
+            assert not done.wait(0.3)  # held while the flag is up
+        assert done.wait(5)  # and goes on once it is down
+        waiter.join(5)
+        assert gate.raises == 1
+        assert 0.25 < reader.waited < time.monotonic() - t0
+    finally:
+        gate.close()
+    assert not os.path.exists(gate.path)
+
+
+def test_one_raise_is_waited_for_at_most_the_bound(monkeypatch):
+    monkeypatch.setattr(eg, "MAX_WAIT_S", 0.2)
+    gate = eg.Gate()
+    try:
+        reader = eg.GateReader(gate.path)
+        with gate.raised():  # a process that never lowers it (it hung, or ended)
+            t0 = time.monotonic()
+            reader.wait()
+            assert 0.15 < time.monotonic() - t0 < 2.0
+            t1 = time.monotonic()
+            for _ in range(50):  # the encoder's later pause points: no wait for the same raise
+                reader.wait()
+            assert time.monotonic() - t1 < 0.1
+        with gate.raised():  # a new raise is waited for again
+            t2 = time.monotonic()
+            reader.wait()
+            assert time.monotonic() - t2 > 0.15
+    finally:
+        gate.close()
