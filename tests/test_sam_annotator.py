@@ -519,7 +519,7 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     assert len(calls) == 2  # one decode per box: a dims event on the same plane is no edit
 
     def slow(model, image, prompts, multimask, *rest, cancel=None):
-        time.sleep(4 * HOLD_MS / 1000)
+        time.sleep(12 * HOLD_MS / 1000)
         return real(model, image, prompts, multimask, *rest, cancel=cancel)
 
     w._job_predict = slow  # a decoder slower than the hold: the box shows after HOLD_MS
@@ -528,7 +528,8 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     add_box(w, boxes[1])
     assert w.redraw.held
     qtbot.waitUntil(lambda: not w.redraw.held, timeout=WAIT)
-    assert time.perf_counter() - t0 < 3 * HOLD_MS / 1000 and w.redraw.timeouts == timeouts + 1
+    # released by its timeout, long before the decode (the margin is for a loaded machine)
+    assert time.perf_counter() - t0 < 8 * HOLD_MS / 1000 and w.redraw.timeouts == timeouts + 1
     assert not w.has_preview()
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
     w.clear_prompts()
