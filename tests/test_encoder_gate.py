@@ -49,3 +49,19 @@ def test_one_raise_is_waited_for_at_most_the_bound(monkeypatch):
             assert time.monotonic() - t2 > 0.15
     finally:
         gate.close()
+
+
+def test_no_flag_to_be_had_leaves_no_file_and_a_process_that_never_waits(monkeypatch, tmp_path):
+    from napari_gpuseg.engine.sam import encoder_process as ep
+
+    monkeypatch.setattr(eg.tempfile, "tempdir", str(tmp_path))
+
+    def no_map(*_a, **_k):
+        raise OSError("no shared memory here")
+
+    monkeypatch.setattr(eg.mmap, "mmap", no_map)
+    proc = ep.EncoderProcess("nuclei_sam", "fp32", command=["/no/such/python"])
+    assert proc._gate is None and list(tmp_path.iterdir()) == []  # its file went at once
+    with proc.held():  # holding is a no-op
+        pass
+    assert proc.state == "failed"

@@ -38,6 +38,9 @@ class Gate:
         try:
             os.write(fd, b"\0")
             self._map: mmap.mmap | None = mmap.mmap(fd, 1)
+        except (OSError, ValueError):
+            self.unlink()
+            raise
         finally:
             os.close(fd)
         self._depth = 0

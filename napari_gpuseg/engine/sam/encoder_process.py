@@ -148,7 +148,7 @@ class EncoderProcess:
         self.sent = threading.Event()  # set each time a tile is handed over
         try:
             self._gate: Gate | None = Gate()
-        except OSError as exc:  # no temporary file: the process just never waits for prompts
+        except (OSError, ValueError) as exc:  # no shared flag: the process never waits for prompts
             logger.info("encoder process: no pause flag (%s)", exc)
             self._gate = None
         cmd = command or [sys.executable, "-m", __name__, self.model, precision, str(threads),
