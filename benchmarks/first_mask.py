@@ -46,6 +46,9 @@ that process may still be starting (the dock ends it and starts it again once id
 outside the first tile (the background starts at the canvas centre), so the box needs a view
 of its own while the second process embeds that tile; ``--hold-process alternate`` makes that
 process wait (as shipped) or not while the box is served (``EncoderSlot.hold_for_prompts``).
+``--first-window S`` sets the window's work the first drop of the process assumes
+(``encoder_slot.FIRST_WINDOW_S``; ``inf``: the first tile always goes to the second process,
+the way before); run ``--fields 1`` in fresh processes to compare first drops.
 """
 from __future__ import annotations
 
@@ -117,6 +120,8 @@ def main() -> None:
                     help="the object prompted: near the field's centre (in the first tile) or its top-left corner")
     ap.add_argument("--hold-process", choices=("alternate", "on", "off"), default="on",
                     help="the second encoder process waits while a prompt is served at a pause point")
+    ap.add_argument("--first-window", type=float, default=None,
+                    help="seconds of window work the first drop assumes (default: as shipped; inf: always there)")
     ap.add_argument("--drop-at-once", action="store_true",
                     help="drop the first field as soon as the model is ready, not after the "
                          "second encoder process is")
@@ -132,6 +137,10 @@ def main() -> None:
     from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S, HANDOVER_WAIT_S
 
     policy = set_policy("auto", args.precision)
+    if args.first_window is not None:
+        from napari_gpuseg.engine.sam import encoder_slot
+
+        encoder_slot.FIRST_WINDOW_S = args.first_window
     data = Path(args.data)
     files = sorted((data / "bbbc039" / "images").glob("*.tif"))[16:16 + args.fields]
     viewer = napari.Viewer(show=True)

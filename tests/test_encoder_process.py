@@ -71,7 +71,9 @@ def test_worth_it_compares_the_measured_times():
     # Xeon AMX, bf16: one thread 0.56 s; two here 0.31 s after 0.45 s of the window's work
     assert es.worth_it(0.56, 0.31, 0.45)
     assert not es.worth_it(1.10, 0.60, 0.35)  # fp32 there: the tile is sooner here
-    assert es.worth_it(1.10, 0.60, None)  # no drop measured yet: that drop measures it
+    # no drop measured yet: the first one decides with FIRST_WINDOW_S (and measures it)
+    assert es.worth_it(0.56, 0.31, None)  # bf16 on AMX: there
+    assert not es.worth_it(1.23, 0.67, None)  # fp32 with AVX2 kernels: here, the first drop too
     assert not es.worth_it(None, 0.31, 0.45) and not es.worth_it(0.56, None, 0.45)
 
     class Ready:
@@ -84,9 +86,9 @@ def test_worth_it_compares_the_measured_times():
             return contextlib.nullcontext()
 
     slot = es.EncoderSlot()
-    slot.process, slot.here_seconds = Ready(), 0.60
-    assert slot.offload(MODEL) is not None  # before the first drop
-    slot.window_seconds = 0.35
+    slot.process, slot.here_seconds = Ready(), 0.80
+    assert slot.offload(MODEL) is not None  # before the first drop: 1.10 < 0.80 + FIRST_WINDOW_S
+    slot.here_seconds, slot.window_seconds = 0.60, 0.35
     assert slot.offload(MODEL) is None  # measured: not worth it
     assert slot.handover(MODEL) is None  # and the GUI thread does not wait for a handover
     slot.window_seconds = 0.60
@@ -201,8 +203,10 @@ def draw_box_near(w, gt, fy=0.5, fx=0.5):
 
 
 def annotator_with_process(make_napari_viewer, qtbot, monkeypatch):
-    """(viewer, dock, its second encoder process) once the process is ready."""
+    """(viewer, dock, its second encoder process) once the process is ready; its first drop
+    hands that process the first tile on any CPU (a slow window assumed)."""
     monkeypatch.setenv(ep.ENV, "1")
+    monkeypatch.setattr(es, "FIRST_WINDOW_S", 60.0)
     viewer = make_napari_viewer()
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)

@@ -11,17 +11,22 @@ import torch
 from .encoder_process import EncoderProcess, time_tile, wanted
 
 
+FIRST_WINDOW_S = 0.35
+"""The window's work after a drop, taken before a drop has measured it (0.36-0.45 s measured
+on a 2-core Xeon under Xvfb, 0.25-0.30 s on a 2-core Zen 3): the first drop decides with it."""
+
+
 def worth_it(there: float | None, here: float | None, window: float | None) -> bool:
     """Whether the second process, whose tile takes ``there`` seconds alone, ends a new
     image's first tile sooner than this process: here the tile (``here`` s alone) gets going
-    only once the window's work after the drop (``window`` s, last measured) lets go of the
-    interpreter lock. Unmeasured window work (before the first drop): yes, and that drop
-    measures it (later, the drops whose tile stayed here do). (Xeon AMX, 2 cores: 0.56 s
-    there with one thread, 0.28-0.31 s here, 0.4-0.5 s of window work: used. The same in
-    fp32: 1.10, 0.60 and 0.25-0.30 s: not used.)"""
+    only once the window's work after the drop (``window`` s, last measured; before the first
+    drop :data:`FIRST_WINDOW_S`) lets go of the interpreter lock. The drops whose tile stayed
+    here measure it. (Xeon AMX, 2 cores, bf16: 0.50-0.56 s there with one thread, 0.26-0.31 s
+    here, 0.4-0.5 s of window work: used. fp32 with AVX2 kernels: 1.23, 0.67 and 0.41 s, and
+    fp32 on a Zen 3: 1.10, 0.60 and 0.25-0.30 s: not used, the first drop included.)"""
     if there is None or here is None:
         return False
-    return window is None or there < here + window
+    return there < here + (FIRST_WINDOW_S if window is None else window)
 
 
 class EncoderSlot:
