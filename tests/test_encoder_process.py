@@ -274,6 +274,38 @@ def test_a_box_outside_the_first_tile_is_served_while_the_second_process_waits(
     qtbot.waitUntil(lambda: proc._proc.poll() is not None, timeout=WAIT)
 
 
+def test_the_dock_is_ready_before_that_process_is_timed_and_started(make_napari_viewer, qtbot,
+                                                                   monkeypatch):
+    from napari_gpuseg.engine.runtime.worker import BACKGROUND
+
+    monkeypatch.setenv(ep.ENV, "1")
+    viewer = make_napari_viewer()
+    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    qtbot.waitUntil(lambda: w._encoder_slot.process is not None, timeout=WAIT)
+    log = [(ev, tag) for ev, _id, tag in w.worker.log if tag in ("load", "encoder-process")]
+    # the tile's timing and the start come in a job of their own, after the model's load
+    assert log == [("start", "load"), ("end", "load"), ("start", "encoder-process"),
+                   ("end", "encoder-process")]
+    assert w._encoder_slot.here_seconds > 0
+    # that job cancelled before it ran (the Cancel button): the start waits for idle time
+    w._encoder_slot.close()
+    release = threading.Event()
+    load = w._job_load
+
+    def load_then_busy(model):
+        seconds = load(model)
+        w.worker.submit(lambda: release.wait(30), tag="busy", priority=BACKGROUND)
+        return seconds
+
+    monkeypatch.setattr(w, "_job_load", load_then_busy)
+    w._preload_model()
+    qtbot.waitUntil(lambda: any(e[2].tag == "encoder-process" for e in w.worker._heap), timeout=WAIT)
+    w.cancel()
+    release.set()
+    qtbot.waitUntil(lambda: w._encoder_slot.deferred == w.model_name, timeout=WAIT)
+    assert w._encoder_slot.process is None
+
+
 def test_a_drop_while_the_process_starts_defers_it_to_idle_time(make_napari_viewer, qtbot, field,
                                                                  monkeypatch):
     monkeypatch.setenv(ep.ENV, "1")

@@ -132,9 +132,16 @@ class AnnotatorJobs:
         engine = self._engine(model)
         # on a GPU, kernel loading and cuDNN's autotuning are paid here, not by the first image
         warm_gpu(engine)
-        # on a CPU, a second process for a new image's first tile (engine/sam/encoder_process.py)
-        self._encoder_slot.ensure(model, engine)
+        # on a CPU that will have a second process: the encoder's first call (_job_second_process)
+        self._encoder_slot.warm(engine)
         return time.perf_counter() - t0
+
+    def _job_second_process(self, model: str) -> None:
+        """On a CPU, a second process for a new image's first tile
+        (engine/sam/encoder_process.py), after timing a tile here: an idle-priority job once
+        the model is ready, so a drop's tiles come first."""
+        if model == self.model_name:
+            self._encoder_slot.ensure(model, self._engine(model))
 
     def precompute_stack(self) -> None:
         if self.image_layer is None:

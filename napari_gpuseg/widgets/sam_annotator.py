@@ -24,7 +24,7 @@ from ..engine.sam.annotation import LabelCommitter
 from ..engine.runtime.device import get_policy
 from ..engine.sam.cache import EmbeddingCache
 from ..engine.sam.encoder_slot import EncoderSlot
-from ..engine.runtime.worker import BACKGROUND, INTERACTIVE, InferenceWorker, default_worker
+from ..engine.runtime.worker import BACKGROUND, IDLE, INTERACTIVE, InferenceWorker, default_worker
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
 from ._annotation_layers import ensure_layers, select_prompt_tool, spatial_shape
@@ -195,11 +195,16 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         user drops an image, usually): the first embedding then starts at once, and loading
         (a one-off GUI hiccup in torch's unpickler and Python's collector) is over
         before any interaction. A missing model is reported now, not at the first prompt."""
+        model = self.model_name
+
         def done(seconds):
             if self.image_layer is None:
                 self._set_status(f"model {self.model_name} ready ({seconds:.1f} s)")
+            slot = self._encoder_slot  # cancelled (the Cancel button): started when next idle
+            self._submit(self._job_second_process, model, tag="encoder-process", priority=IDLE,
+                         on_cancelled=lambda: setattr(slot, "deferred", model))
 
-        self._submit(self._job_load, self.model_name, tag="load", replace=True,
+        self._submit(self._job_load, model, tag="load", replace=True,
                      on_result=done, on_error=self._on_error)
 
     def _set_status(self, text: str) -> None:

@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from .encoder_process import EncoderProcess, time_tile, wanted
+from .encoder_process import EncoderProcess, time_tile, wanted, warm_tile
 
 
 FIRST_WINDOW_S = 0.35
@@ -41,9 +41,19 @@ class EncoderSlot:
         self.deferred: str | None = None  # a model whose process start waits for idle time
         self.hold_for_prompts = True  # the process waits while a prompt is served (benchmarks: off)
 
+    @staticmethod
+    def warm(engine) -> None:
+        """Where a process is :func:`wanted` for ``engine``: one tile through its encoder now
+        (the model's load job), so neither the first drop nor :meth:`ensure`'s timing pays
+        the first call's one-off costs."""
+        if wanted(engine.sam.image_encoder, engine.policy.device):
+            warm_tile(engine)
+
     def ensure(self, model: str, engine) -> None:
         """A process for ``model`` (a :class:`.predictor.SamEngine` loaded in this process)
-        when :func:`wanted`; the one for another model is closed."""
+        when :func:`wanted`, after timing a tile here (the faster of two calls); the one for
+        another model is closed. The annotator calls it in an idle-priority job once the
+        model is ready, so neither the timing nor the start delays "ready"."""
         with self._lock:
             old = self.process
             if old is not None and old.model == str(model) and old.state in ("starting", "ready"):
@@ -54,7 +64,7 @@ class EncoderSlot:
             self.process, self.deferred = None, None
             if want:  # this process's tile time first, on cores the new process does not share yet
                 if self._here_model != str(model):
-                    self.here_seconds, self._here_model = time_tile(engine), str(model)
+                    self.here_seconds, self._here_model = time_tile(engine, warm=False), str(model)
                 self.process = EncoderProcess(str(model), engine.policy.active_precision)
 
     def defer_start(self) -> None:
