@@ -135,6 +135,7 @@ def main() -> None:
     from napari_gpuseg.engine.sam.cache import EmbeddingCache
     from napari_gpuseg.engine.sam.predictor import SamEngine
     from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S, HANDOVER_WAIT_S
+    from napari_gpuseg.engine.sam.encoder_process import wanted
 
     policy = set_policy("auto", args.precision)
     if args.first_window is not None:
@@ -154,6 +155,10 @@ def main() -> None:
         w.use_sam_model(args.model)
     pump(lambda: "ready" in w.status.text())
     slot = w._encoder_slot
+    engine = w._engine(w.model_name)
+    if not args.drop_at_once and wanted(engine.sam.image_encoder, engine.policy.device):
+        # the process starts in an idle-priority job once the model is ready
+        pump(lambda: slot.process is not None, timeout=120)
     if slot.process is not None and not args.drop_at_once:
         t_proc = time.perf_counter()
         pump(lambda: slot.process.ready or slot.process.state != "starting", timeout=300)
@@ -168,9 +173,13 @@ def main() -> None:
     def record(*a, **kw):
         original(*a, **kw)
         app.processEvents()  # the repaint that makes it visible
-        shown.setdefault("t", time.perf_counter())  # the first mask seen (a first look, for a click)
+        shown.setdefault("t", time.perf_counter())  # the first mask seen (a first look, for a click or a box)
+        result = a[3] if len(a) > 3 else kw.get("result")
+        shown.setdefault("first_result", result)
+        shown.setdefault("look", not kw.get("final", True))
         if kw.get("final", True):
             shown["final"] = time.perf_counter()
+            shown.setdefault("final_result", result)
 
     w._show_preview = record
     # where an edit's time goes (perf_counter stamps; the decode runs in the worker thread)
@@ -221,7 +230,10 @@ def main() -> None:
     PARTS = ("setter", "to pause point", "decode", "to GUI thread", "show + repaint")
 
     def parts(t0):
-        t = [t0] + [stamps.get(k, float("nan")) for k in ("submit", "start", "end", "gui")] + [shown["t"]]
+        # a first look shown first: its job's stamps (the full decode comes after it)
+        keys = ("submit", "look_start", "look_end", "gui") if "look_end" in stamps and shown.get("look") \
+            else ("submit", "start", "end", "gui")
+        t = [t0] + [stamps.get(k, float("nan")) for k in keys] + [shown["t"]]
         return [(b - a) * 1000 for a, b in zip(t, t[1:])]
 
     def edit_modes(n):
@@ -232,6 +244,17 @@ def main() -> None:
     defer_for, set_image_layer, first_look = w._defer_for, w.set_image_layer, w._job_first_look
     slot_offload = slot.offload
 
+    def stamped_look(model, image, prompt, look=None, cancel=None):
+        stamps["look_start"] = time.perf_counter()
+        try:
+            return first_look(model, image, prompt, look, cancel=cancel)
+        finally:
+            stamps["look_end"] = time.perf_counter()
+
+    def no_look(model, image, prompt, look=None, cancel=None):
+        if look is not None:  # nothing to show: the full decode need not wait for a paint
+            look.set()
+
     def follow_with_rest(layer):
         set_image_layer(layer)
         w._make_rest()  # the way before: all five layers while following the drop
@@ -241,7 +264,7 @@ def main() -> None:
         rest_later = args.rest == "later" or (args.rest == "alternate" and n_field % 2 == 1)
         w.set_image_layer = set_image_layer if rest_later else follow_with_rest
         look = args.first_look == "on" or (args.first_look == "alternate" and n_field % 2 == 1)
-        w._job_first_look = first_look if look else (lambda *_a, **_kw: None)
+        w._job_first_look = stamped_look if look else no_look
         offloads = args.encoder_process == "on" or (args.encoder_process == "alternate" and n_field % 2 == 1)
         slot.offload = slot_offload if offloads else (lambda *_a: None)
         look_paint["on"] = args.look_paint == "on" or (args.look_paint == "alternate" and n_field % 2 == 1)
@@ -279,6 +302,9 @@ def main() -> None:
         first_s = shown["t"] - t_add
         final_s = shown["final"] - t_add
         first_split = parts(t_box)  # its view is embedded inside "decode"
+        obj = gt == gt[int(point[0]), int(point[1])]  # point: (row, col)
+        mask_iou = {k: float((m & obj).sum() / max(1, (m | obj).sum())) for k in ("first", "final")
+                    for m in [shown[f"{k}_result"].full(obj.shape)]}
         proc = slot.process
         measured = (slot.here_seconds, proc.tile_seconds if proc is not None else None, slot.window_seconds)
         follow_split = dict(measured=measured, add_image=add_image_s, layers=[(n, d) for n, d in adds])
@@ -346,7 +372,7 @@ def main() -> None:
         pump(lambda: job.wait(0))
         whole_s = job.result()
         rows.append(dict(field=f.name, hands=hands, holds=holds, offloads=offloads, look=look, look_paint=look_paint["on"], waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
-                         ratio=first_s / whole_s, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
+                         ratio=first_s / whole_s, mask_iou=mask_iou, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
                          p99=np.percentile(gaps, 99) if len(gaps) else float("nan")))
@@ -359,6 +385,8 @@ def main() -> None:
               f"in), worker idle {statistics.median(idle) if idle else float('nan'):.0f} ms; "
               f"stall max {r['stall']:.0f} ms",
               flush=True)
+        print(f"  IoU with the object: first mask {r['mask_iou']['first']:.3f}, final "
+              f"{r['mask_iou']['final']:.3f}", flush=True)
         print("  first mask after the dock followed: " +
               ", ".join(f"{k} {v:.0f} ms" for k, v in zip(PARTS, first_split)) +
               " (its view is embedded inside the decode)", flush=True)
@@ -379,7 +407,10 @@ def main() -> None:
             (args.wait_for_tile, "waits", ("box's view embedded again", "box's view waited for"),
              lambda sub: f"box -> mask median {med(sum(r['first_split']) for r in sub):.0f} ms"),
             (args.first_look, "look", ("first look off", "first look on"),
-             lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s"),
+             lambda sub: f"final mask median {med(r['final'] for r in sub):.2f} s; box -> first mask median "
+                         f"{med(sum(r['first_split']) for r in sub):.0f} ms; mean IoU first "
+                         f"{np.mean([r['mask_iou']['first'] for r in sub]):.3f}, final "
+                         f"{np.mean([r['mask_iou']['final'] for r in sub]):.3f}"),
             (args.look_paint, "look_paint", ("full decode at once", "full decode after the first look's paint"),
              lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s"),
             (args.rest, "rest_later", ("SAM negative and labels while following",

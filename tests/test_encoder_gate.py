@@ -65,3 +65,16 @@ def test_no_flag_to_be_had_leaves_no_file_and_a_process_that_never_waits(monkeyp
     with proc.held():  # holding is a no-op
         pass
     assert proc.state == "failed"
+
+
+def test_a_gate_whose_process_ends_before_the_reader_mapped_it_leaves_no_file():
+    """napari closed while the second process was still starting: nobody unlinked the file."""
+    import subprocess
+    import sys
+
+    code = ("from napari_gpuseg.engine.sam.encoder_gate import Gate\n"
+            "g = Gate()\nprint(g.path, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    path = out.stdout.strip()
+    assert path and not os.path.exists(path)

@@ -3,27 +3,32 @@
 precompute, which submits one of them in the background."""
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 
-from ..engine.runtime.cancel import check
+from ..engine.runtime.cancel import Cancelled, check
 from ..engine.runtime.device import synchronize
 from ..engine.runtime.worker import IDLE
+from ..engine.sam.box_look import box_look, supports_look
 from ..engine.sam.loader import load_engine
 from ..engine.sam.encoder_pauses import waits_for_encoder
 from ..engine.sam.gpu_warmup import warm_gpu
 from ..engine.sam.schedule import stack_steps
 from ._prompts import plane
 
+logger = logging.getLogger(__name__)
+
 FIRST_LOOK_PAINT_WAIT_S = 0.3
-"""The longest a first click's full decode waits for its first look to be painted."""
+"""The longest a full decode waits for its prompt's first look (a first click's, a box's)
+to be painted."""
 
 
 def wait_painted(look, cancel=None) -> None:
-    """Wait (at most :data:`FIRST_LOOK_PAINT_WAIT_S`, cancellable) for a first click's
-    first look to be on screen. The full decode right after it embeds the click's finer
-    view, and in this process the encoder's operators take Python's lock from the GUI
+    """Wait (at most :data:`FIRST_LOOK_PAINT_WAIT_S`, cancellable) for a first look (a
+    first click's, a box's) to be on screen. The full decode right after it embeds the
+    prompt's own view (a click's finer view, a box's whole view), and in this process the encoder's operators take Python's lock from the GUI
     thread every few milliseconds, which slows a paint beside it down (first look on
     screen 148 ms after a click instead of 127 ms, median, on a 2-core Xeon;
     ``benchmarks/click_first_look.py``)."""
@@ -101,23 +106,32 @@ class AnnotatorJobs:
         return defer
 
     def _job_predict(self, model: str, image, prompts, multimask: bool, look=None, cancel=None):
-        if look is not None:  # a first click: its first look is painted before the finer view's encoder runs
+        if look is not None:  # a first look is painted before this decode's encoder runs
             wait_painted(look, cancel)
         engine = self._engine(model)
         # a box holds its object: the mask is computed near the box (as box mode does)
         return engine.predict(image, prompts, multimask=multimask, cancel=cancel, near_box=True)
 
     def _job_first_look(self, model: str, image, prompt, look=None, cancel=None):
-        """A first click's mask from its native tile alone while the finer click view it is
-        also decoded in is not embedded yet (right after a drop: one view to wait for, not
-        two); None when that view is ready (the full decode is as quick then). ``look``
-        (a ``threading.Event``) is set here when there is nothing to show; else the dock
-        sets it once the window has painted the mask."""
+        """A quick mask while the view the prompt is decoded in is not embedded yet: a first
+        click's from its native tile alone (right after a drop: one view to wait for, not
+        two, the finer click view), a box's from a small crop around it (``box_look``: a
+        quarter of a view's encoder work, on a CPU); None when that view is ready (the full
+        decode is as quick then). ``look`` (a ``threading.Event``) is set here when there
+        is nothing to show; else the dock sets it once the window has painted the mask."""
         res = None
         try:
             engine = self._engine(model)
             image = engine.prepare(image)
-            if engine.click_zoom > 1 and not engine.is_embedded(image, [engine.route(image, prompt)]):
+            if prompt.box is not None:
+                if supports_look(engine) and not engine.is_embedded(image, [engine.route(image, prompt)]):
+                    try:
+                        res = box_look(engine, image, prompt)
+                    except Cancelled:
+                        raise
+                    except Exception:  # noqa: BLE001 - a look is optional: the full decode reports
+                        logger.warning("a box's first look failed; its full view follows", exc_info=True)
+            elif engine.click_zoom > 1 and not engine.is_embedded(image, [engine.route(image, prompt)]):
                 res = engine.predict(image, [prompt], multimask=True, cancel=cancel, zoom=False)[0]
             return res
         finally:

@@ -375,8 +375,10 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         gen, layer = self._generation, self.image_layer
         prompt, multimask = self._follow_up(prompt, index)
         first_click = multimask and prompt.box is None and prompt.mask_input is None
-        look = threading.Event() if first_click else None  # set once the first look is painted
-        if first_click:  # its native tile's mask first, while the finer click view embeds
+        first_box = prompt.box is not None and prompt.points is None and prompt.mask_input is None
+        first_look = first_click or first_box
+        look = threading.Event() if first_look else None  # set once the first look is painted
+        if first_look:  # a quick mask first (a click's native tile, a box's small crop)
             self._submit(
                 self._job_first_look, self.model_name, image, prompt, look, tag="preview", replace=True,
                 priority=INTERACTIVE, hold_after=self.hold_background_s,
@@ -385,7 +387,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
                 on_error=self._on_preview_error)  # the job set ``look`` itself
         self._preview_job = self._submit(
             self._job_predict, self.model_name, image, [prompt], multimask, look,
-            tag="preview", replace=not first_click, priority=INTERACTIVE, hold_after=self.hold_background_s,
+            tag="preview", replace=not first_look, priority=INTERACTIVE, hold_after=self.hold_background_s,
             defer=self._defer_for(self.model_name, image, prompt),
             on_result=lambda res: self._show_preview(layer, index, gen, res[0], prompt),
             on_error=self._on_preview_error)

@@ -37,12 +37,18 @@ def prompt_tensors(view: View, prompts: Sequence[Prompt], device, input_size: in
     return points, boxes, masks, roi
 
 
-def module_outputs(sam, device, emb: torch.Tensor, sparse, dense, outputs: str):
+def module_outputs(sam, device, emb: torch.Tensor, sparse, dense, outputs: str,
+                   side: int | None = None):
     """The mask decoder module's (low-res logits, IoU) for ``outputs``: ``"single"``,
-    ``"multi"`` (SAM's three) or ``"all"`` (the single-mask output first, then the three)."""
+    ``"multi"`` (SAM's three) or ``"all"`` (the single-mask output first, then the three).
+    ``side``: an embedding smaller than the model's (a crop at the input's top left,
+    ``box_look``) reads the top-left ``side x side`` of the position grid."""
+    pe = sam.prompt_encoder.get_dense_pe()
+    if side is not None:
+        pe = pe[..., :side, :side]
+
     def run(multi: bool):
-        return sam.mask_decoder(image_embeddings=emb[None].to(device),
-                                image_pe=sam.prompt_encoder.get_dense_pe(),
+        return sam.mask_decoder(image_embeddings=emb[None].to(device), image_pe=pe,
                                 sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
                                 multimask_output=multi)
     if outputs != "all":

@@ -23,10 +23,16 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 
 MAX_WAIT_S = 2.0
 """The longest the second process waits for one raise of the flag (a prompt's view takes
 0.3-0.6 s on 2 cores)."""
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 class Gate:
@@ -46,6 +52,9 @@ class Gate:
         self._depth = 0
         self._lock = threading.Lock()
         self.raises = 0  # times the flag went up
+        # the file goes when this gate does, or when Python exits (napari closed while the
+        # second process was still starting, before it could map the file)
+        self._remove_at_exit = weakref.finalize(self, _remove, self.path)
 
     @contextlib.contextmanager
     def raised(self):
@@ -66,8 +75,7 @@ class Gate:
         """Remove the file once the other process has mapped it (the mapping lives on; no
         file is left behind, however this process ends). Where the platform refuses while
         it is mapped (Windows), :meth:`close` tries again."""
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        _remove(self.path)
 
     def close(self) -> None:
         """Lower the flag, unmap it and remove the file if it is still there."""
@@ -77,6 +85,7 @@ class Gate:
                 self._map.close()
                 self._map = None
         self.unlink()
+        self._remove_at_exit.detach()
 
 
 class GateReader:
