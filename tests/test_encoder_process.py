@@ -189,6 +189,50 @@ def test_only_the_first_step_goes_elsewhere_and_none_falls_back(engine, field):
     torch.testing.assert_close(engine.embedding(prepared, v), engine.encode(x)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_a_box_look_sent_while_the_process_embeds_a_tile_comes_back_before_it(engine, field):
+    """A box's small crop sent from a pause point while that process embeds a tile: served
+    at the tile encoder's next pause point, also while the flag holds the tile; at any
+    other time (or from another thread) the caller embeds it itself."""
+    import time
+
+    from napari_gpuseg.engine.sam.views import View
+
+    img, _gt = field
+    proc = ep.EncoderProcess(MODEL, "fp32")
+    try:
+        assert proc.wait_ready(WAIT / 1000), proc.error
+        x = batch_of(engine, img)
+        crop = torch.stack([view_input(engine.prepare(img), View(40, 60, 128, 128, 128),
+                                       engine.info.normalization)])
+        assert proc.look(crop) is None  # no tile under way
+        got, other = [], []
+
+        def at_pause():
+            if not got:
+                got.append(proc.look(crop))
+                got.append(time.monotonic())
+                worker = threading.Thread(target=lambda: other.append(proc.look(crop)))
+                worker.start()
+                worker.join()
+
+        out = proc.encode(x, wait=at_pause)
+        done = time.monotonic()
+        torch.testing.assert_close(out, engine.encode(x), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got[0], engine.encode(crop), rtol=1e-4, atol=1e-4)
+        assert got[0].shape[-2:] == (32, 32) and got[1] < done
+        assert other == [None]  # another thread: not nested in that tile's wait
+        assert proc.looks == 1 and proc.calls == 1
+        # the flag up (a prompt served here): the tile waits, the look does not
+        got.clear()
+        with proc.held():
+            out = proc.encode(x, wait=at_pause)
+        torch.testing.assert_close(got[0], engine.encode(crop), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out, engine.encode(x), rtol=1e-4, atol=1e-4)
+        assert proc.looks == 2 and proc.calls == 2
+    finally:
+        proc.close()
+
+
 def draw_box_near(w, gt, fy=0.5, fx=0.5):
     """Draw in the dock's box layer the ground-truth box of the object nearest the point at
     fractions ``fy``, ``fx`` of the field's height and width (default: its centre, under the

@@ -126,7 +126,7 @@ class AnnotatorJobs:
             if prompt.box is not None:
                 if supports_look(engine) and not engine.is_embedded(image, [engine.route(image, prompt)]):
                     try:
-                        res = box_look(engine, image, prompt)
+                        res = box_look(engine, image, prompt, self._encoder_slot.look_encoder(model))
                     except Cancelled:
                         raise
                     except Exception:  # noqa: BLE001 - a look is optional: the full decode reports

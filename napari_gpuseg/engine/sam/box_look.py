@@ -17,10 +17,14 @@ follows and replaces it (the annotator's first look).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
+from ..runtime.device import all_finite
 from .decode_call import keep_best, module_outputs, prompt_tensors, render_masks
+from .inputs import view_input
 from .prompt_types import MaskResult, Prompt
 from .views import View
 
@@ -59,14 +63,23 @@ def supports_look(engine) -> bool:
             and engine.input_size <= MAX_INPUT)
 
 
-def box_look(engine, image, prompt: Prompt) -> MaskResult | None:
+def box_look(engine, image, prompt: Prompt,
+             encode: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> MaskResult | None:
     """The mask of a box-only ``prompt`` from :func:`look_view`'s crop (embedded and cached
-    like any view), or None where no crop serves it. ``image``: a prepared image."""
+    like any view), or None where no crop serves it. ``image``: a prepared image.
+    ``encode``: where the crop is embedded first (the second encoder process while it
+    embeds a tile, :meth:`.encoder_slot.EncoderSlot.look_encoder`); None from it, the
+    engine embeds it here."""
     if prompt.box is None or prompt.points is not None or prompt.mask_input is not None:
         return None
     view = look_view(prompt.box, image.shape, engine.input_size)
     if view is None:
         return None
+    key = engine._key(image, view)
+    if encode is not None and engine.cache.get(key) is None:
+        out = encode(view_input(image, view, engine.info.normalization)[None])
+        if out is not None and all_finite(out):
+            engine.cache.put(key, out[0])
     emb = engine.embedding(image, view)
     side = emb.shape[-1]
     dev = engine.policy.device

@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import weakref
+from typing import Callable
 
 MAX_WAIT_S = 2.0
 """The longest the second process waits for one raise of the flag (a prompt's view takes
@@ -98,7 +99,9 @@ class GateReader:
         self.waited = 0.0  # seconds spent waiting, all raises together
         self._outlasted = 0  # the raise whose wait ran out: not waited for again
 
-    def wait(self) -> None:
+    def wait(self, while_waiting: Callable[[], None] | None = None) -> None:
+        """``while_waiting()`` is called every 2 ms meanwhile (the second process serves a
+        box's look then)."""
         token = self._map[0]
         if not token or token == self._outlasted:
             return
@@ -108,5 +111,7 @@ class GateReader:
             if time.monotonic() >= end:
                 self._outlasted = token
                 break
+            if while_waiting is not None:
+                while_waiting()
             time.sleep(0.002)
         self.waited += time.monotonic() - t0

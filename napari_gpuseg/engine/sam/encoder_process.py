@@ -28,9 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
 import queue
-import struct
 import subprocess
 import sys
 import threading
@@ -40,7 +38,8 @@ from typing import Callable
 import psutil
 import torch
 
-from .encoder_gate import Gate, GateReader
+from .encoder_frames import pack, read, unpack, write
+from .encoder_gate import Gate
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +54,6 @@ MIN_AVAILABLE_BYTES = 1 << 30
 """Memory that must be available before the second process starts: it holds about 420 MB
 (torch, the encoder and its working buffers), and a machine short of memory needs it more
 for the images than for a faster first tile."""
-
-_HEADER = struct.Struct("<Q")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def wanted(encoder: torch.nn.Module, device: torch.device) -> bool:
@@ -104,36 +100,6 @@ def time_tile(engine, repeats: int = 2, warm: bool = True) -> float:
     return best
 
 
-def _pack(t: torch.Tensor) -> tuple[str, tuple, bytes]:
-    t = t.detach().to("cpu").contiguous()
-    name = str(t.dtype).removeprefix("torch.")
-    if name not in _DTYPES:
-        raise TypeError(f"cannot send a {t.dtype} tensor")
-    return name, tuple(t.shape), t.view(torch.uint8).numpy().tobytes()
-
-
-def _unpack(name: str, shape: tuple, data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=_DTYPES[name]).reshape(shape)
-
-
-def _write(stream, obj) -> None:
-    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(body)) + body)
-    stream.flush()
-
-
-def _read(stream):
-    """One frame from ``stream``; None at its end."""
-    head = stream.read(_HEADER.size)
-    if len(head) < _HEADER.size:
-        return None
-    (n,) = _HEADER.unpack(head)
-    body = stream.read(n)
-    if len(body) < n:
-        return None
-    return pickle.loads(body)  # noqa: S301 - frames of the process this module started
-
-
 class EncoderProcess:
     """A second process holding ``model``'s image encoder (on the CPU, at ``precision``,
     ``threads`` intra-op threads, default :func:`default_threads`). Starting it does not
@@ -150,7 +116,12 @@ class EncoderProcess:
         self.tile_seconds: float | None = None  # its tile time alone, measured as it starts
         self.held_seconds = 0.0  # its encoder's waits while prompts were served here
         self._replies: queue.Queue = queue.Queue()
-        self._consume = threading.Lock()  # one reader of the replies at a time
+        # one reader of the replies at a time; the same thread again for a look sent from
+        # a pause point while it waits for a tile (:meth:`look`)
+        self._consume = threading.RLock()
+        self._awaiting: set[int] = set()  # requests whose replies are waited for
+        self._stash: dict[int, tuple] = {}  # their replies, read while waiting for another
+        self.looks = 0  # box looks embedded here
         self._busy = False  # an encode under way (a nested call from a pause point gets None)
         self._next_id = 0
         self.sent = threading.Event()  # set each time a tile is handed over
@@ -177,7 +148,7 @@ class EncoderProcess:
         out = self._proc.stdout
         while True:
             try:
-                msg = _read(out)
+                msg = read(out)
             except Exception as exc:  # noqa: BLE001 - a broken frame ends the conversation
                 msg = ("error", f"unreadable reply: {exc}")
             if msg is None:
@@ -254,38 +225,82 @@ class EncoderProcess:
             self._drain()
             if self.state != "ready":
                 return None
-            self._next_id += 1
-            rid = self._next_id
-            try:
-                _write(self._proc.stdin, ("encode", rid, *_pack(batch)))
-                self.sent.set()
-            except (OSError, ValueError) as exc:  # a closed pipe: the process is gone
-                self._fail(f"could not send a tile: {exc}")
+            rid = self._send("encode", batch)
+            if rid is None:
                 return None
+            self.sent.set()
+            out = self._await(rid, timeout, wait)
+            if isinstance(out, str):  # "timeout"
+                self._fail(f"no answer within {timeout:.0f} s")
+                return None
+            if out is not None:
+                self.calls += 1
+            return out
+        finally:
+            self._busy = False
+            self._consume.release()
+
+    def look(self, batch: torch.Tensor, timeout: float = 2.0) -> torch.Tensor | None:
+        """The encoder's output for a box's small crop (``box_look``), computed here while
+        this process waits for a tile from the second process: a worker's pause point
+        serves the look job inside that wait, and the second process serves the look at its
+        encoder's next pause point, before the rest of the tile. None at any other time (or
+        on any failure, or after ``timeout`` s): the caller embeds the crop itself."""
+        if not self._busy or self.state != "ready" or not self._consume.acquire(blocking=False):
+            return None
+        try:
+            rid = self._send("look", batch)
+            out = None if rid is None else self._await(rid, timeout, None)
+            if out is None or isinstance(out, str):  # failed, or "timeout"
+                return None
+            self.looks += 1
+            return out
+        finally:
+            self._consume.release()
+
+    def _send(self, kind: str, batch: torch.Tensor) -> int | None:
+        self._next_id += 1
+        rid = self._next_id
+        try:
+            write(self._proc.stdin, (kind, rid, *pack(batch)))
+        except (OSError, ValueError) as exc:  # a closed pipe: the process is gone
+            self._fail(f"could not send a {kind}: {exc}")
+            return None
+        return rid
+
+    def _await(self, rid: int, timeout: float, wait: Callable[[], None] | None):
+        """The reply to request ``rid``: its tensor, None (it failed there, or the process
+        did) or ``"timeout"``. Replies to other requests waited for meanwhile (a tile's,
+        while a look waits) are kept for them; late ones are dropped."""
+        self._awaiting.add(rid)
+        try:
             end = time.monotonic() + timeout
             while True:
-                try:
-                    msg = self._replies.get(timeout=0.01)
-                except queue.Empty:
-                    if time.monotonic() > end:
-                        self._fail(f"no answer within {timeout:.0f} s")
-                        return None
-                    if wait is not None:
-                        wait()
+                msg = self._stash.pop(rid, None)
+                if msg is None:
+                    try:
+                        msg = self._replies.get(timeout=0.01)
+                    except queue.Empty:
+                        if time.monotonic() > end:
+                            return "timeout"
+                        if wait is not None:
+                            wait()
+                        continue
+                if msg[0] in ("result", "failed") and msg[1] != rid:
+                    if msg[1] in self._awaiting:
+                        self._stash[msg[1]] = msg
                     continue
-                if msg[0] == "result" and msg[1] == rid:
-                    self.calls += 1
+                if msg[0] == "result":
                     self.held_seconds += msg[2]
-                    return _unpack(*msg[3:])
-                if msg[0] == "failed" and msg[1] == rid:
-                    logger.warning("encoder process: %s (the tile is embedded here)", msg[2])
+                    return unpack(*msg[3:])
+                if msg[0] == "failed":
+                    logger.warning("encoder process: %s (embedded here instead)", msg[2])
                     return None
                 self._handle(msg)
                 if self.state != "ready":
                     return None
         finally:
-            self._busy = False
-            self._consume.release()
+            self._awaiting.discard(rid)
 
     def _stop(self) -> None:
         """Close the process's input (it exits at its end) and reap it in a daemon thread
@@ -343,49 +358,14 @@ class EncoderProcess:
             pass
 
 
-def serve(model: str, precision: str, threads: int, stdin, stdout, gate: str | None = None) -> None:
-    """The second process: load ``model``, then answer ``encode`` frames until stdin ends;
-    its encoder waits at its pause points while the flag in the file ``gate`` is up."""
-    torch.set_num_threads(max(1, threads))
-    from ..runtime.device import make_policy
-    from .encoder_pauses import pause_modules
-    from .loader import load_engine
-
-    try:
-        engine = load_engine(model, make_policy("cpu", precision))
-        seconds = time_tile(engine, repeats=3)  # and the first call's one-off costs paid now
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on without
-        _write(stdout, ("error", f"could not load {model}: {type(exc).__name__}: {exc}"))
-        return
-    reader = None
-    if gate:
-        try:
-            reader = GateReader(gate)
-        except (OSError, ValueError):  # no flag to read: tiles are never held for prompts
-            pass
-        for module in pause_modules(engine.sam.image_encoder) if reader is not None else ():
-            module.register_forward_pre_hook(lambda _m, _a: reader.wait())
-    _write(stdout, ("ready", os.getpid(), seconds))
-    while True:
-        msg = _read(stdin)
-        if msg is None:
-            return
-        _kind, rid, *packed = msg
-        try:
-            waited = reader.waited if reader is not None else 0.0
-            out = engine.encode(_unpack(*packed))
-            waited = (reader.waited if reader is not None else 0.0) - waited
-            _write(stdout, ("result", rid, waited, *_pack(out)))
-        except Exception as exc:  # noqa: BLE001 - one failed tile, the parent embeds it
-            _write(stdout, ("failed", rid, f"{type(exc).__name__}: {exc}"))
-
-
 def main(argv: list[str] | None = None) -> None:
     args = argv if argv is not None else sys.argv[1:]
     model, precision, threads = args[:3]
     stdin = sys.stdin.buffer
     stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints never reach the frames
+    from .encoder_serve import serve
+
     serve(model, precision, int(threads), stdin, stdout, args[3] if len(args) > 3 else None)
 
 

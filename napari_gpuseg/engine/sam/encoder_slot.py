@@ -85,6 +85,14 @@ class EncoderSlot:
         if self.deferred is not None and self.deferred == str(model):
             self.ensure(model, engine)
 
+    def look_encoder(self, model: str) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
+        """:meth:`.EncoderProcess.look` of the process for ``model`` (it answers only while
+        that process embeds a tile for this one), else None."""
+        proc = self.process
+        if proc is None or proc.model != str(model) or proc.state != "ready":
+            return None
+        return proc.look
+
     def offload(self, model: str) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
         """``encode`` of the process for ``model`` once it is ready, else None. Queued
         prompts run at a worker's pause points while it waits, the process's encoder held
