@@ -122,6 +122,9 @@ def main() -> None:
                     help="the second encoder process waits while a prompt is served at a pause point")
     ap.add_argument("--first-window", type=float, default=None,
                     help="seconds of window work the first drop assumes (default: as shipped; inf: always there)")
+    ap.add_argument("--look-process", choices=("alternate", "on", "off"), default="on",
+                    help="a box's look embedded in the second encoder process while it embeds "
+                         "the first tile (else in napari's process)")
     ap.add_argument("--drop-at-once", action="store_true",
                     help="drop the first field as soon as the model is ready, not after the "
                          "second encoder process is")
@@ -242,7 +245,7 @@ def main() -> None:
         return [args.hold == "on"] * n
     rows = []
     defer_for, set_image_layer, first_look = w._defer_for, w.set_image_layer, w._job_first_look
-    slot_offload = slot.offload
+    slot_offload, slot_look = slot.offload, slot.look_encoder
 
     def stamped_look(model, image, prompt, look=None, cancel=None):
         stamps["look_start"] = time.perf_counter()
@@ -270,6 +273,8 @@ def main() -> None:
         look_paint["on"] = args.look_paint == "on" or (args.look_paint == "alternate" and n_field % 2 == 1)
         hands = args.handover == "on" or (args.handover == "alternate" and n_field % 2 == 1)
         w.handover_wait_s = HANDOVER_WAIT_S if hands else 0.0
+        look_there = args.look_process == "on" or (args.look_process == "alternate" and n_field % 2 == 1)
+        slot.look_encoder = slot_look if look_there else (lambda *_a: None)
         holds = args.hold_process == "on" or (args.hold_process == "alternate" and n_field % 2 == 1)
         slot.hold_for_prompts = holds
         img = tifffile.imread(f)
@@ -289,6 +294,7 @@ def main() -> None:
         adds.clear()
         encodes.clear()
         name = f.stem
+        looks0 = slot.process.looks if slot.process is not None else 0
         t_add = time.perf_counter()
         viewer.add_image(img, name=name)
         add_image_s = time.perf_counter() - t_add
@@ -371,7 +377,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, hands=hands, holds=holds, offloads=offloads, look=look, look_paint=look_paint["on"], waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, look_there=look_there, looks=(proc.looks if proc is not None else 0) - looks0, hands=hands, holds=holds, offloads=offloads, look=look, look_paint=look_paint["on"], waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, mask_iou=mask_iou, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -411,6 +417,10 @@ def main() -> None:
                          f"{med(sum(r['first_split']) for r in sub):.0f} ms; mean IoU first "
                          f"{np.mean([r['mask_iou']['first'] for r in sub]):.3f}, final "
                          f"{np.mean([r['mask_iou']['final'] for r in sub]):.3f}"),
+            (args.look_process, "look_there", ("box look in napari's process", "box look in the second process"),
+             lambda sub: f"box -> first mask median {med(sum(r['first_split']) for r in sub):.0f} ms; "
+                         f"final mask median {med(r['final'] for r in sub):.2f} s; looks there "
+                         f"{sum(r['looks'] for r in sub)} of {len(sub)}"),
             (args.look_paint, "look_paint", ("full decode at once", "full decode after the first look's paint"),
              lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s"),
             (args.rest, "rest_later", ("SAM negative and labels while following",
