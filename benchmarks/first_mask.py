@@ -122,6 +122,9 @@ def main() -> None:
                     help="the second encoder process waits while a prompt is served at a pause point")
     ap.add_argument("--first-window", type=float, default=None,
                     help="seconds of window work the first drop assumes (default: as shipped; inf: always there)")
+    ap.add_argument("--crop-look", choices=("alternate", "on", "off"), default="on",
+                    help="a box's or first click's first look from a small crop (off: a box has "
+                         "none, a click's comes from its native tile)")
     ap.add_argument("--look-process", choices=("alternate", "on", "off"), default="on",
                     help="a box's look embedded in the second encoder process while it embeds "
                          "the first tile (else in napari's process)")
@@ -246,6 +249,9 @@ def main() -> None:
     rows = []
     defer_for, set_image_layer, first_look = w._defer_for, w.set_image_layer, w._job_first_look
     slot_offload, slot_look = slot.offload, slot.look_encoder
+    from napari_gpuseg.widgets import _annotator_jobs as annotator_jobs
+
+    supports_look = annotator_jobs.supports_look
 
     def stamped_look(model, image, prompt, look=None, cancel=None):
         stamps["look_start"] = time.perf_counter()
@@ -273,6 +279,8 @@ def main() -> None:
         look_paint["on"] = args.look_paint == "on" or (args.look_paint == "alternate" and n_field % 2 == 1)
         hands = args.handover == "on" or (args.handover == "alternate" and n_field % 2 == 1)
         w.handover_wait_s = HANDOVER_WAIT_S if hands else 0.0
+        crop = args.crop_look == "on" or (args.crop_look == "alternate" and n_field % 2 == 1)
+        annotator_jobs.supports_look = supports_look if crop else (lambda _engine: False)
         look_there = args.look_process == "on" or (args.look_process == "alternate" and n_field % 2 == 1)
         slot.look_encoder = slot_look if look_there else (lambda *_a: None)
         holds = args.hold_process == "on" or (args.hold_process == "alternate" and n_field % 2 == 1)
@@ -377,7 +385,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, look_there=look_there, looks=(proc.looks if proc is not None else 0) - looks0, hands=hands, holds=holds, offloads=offloads, look=look, look_paint=look_paint["on"], waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, crop=crop, look_there=look_there, looks=(proc.looks if proc is not None else 0) - looks0, hands=hands, holds=holds, offloads=offloads, look=look, look_paint=look_paint["on"], waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, mask_iou=mask_iou, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -415,6 +423,12 @@ def main() -> None:
             (args.first_look, "look", ("first look off", "first look on"),
              lambda sub: f"final mask median {med(r['final'] for r in sub):.2f} s; box -> first mask median "
                          f"{med(sum(r['first_split']) for r in sub):.0f} ms; mean IoU first "
+                         f"{np.mean([r['mask_iou']['first'] for r in sub]):.3f}, final "
+                         f"{np.mean([r['mask_iou']['final'] for r in sub]):.3f}"),
+            (args.crop_look, "crop", ("no crop look (a click's first look from its native tile)",
+                                      "first look from a small crop"),
+             lambda sub: f"prompt -> first mask median {med(sum(r['first_split']) for r in sub):.0f} ms; "
+                         f"final mask median {med(r['final'] for r in sub):.2f} s; mean IoU first "
                          f"{np.mean([r['mask_iou']['first'] for r in sub]):.3f}, final "
                          f"{np.mean([r['mask_iou']['final'] for r in sub]):.3f}"),
             (args.look_process, "look_there", ("box look in napari's process", "box look in the second process"),

@@ -258,7 +258,7 @@ def test_a_first_click_after_a_drop_shows_its_native_tile_mask_first(make_napari
     assert [final for final, _r, _t in shown] == [False, True]
     assert events == ["painted", ("decode", True)]  # the decode went on after the paint, not the timeout
     assert not w._looks_waiting
-    assert "native tile" in shown[0][2] and "native tile" not in shown[1][2]
+    assert "first look" in shown[0][2] and "first look" not in shown[1][2]
     assert w._preview[3] is shown[1][1]
     engine = w._engine(w.model_name)
     click = Prompt(points=np.array([[x, y]], float), labels=np.array([1]))

@@ -11,7 +11,7 @@ import numpy as np
 from ..engine.runtime.cancel import Cancelled, check
 from ..engine.runtime.device import synchronize
 from ..engine.runtime.worker import IDLE
-from ..engine.sam.box_look import box_look, supports_look
+from ..engine.sam.crop_look import crop_look, supports_look
 from ..engine.sam.loader import load_engine
 from ..engine.sam.encoder_pauses import waits_for_encoder
 from ..engine.sam.gpu_warmup import warm_gpu
@@ -28,7 +28,7 @@ to be painted."""
 def wait_painted(look, cancel=None) -> None:
     """Wait (at most :data:`FIRST_LOOK_PAINT_WAIT_S`, cancellable) for a first look (a
     first click's, a box's) to be on screen. The full decode right after it embeds the
-    prompt's own view (a click's finer view, a box's whole view), and in this process the encoder's operators take Python's lock from the GUI
+    prompt's own views, and in this process the encoder's operators take Python's lock from the GUI
     thread every few milliseconds, which slows a paint beside it down (first look on
     screen 148 ms after a click instead of 127 ms, median, on a 2-core Xeon;
     ``benchmarks/click_first_look.py``)."""
@@ -113,30 +113,37 @@ class AnnotatorJobs:
         return engine.predict(image, prompts, multimask=multimask, cancel=cancel, near_box=True)
 
     def _job_first_look(self, model: str, image, prompt, look=None, cancel=None):
-        """A quick mask while the view the prompt is decoded in is not embedded yet: a first
-        click's from its native tile alone (right after a drop: one view to wait for, not
-        two, the finer click view), a box's from a small crop around it (``box_look``: a
-        quarter of a view's encoder work, on a CPU); None when that view is ready (the full
-        decode is as quick then). ``look`` (a ``threading.Event``) is set here when there
-        is nothing to show; else the dock sets it once the window has painted the mask."""
+        """A quick mask while the view a box or a first click is decoded in is not embedded
+        yet (right after a drop): from a small crop around the prompt where its native view
+        is not embedded either (``crop_look``: a quarter of a view's encoder work, on a
+        CPU), else a first click's from its native tile alone (its finer click view is the
+        one missing). None when the prompt's view is ready (the full decode is as quick
+        then). ``look`` (a ``threading.Event``) is set here when there is nothing to show;
+        else the dock sets it once the window has painted the mask."""
         res = None
         try:
             engine = self._engine(model)
             image = engine.prepare(image)
-            if prompt.box is not None:
-                if supports_look(engine) and not engine.is_embedded(image, [engine.route(image, prompt)]):
-                    try:
-                        res = box_look(engine, image, prompt, self._encoder_slot.look_encoder(model))
-                    except Cancelled:
-                        raise
-                    except Exception:  # noqa: BLE001 - a look is optional: the full decode reports
-                        logger.warning("a box's first look failed; its full view follows", exc_info=True)
-            elif engine.click_zoom > 1 and not engine.is_embedded(image, [engine.route(image, prompt)]):
-                res = engine.predict(image, [prompt], multimask=True, cancel=cancel, zoom=False)[0]
+            click = prompt.box is None
+            if not engine.is_embedded(image, [engine.route(image, prompt)]):
+                native = engine.route(image, prompt, zoom=False) if click else None
+                if supports_look(engine) and (native is None or not engine.is_embedded(image, [native])):
+                    res = self._crop_look(engine, image, prompt, click, model)
+                elif click and engine.click_zoom > 1:
+                    res = engine.predict(image, [prompt], multimask=True, cancel=cancel, zoom=False)[0]
             return res
         finally:
             if res is None and look is not None:
                 look.set()
+
+    def _crop_look(self, engine, image, prompt, multimask: bool, model: str):
+        try:
+            return crop_look(engine, image, prompt, multimask, self._encoder_slot.look_encoder(model))
+        except Cancelled:
+            raise
+        except Exception:  # noqa: BLE001 - a look is optional: the full decode reports
+            logger.warning("a first look failed; the full mask follows", exc_info=True)
+            return None
 
     def _job_boxes(self, model: str, image, boxes, cancel=None):
         return self._engine(model).predict_boxes(image, boxes, cancel=cancel)

@@ -38,17 +38,16 @@ class PreviewDisplay:
             data[...] = 0
         target[...] = result.full(target.shape)
         self.preview_layer.refresh()
-        coming = " (a first look; its full view is coming)" if prompt is not None and prompt.box is not None \
-            else " (native tile; the finer view is coming)"
         self._set_status(f"preview: {result.area} px, predicted IoU {result.score:.2f}"
-                         + ("" if final else coming))
+                         + ("" if final else " (a first look; the full mask is coming)"))
         self.redraw.release()
         self._after_repaint.post()  # background embedding goes on once the mask is drawn
         self._rest_soon()
 
     def _show_first_look(self, layer, index, generation, result, prompt, look) -> None:
-        """A first look (``result``: a first click's native-tile mask, a box's from its small
-        crop; None: nothing to show, and the job has set ``look`` already). ``look`` is set once the window has painted the mask: the
+        """A first look (``result``: a box's or a first click's mask from a small crop, or a
+        first click's from its native tile; None: nothing to show, and the job has set
+        ``look`` already). ``look`` is set once the window has painted the mask: the
         full decode waits for that (``_annotator_jobs.wait_painted``)."""
         if result is None:
             look.set()

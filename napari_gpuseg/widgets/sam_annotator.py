@@ -378,7 +378,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         first_box = prompt.box is not None and prompt.points is None and prompt.mask_input is None
         first_look = first_click or first_box
         look = threading.Event() if first_look else None  # set once the first look is painted
-        if first_look:  # a quick mask first (a click's native tile, a box's small crop)
+        if first_look:  # a quick mask first (from a small crop, or a click's native tile)
             self._submit(
                 self._job_first_look, self.model_name, image, prompt, look, tag="preview", replace=True,
                 priority=INTERACTIVE, hold_after=self.hold_background_s,

@@ -42,7 +42,7 @@ def module_outputs(sam, device, emb: torch.Tensor, sparse, dense, outputs: str,
     """The mask decoder module's (low-res logits, IoU) for ``outputs``: ``"single"``,
     ``"multi"`` (SAM's three) or ``"all"`` (the single-mask output first, then the three).
     ``side``: an embedding smaller than the model's (a crop at the input's top left,
-    ``box_look``) reads the top-left ``side x side`` of the position grid."""
+    ``crop_look``) reads the top-left ``side x side`` of the position grid."""
     pe = sam.prompt_encoder.get_dense_pe()
     if side is not None:
         pe = pe[..., :side, :side]

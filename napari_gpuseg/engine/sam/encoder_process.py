@@ -241,7 +241,7 @@ class EncoderProcess:
             self._consume.release()
 
     def look(self, batch: torch.Tensor, timeout: float = 2.0) -> torch.Tensor | None:
-        """The encoder's output for a box's small crop (``box_look``), computed here while
+        """The encoder's output for a prompt's small crop (``crop_look``), computed here while
         this process waits for a tile from the second process: a worker's pause point
         serves the look job inside that wait, and the second process serves the look at its
         encoder's next pause point, before the rest of the tile. None at any other time (or

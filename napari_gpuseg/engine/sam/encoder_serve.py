@@ -2,7 +2,7 @@
 load the model, then answer frames until stdin ends.
 
 Two kinds of request: ``encode`` (a new image's first tile, the one napari's process hands
-over after a drop) and ``look`` (a box's small crop, ``box_look``, sent while that tile is
+over after a drop) and ``look`` (a prompt's small crop, ``crop_look``, sent while that tile is
 under way). A look goes first: the tile's encoder serves it at its next pause point (the
 same points as the worker's, a few milliseconds apart) and goes on afterwards. In this
 process it runs beside napari's GUI thread without sharing Python's lock with it; in
@@ -28,6 +28,9 @@ class _Server:
         self.engine, self.stdout, self.inbox, self.reader = engine, stdout, inbox, reader
         self.pending: collections.deque = collections.deque()  # tiles that came during a tile
         self.in_look = False
+        self.threads = torch.get_num_threads()
+        # a look has every core: the tile it interrupts waits, and napari's worker too
+        self.look_threads = self.threads + 1
 
     def pause(self) -> None:
         """The tile's encoder at a pause point: looks first, then the flag's wait."""
@@ -51,6 +54,8 @@ class _Server:
     def answer(self, msg) -> None:
         kind, rid, *packed = msg
         self.in_look = kind == "look"  # a look never waits, for the flag or at its own pauses
+        if self.in_look:
+            torch.set_num_threads(self.look_threads)
         try:
             waited = self.reader.waited if self.reader is not None else 0.0
             out = self.engine.encode(unpack(*packed))
@@ -59,6 +64,8 @@ class _Server:
         except Exception as exc:  # noqa: BLE001 - one failed request, the parent embeds it
             write(self.stdout, ("failed", rid, f"{type(exc).__name__}: {exc}"))
         finally:
+            if self.in_look:
+                torch.set_num_threads(self.threads)
             self.in_look = False
 
     def run(self) -> None:

@@ -1,5 +1,5 @@
-"""A box's first look: its mask from a small native crop around it, while the view the box
-is decoded in is not embedded yet.
+"""A prompt's first look: its mask from a small native crop around it, while the view it is
+decoded in is not embedded yet (a box, or a first click whose native tile is not).
 
 On a CPU, a box drawn right after a drop outside the tile the background embeds first waits
 for a whole view (256 px for the default model: 0.33 s alone on 2 cores, 0.45-0.6 s beside
@@ -12,7 +12,7 @@ lies in a padded one, at the top left, with the prompt's coordinates in the same
 On BBBC039's 8 validation fields (160 tight boxes, ``nuclei_sam``, bf16, 2-core Xeon) the
 crop's masks score mean IoU 0.907 against the full view's 0.902, on ``dsb2018/`` (125 boxes)
 0.820 against 0.784, in 120 ms instead of 408 ms with nothing embedded
-(``benchmarks/box_look.py``); LiteMedSAM's 0.745 against 0.791. The full view's mask still
+(``benchmarks/crop_look.py``); LiteMedSAM's 0.745 against 0.791. The full view's mask still
 follows and replaces it (the annotator's first look).
 """
 from __future__ import annotations
@@ -26,10 +26,13 @@ from ..runtime.device import all_finite
 from .decode_call import keep_best, module_outputs, prompt_tensors, render_masks
 from .inputs import view_input
 from .prompt_types import MaskResult, Prompt
-from .views import View
+from .views import View, prompt_box
 
 SIDE_FRACTION = 2
 """The crop's side is the model input's over this (128 px for a 256 px input)."""
+
+ALIGN = 16
+"""Crops start on multiples of this (px): the prompt's centre lies within 8 px of theirs."""
 
 MAX_BOX_FRACTION = 0.75
 """The largest box (its longer side) a crop serves, as a fraction of the crop's side: the
@@ -37,22 +40,24 @@ object needs context around it."""
 
 
 def look_view(box: np.ndarray, shape: tuple[int, int], input_size: int) -> View | None:
-    """The native-scale crop (``input_size // SIDE_FRACTION`` px) centred on ``box``,
-    shifted inside the image; None when the box is too large for it or the image smaller."""
+    """The native-scale crop (``input_size // SIDE_FRACTION`` px) centred on ``box`` (to
+    :data:`ALIGN` px), shifted inside the image; None when the box is too large for it or
+    the image smaller."""
     side = input_size // SIDE_FRACTION
     h, w = shape
     x0, y0, x1, y1 = (float(v) for v in box)
     if h < side or w < side or max(x1 - x0, y1 - y0) > MAX_BOX_FRACTION * side:
         return None
-    top = int(np.clip(round((y0 + y1) / 2 - side / 2), 0, h - side))
-    left = int(np.clip(round((x0 + x1) / 2 - side / 2), 0, w - side))
+    # on a grid of ALIGN px, so a prompt moved by a few pixels reuses the crop's embedding
+    top = int(np.clip(round(((y0 + y1) / 2 - side / 2) / ALIGN) * ALIGN, 0, h - side))
+    left = int(np.clip(round(((x0 + x1) / 2 - side / 2) / ALIGN) * ALIGN, 0, w - side))
     return View(top, left, side, side, side)
 
 
 MAX_INPUT = 256
 """The largest model input a look is used for: the 256 px models (``nuclei_sam``,
 ``lite_medsam`` and decoders tuned on them), where its quality is measured
-(``benchmarks/box_look.py``); MobileSAM's 1024 px input is not."""
+(``benchmarks/crop_look.py``); MobileSAM's 1024 px input is not."""
 
 
 def supports_look(engine) -> bool:
@@ -63,16 +68,19 @@ def supports_look(engine) -> bool:
             and engine.input_size <= MAX_INPUT)
 
 
-def box_look(engine, image, prompt: Prompt,
-             encode: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> MaskResult | None:
-    """The mask of a box-only ``prompt`` from :func:`look_view`'s crop (embedded and cached
-    like any view), or None where no crop serves it. ``image``: a prepared image.
+def crop_look(engine, image, prompt: Prompt, multimask: bool = False,
+              encode: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> MaskResult | None:
+    """The mask of ``prompt`` (a box, or points: a first click; no mask input) from
+    :func:`look_view`'s crop around it (embedded and cached like any view), or None where no
+    crop serves it. ``image``: a prepared image. ``multimask``: the best of the decoder's
+    candidates (a first click), as :meth:`.predictor.SamEngine.predict` takes it.
     ``encode``: where the crop is embedded first (the second encoder process while it
     embeds a tile, :meth:`.encoder_slot.EncoderSlot.look_encoder`); None from it, the
-    engine embeds it here."""
-    if prompt.box is None or prompt.points is not None or prompt.mask_input is not None:
+    engine embeds it here. The result keeps no logits (``low_res`` None): a click added
+    while it is on display starts over rather than refine a mask of another view size."""
+    if prompt.mask_input is not None or (prompt.box is None) == (prompt.points is None):
         return None
-    view = look_view(prompt.box, image.shape, engine.input_size)
+    view = look_view(prompt_box(prompt.points, prompt.box), image.shape, engine.input_size)
     if view is None:
         return None
     key = engine._key(image, view)
@@ -83,12 +91,12 @@ def box_look(engine, image, prompt: Prompt,
     emb = engine.embedding(image, view)
     side = emb.shape[-1]
     dev = engine.policy.device
-    _pts, boxes, _masks, _roi = prompt_tensors(view, [prompt], dev, engine.input_size, side)
+    points, boxes, _masks, _roi = prompt_tensors(view, [prompt], dev, engine.input_size, side)
     with torch.inference_mode(), engine.policy.autocast():
-        sparse, dense = engine.sam.prompt_encoder(points=None, boxes=boxes, masks=None)
+        sparse, dense = engine.sam.prompt_encoder(points=points, boxes=boxes, masks=None)
         low_res, iou = module_outputs(engine.sam, dev, emb, sparse, dense[..., :side, :side],
-                                      "single", side=side)
-    chosen, scores = keep_best(low_res.float(), iou.float(), False)
+                                      engine.candidates if multimask else "single", side=side)
+    chosen, scores = keep_best(low_res.float(), iou.float(), multimask)
     mask = render_masks(chosen, view, engine.MASK_RENDER_BYTES)[0]
-    return MaskResult(mask, view.y0, view.x0, float(scores[0]), chosen[0].detach(), view,
+    return MaskResult(mask, view.y0, view.x0, float(scores[0]), None, view,
                       iou.float().cpu().numpy()[0])

@@ -1,4 +1,4 @@
-"""A box's first look: its mask from a small native crop, in the engine and in the
+"""A prompt's first look: its mask from a small native crop, in the engine and in the
 annotator right after a drop (the shipped model, real BBBC039 validation fields)."""
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import tifffile
 import torch
 
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.sam import box_look as bl
+from napari_gpuseg.engine.sam import crop_look as bl
 from napari_gpuseg.engine.sam.prompt_types import Prompt
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
@@ -37,9 +37,11 @@ def whole_nuclei(gt):
 
 
 def test_the_crop_is_centred_on_the_box_kept_inside_the_image_and_refused_when_too_small():
-    v = bl.look_view(np.array([200, 100, 230, 140]), (520, 696), 256)
+    v = bl.look_view(np.array([209, 100, 239, 140]), (520, 696), 256)
     assert (v.h, v.w, v.input_size) == (128, 128, 128) and v.scale == 1.0
-    assert (v.x0 + 64, v.y0 + 64) == (215, 120)  # its centre is the box's
+    assert abs(v.x0 + 64 - 224) <= 8 and abs(v.y0 + 64 - 120) <= 8  # its centre is the box's
+    assert v.x0 % bl.ALIGN == 0 and v.y0 % bl.ALIGN == 0
+    assert bl.look_view(np.array([212, 103, 242, 143]), (520, 696), 256) == v  # moved a little: the same crop
     corner = bl.look_view(np.array([0, 2, 20, 30]), (520, 696), 256)
     assert (corner.y0, corner.x0) == (0, 0)
     far = bl.look_view(np.array([680, 500, 695, 519]), (520, 696), 256)
@@ -48,21 +50,41 @@ def test_the_crop_is_centred_on_the_box_kept_inside_the_image_and_refused_when_t
     assert bl.look_view(np.array([0, 0, 10, 10]), (100, 696), 256) is None  # image under 128 px
 
 
-def test_a_box_look_embeds_a_quarter_of_a_view_and_finds_the_nucleus(engine, field):
+def test_a_box_s_look_embeds_a_quarter_of_a_view_and_finds_the_nucleus(engine, field):
     img, gt = field
     image = engine.prepare(img)
     ids, boxes = whole_nuclei(gt)
     got, full = [], []
     for oid, box in list(zip(ids, boxes))[:10]:
-        res = bl.box_look(engine, image, Prompt(box=box))
-        assert res.view.input_size == 128 and res.low_res.shape == (128, 128)
+        res = bl.crop_look(engine, image, Prompt(box=box))
+        assert res.view.input_size == 128 and res.low_res is None  # never fed back
         assert engine.embedding(image, res.view).shape[-2:] == (32, 32)
         got.append(iou(res.full(gt.shape), gt == oid))
         full.append(iou(engine.predict(image, [Prompt(box=box)], near_box=True)[0].full(gt.shape), gt == oid))
     assert np.mean(got) > 0.8, (got, full)
     assert np.mean(got) > np.mean(full) - 0.05, (got, full)
-    # a click, or a box with a click, is not a box look
-    assert bl.box_look(engine, image, Prompt(points=np.array([[50.0, 50.0]]))) is None
+    # a box with a click, or a prompt with a mask input, has no look
+    both = Prompt(points=np.array([[50.0, 50.0]]), box=np.array([40.0, 40, 70, 70]))
+    assert bl.crop_look(engine, image, both) is None
+
+
+def test_a_first_clicks_look_takes_the_best_candidate_and_finds_the_nucleus(engine, field):
+    from napari_gpuseg.engine.sam.interaction import interior_point
+
+    img, gt = field
+    image = engine.prepare(img)
+    ids, _boxes = whole_nuclei(gt)
+    got, native = [], []
+    for oid in ids[:10]:
+        x, y = interior_point(gt == oid)
+        click = Prompt(points=np.array([[x, y]], float), labels=np.array([1]))
+        res = bl.crop_look(engine, image, click, multimask=True)
+        assert res.view.input_size == 128 and len(res.all_scores) > 1  # the candidates' scores
+        assert res.score == res.all_scores.max()
+        got.append(iou(res.full(gt.shape), gt == oid))
+        tile = engine.predict(image, [click], multimask=True, zoom=False)[0]  # the native tile's look
+        native.append(iou(tile.full(gt.shape), gt == oid))
+    assert np.mean(got) > 0.75 and np.mean(got) > np.mean(native) - 0.05, (got, native)
 
 
 def test_a_look_is_for_size_agnostic_encoders_on_a_cpu(engine, monkeypatch):
@@ -111,3 +133,44 @@ def test_a_box_right_after_a_drop_shows_its_first_look_then_the_full_views_mask(
     w.box_layer.add_rectangles(np.array([[y0, x0], [y0, x1 + 1], [y1, x1 + 1], [y1, x0]], float))
     qtbot.waitUntil(lambda: any(final for final, _r, _t in shown), timeout=WAIT)
     assert [final for final, _r, _t in shown] == [True]
+
+
+def test_a_first_click_outside_the_first_tile_shows_its_crop_look_then_both_scales(
+        make_napari_viewer, qtbot, field):
+    """Right after a drop, a click far from the canvas centre has neither its native tile
+    nor its finer view embedded: its look from the small crop comes first, then the mask
+    the engine gives for the click, and a second click refines that final mask."""
+    from napari_gpuseg.engine.sam.interaction import interior_point
+
+    img, gt = field
+    img = img + 3  # content no other test embedded
+    viewer = make_napari_viewer()
+    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    shown = []
+    show = w._show_preview
+
+    def record(layer, index, gen, result, prompt=None, final=True):
+        show(layer, index, gen, result, prompt, final=final)
+        shown.append((final, result, w.status.text()))
+
+    w._show_preview = record
+    ids, boxes = whole_nuclei(gt)
+    h, w_ = gt.shape  # the nucleus nearest 20 % of the height, 85 % of the width
+    k = int(np.argmin(np.hypot((boxes[:, 0] + boxes[:, 2]) / 2 - 0.85 * w_, (boxes[:, 1] + boxes[:, 3]) / 2 - 0.2 * h)))
+    x, y = interior_point(gt == ids[k])
+    viewer.add_image(img, name="nuclei")
+    qtbot.waitUntil(lambda: w.image_layer is not None and w.pos_layer is not None, timeout=WAIT)
+    w.pos_layer.add([[y, x]])
+    qtbot.waitUntil(lambda: any(final for final, _r, _t in shown), timeout=WAIT)
+    assert [final for final, _r, _t in shown] == [False, True]
+    look, final = shown[0][1], shown[1][1]
+    assert look.view.input_size == 128 and "first look" in shown[0][2]
+    assert iou(look.full(gt.shape), gt == ids[k]) > 0.6
+    engine = w._engine(w.model_name)
+    click = Prompt(points=np.array([[x, y]], float), labels=np.array([1]))
+    job = w.worker.submit(lambda: engine.predict(np.array(img), [click], multimask=True)[0])
+    qtbot.waitUntil(lambda: job.wait(0), timeout=WAIT)
+    np.testing.assert_array_equal(job.result().full(gt.shape), final.full(gt.shape))
+    w.pos_layer.add([[y + 2, x + 2]])  # a second click refines the mask on display
+    qtbot.waitUntil(lambda: w.has_preview() and w._preview[3] is not final, timeout=WAIT)
+    assert w._preview_prompt.mask_input is final
