@@ -1,18 +1,19 @@
 """A prompt's first look: its mask from a small native crop around it, while the view it is
 decoded in is not embedded yet (a box, or a first click whose native tile is not).
 
-On a CPU, a box drawn right after a drop outside the tile the background embeds first waits
-for a whole view (256 px for the default model: 0.33 s alone on 2 cores, 0.45-0.6 s beside
+On a CPU, a prompt right after a drop outside the tile the background embeds first waits
+for a whole view (256 px for the default model: 0.36 s alone on 2 cores, 0.45-0.6 s beside
 napari building the new image's layers). A size-agnostic encoder (TinyViT: convolutions and
-windowed attention, no absolute position embedding) embeds a 128 px crop in a quarter of
-that (85 ms here). The decoder reads the crop's embedding (32 x 32 instead of 64 x 64) with
-the matching corner of its position grid: the crop lies in the model input as a small image
-lies in a padded one, at the top left, with the prompt's coordinates in the same frame.
+windowed attention, no absolute position embedding) embeds a 128 px crop in about a third of
+that. The decoder reads the crop's embedding (32 x 32 instead of 64 x 64) with the matching
+corner of its position grid: the crop lies in the model input as a small image lies in a
+padded one, at the top left, with the prompt's coordinates in the same frame.
 
-On BBBC039's 8 validation fields (160 tight boxes, ``nuclei_sam``, bf16, 2-core Xeon) the
-crop's masks score mean IoU 0.907 against the full view's 0.902, on ``dsb2018/`` (125 boxes)
-0.820 against 0.784, in 120 ms instead of 408 ms with nothing embedded
-(``benchmarks/crop_look.py``); LiteMedSAM's 0.745 against 0.791. The full view's mask still
+Held-out nuclei, ``nuclei_sam``, bf16, 2-core Xeon (``benchmarks/crop_look.py``): boxes
+(BBBC039's 8 validation fields, 160 tight boxes) mean IoU 0.907 from the crop against the
+full view's 0.902, ``dsb2018/`` (125) 0.818 against 0.784, 106 ms instead of 362 ms with
+nothing embedded; first clicks 0.855 against the native tile's 0.865 and 0.766 against
+0.741, 121 ms instead of 353 ms. LiteMedSAM's boxes 0.730 against 0.791. The full mask still
 follows and replaces it (the annotator's first look).
 """
 from __future__ import annotations
