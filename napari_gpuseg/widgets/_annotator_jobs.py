@@ -28,8 +28,8 @@ to be painted."""
 def wait_painted(look, cancel=None) -> None:
     """Wait (at most :data:`FIRST_LOOK_PAINT_WAIT_S`, cancellable) for a first look (a
     first click's, a box's) to be on screen. The full decode right after it embeds the
-    prompt's own views, and in this process the encoder's operators take Python's lock from the GUI
-    thread every few milliseconds, which slows a paint beside it down (first look on
+    prompt's own views, and in this process the encoder's operators take Python's lock
+    from the GUI thread every few milliseconds, which slows a paint beside it down (first look on
     screen 148 ms after a click instead of 127 ms, median, on a 2-core Xeon;
     ``benchmarks/click_first_look.py``)."""
     end = time.monotonic() + FIRST_LOOK_PAINT_WAIT_S

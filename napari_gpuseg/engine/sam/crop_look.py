@@ -62,7 +62,7 @@ MAX_INPUT = 256
 
 
 def supports_look(engine) -> bool:
-    """Whether ``engine`` gains from a box's look: a size-agnostic encoder with a
+    """Whether ``engine`` gains from a crop's look: a size-agnostic encoder with a
     :data:`MAX_INPUT` input, on a CPU (on a GPU a whole view takes milliseconds)."""
     return (engine.policy.device.type == "cpu"
             and getattr(engine.sam.image_encoder, "size_agnostic", False)

@@ -101,7 +101,7 @@ class GateReader:
 
     def wait(self, while_waiting: Callable[[], None] | None = None) -> None:
         """``while_waiting()`` is called every 2 ms meanwhile (the second process serves a
-        box's look then)."""
+        prompt's crop then)."""
         token = self._map[0]
         if not token or token == self._outlasted:
             return

@@ -21,7 +21,9 @@ could not start or load the model, died, timed out, answered with an error) make
 process only ever makes things faster, never breaks them. The process ends when its stdin
 closes: :meth:`EncoderProcess.close`, or this process ending for any reason. While a prompt
 is served here at a pause point, the process's encoder waits (:meth:`EncoderProcess.held`,
-:mod:`.encoder_gate`): the prompt has the cores, the speculative tile comes after it.
+:mod:`.encoder_gate`): the prompt has the cores, the speculative tile comes after it. A
+prompt's small crop (``crop_look``) sent meanwhile is embedded there first
+(:meth:`EncoderProcess.look`, :mod:`.encoder_serve`).
 """
 from __future__ import annotations
 
@@ -121,7 +123,7 @@ class EncoderProcess:
         self._consume = threading.RLock()
         self._awaiting: set[int] = set()  # requests whose replies are waited for
         self._stash: dict[int, tuple] = {}  # their replies, read while waiting for another
-        self.looks = 0  # box looks embedded here
+        self.looks = 0  # prompts' crops embedded here (:meth:`look`)
         self._busy = False  # an encode under way (a nested call from a pause point gets None)
         self._next_id = 0
         self.sent = threading.Event()  # set each time a tile is handed over
