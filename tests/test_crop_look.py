@@ -10,6 +10,7 @@ from napari_gpuseg.engine.sam import crop_look as bl
 from napari_gpuseg.engine.sam.prompt_types import Prompt
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
+from test_sam_annotator import record_shows
 
 WAIT = 120_000
 
@@ -34,6 +35,15 @@ def whole_nuclei(gt):
     ids, boxes = gt_boxes(gt)
     keep = [i for i, oid in enumerate(ids) if (gt == oid).sum() >= 200]
     return [ids[i] for i in keep], boxes[keep]
+
+
+def nearest_nucleus(gt, fy: float, fx: float):
+    """(id, box) of the whole nucleus nearest the point at fractions ``fy``, ``fx`` of the
+    field's height and width."""
+    ids, boxes = whole_nuclei(gt)
+    h, w = gt.shape
+    k = int(np.argmin(np.hypot((boxes[:, 0] + boxes[:, 2]) / 2 - fx * w, (boxes[:, 1] + boxes[:, 3]) / 2 - fy * h)))
+    return ids[k], boxes[k]
 
 
 def test_the_crop_is_centred_on_the_box_kept_inside_the_image_and_refused_when_too_small():
@@ -103,18 +113,8 @@ def test_a_box_right_after_a_drop_shows_its_first_look_then_the_full_views_mask(
     img, gt = field
     viewer = make_napari_viewer()
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
-    shown = []
-    show = w._show_preview
-
-    def record(layer, index, gen, result, prompt=None, final=True):
-        show(layer, index, gen, result, prompt, final=final)
-        shown.append((final, result, w.status.text()))
-
-    w._show_preview = record
-    ids, boxes = whole_nuclei(gt)
-    h, w_ = gt.shape  # the nucleus nearest 20 % of the height, 15 % of the width
-    k = int(np.argmin(np.hypot((boxes[:, 0] + boxes[:, 2]) / 2 - 0.15 * w_, (boxes[:, 1] + boxes[:, 3]) / 2 - 0.2 * h)))
-    oid, (x0, y0, x1, y1) = ids[k], boxes[k]
+    shown = record_shows(w)
+    oid, (x0, y0, x1, y1) = nearest_nucleus(gt, 0.2, 0.15)
     viewer.add_image(img, name="nuclei")
     qtbot.waitUntil(lambda: w.image_layer is not None and w.box_layer is not None, timeout=WAIT)
     w.box_layer.add_rectangles(np.array([[y0, x0], [y0, x1], [y1, x1], [y1, x0]], float))
@@ -146,18 +146,9 @@ def test_a_first_click_outside_the_first_tile_shows_its_crop_look_then_both_scal
     img = img + 3  # content no other test embedded
     viewer = make_napari_viewer()
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
-    shown = []
-    show = w._show_preview
-
-    def record(layer, index, gen, result, prompt=None, final=True):
-        show(layer, index, gen, result, prompt, final=final)
-        shown.append((final, result, w.status.text()))
-
-    w._show_preview = record
-    ids, boxes = whole_nuclei(gt)
-    h, w_ = gt.shape  # the nucleus nearest 20 % of the height, 85 % of the width
-    k = int(np.argmin(np.hypot((boxes[:, 0] + boxes[:, 2]) / 2 - 0.85 * w_, (boxes[:, 1] + boxes[:, 3]) / 2 - 0.2 * h)))
-    x, y = interior_point(gt == ids[k])
+    shown = record_shows(w)
+    oid, _box = nearest_nucleus(gt, 0.2, 0.85)
+    x, y = interior_point(gt == oid)
     viewer.add_image(img, name="nuclei")
     qtbot.waitUntil(lambda: w.image_layer is not None and w.pos_layer is not None, timeout=WAIT)
     w.pos_layer.add([[y, x]])
@@ -165,7 +156,7 @@ def test_a_first_click_outside_the_first_tile_shows_its_crop_look_then_both_scal
     assert [final for final, _r, _t in shown] == [False, True]
     look, final = shown[0][1], shown[1][1]
     assert look.view.input_size == 128 and "first look" in shown[0][2]
-    assert iou(look.full(gt.shape), gt == ids[k]) > 0.6
+    assert iou(look.full(gt.shape), gt == oid) > 0.6
     engine = w._engine(w.model_name)
     click = Prompt(points=np.array([[x, y]], float), labels=np.array([1]))
     job = w.worker.submit(lambda: engine.predict(np.array(img), [click], multimask=True)[0])

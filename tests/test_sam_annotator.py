@@ -32,6 +32,19 @@ def open_dock(viewer):
     return widget
 
 
+def record_shows(w) -> list:
+    """(final, result, status text) of each mask the dock shows, in order (first looks too)."""
+    shown = []
+    show = w._show_preview
+
+    def record(layer, index, gen, result, prompt=None, final=True):
+        show(layer, index, gen, result, prompt, final=final)
+        shown.append((final, result, w.status.text()))
+
+    w._show_preview = record
+    return shown
+
+
 def wait_embedded(qtbot, w):
     qtbot.waitUntil(lambda: w._plane_key() in w._prepared, timeout=WAIT)
 
@@ -228,14 +241,7 @@ def test_a_first_click_after_a_drop_shows_its_native_tile_mask_first(make_napari
     gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)
     viewer = make_napari_viewer()
     w = open_dock(viewer)
-    shown = []
-    show = w._show_preview
-
-    def record(layer, index, gen, result, prompt=None, final=True):
-        show(layer, index, gen, result, prompt, final=final)
-        shown.append((final, result, w.status.text()))
-
-    w._show_preview = record
+    shown = record_shows(w)
     events = []  # the full decode's finer view is embedded once the first look is painted
     painted, wait_painted = w._on_look_painted, jobs.wait_painted
 

@@ -1,4 +1,4 @@
-"""The frames napari's process and its second encoder process exchange over the helper's
+"""The frames napari's process and its second encoder process exchange over that process's
 stdin and stdout: length-prefixed pickles of tuples whose tensors travel as
 ``(dtype name, shape, bytes)``."""
 from __future__ import annotations
