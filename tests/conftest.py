@@ -64,49 +64,18 @@ _gl_facts_asked = False
 
 
 def _ask_gl_facts_once(request) -> None:
-    """Have napari ask OpenGL for its extensions and texture sizes once per process, before
-    the first viewer.
-
-    napari asks the first time a process makes an image layer and caches only an answer. Under
-    the offscreen Qt platform the question sometimes met no current context: between tests (a
-    closed viewer's canvas still listed as vispy's current one) and, in some pytest-xdist
-    workers, from the process's start (no try in that process ever got an answer).
-    ``glGetString`` then returned nothing, and every image layer of that worker failed (the
-    layer never reached the canvas, the viewer could not be closed: 18 failed tests and 35
-    errors in one CI run). So: napari's own question first (it makes a hidden canvas when
-    none exists), then tries with a hidden vispy canvas of our own (vispy makes its offscreen
-    context current). A process where every try fails has no OpenGL to draw with anyway
-    (offscreen draws nothing): its image layers get napari's answer for a GPU without float
-    textures, with a warning, instead of failing."""
+    """napari's OpenGL facts asked once per process, before its first viewer, and kept only
+    when they are real answers (tests/_gl_facts.py says why)."""
     global _gl_facts_asked
     if _gl_facts_asked:
         return
     _gl_facts_asked = True
     request.getfixturevalue("qapp")  # pytest-qt's application, the one the viewers use
-    import time
-
-    from napari._vispy.layers import image as napari_image
-    from napari._vispy.utils import gl as napari_gl
     from qtpy.QtWidgets import QApplication
-    from vispy.app import Canvas
 
-    error = None
-    for attempt in range(4):
-        canvas = Canvas(show=False) if attempt else None  # napari's own path first
-        try:
-            napari_gl.get_gl_extensions()
-            napari_gl.get_max_texture_sizes()
-            return
-        except Exception as exc:  # noqa: BLE001 - asked again below
-            error = exc
-        finally:
-            if canvas is not None:
-                canvas.close()
-        QApplication.processEvents()
-        time.sleep(0.2)
-    napari_image.get_gl_extensions = lambda: ""  # before the warning: `-W error` raises there
-    warnings.warn(f"no OpenGL context in this test process ({error!r}): image layers are made "
-                  "as for a GPU without float textures", stacklevel=1)
+    from _gl_facts import ask_gl_facts
+
+    ask_gl_facts(process_events=QApplication.processEvents)
 
 
 @pytest.fixture(autouse=True)
