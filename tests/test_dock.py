@@ -119,3 +119,32 @@ def test_annotator_rows_are_not_clipped_at_the_default_window_size(make_napari_v
     label = monitor.device_label
     assert label.heightForWidth(label.width()) > label.fontMetrics().height() * 1.5  # it wraps
     assert label.height() >= label.heightForWidth(label.width())
+
+
+def test_a_status_that_wraps_does_not_move_the_bar_under_it(make_napari_viewer, qtbot):
+    """The status line keeps two lines' height: a first look's text with the tile count
+    wrapped at the annotator's default width and pushed the progress bar and buttons down."""
+    from qtpy.QtWidgets import QLabel
+
+    viewer = make_napari_viewer(show=True)
+    viewer.add_image(np.zeros((64, 64), np.uint8), name="img")
+    _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    qtbot.wait(300)
+
+    def bar_top_after(text):
+        w.status.setText(text)
+        qtbot.wait(100)
+        return w.progress.mapTo(w, w.progress.rect().topLeft()).y()
+
+    short = bar_top_after("idle")
+    label, width = w.status, w.status.width()
+
+    def lines(text):  # how many lines the text takes at this width, as a plain label
+        label.setText(text)
+        return QLabel.heightForWidth(label, width) / label.fontMetrics().lineSpacing()
+
+    long_text = "first look: 877 px, predicted IoU 0.92 · 2/36 tiles"
+    while lines(long_text) < 1.5:  # two lines at this dock's width, whatever the font
+        long_text += " and more"
+    assert lines(long_text) < 2.5
+    assert bar_top_after(long_text) == short == bar_top_after("idle")

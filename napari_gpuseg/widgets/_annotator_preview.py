@@ -38,8 +38,8 @@ class PreviewDisplay:
             data[...] = 0
         target[...] = result.full(target.shape)
         self.preview_layer.refresh()
-        self._set_status(f"preview: {result.area} px, predicted IoU {result.score:.2f}"
-                         + ("" if final else " (a first look; the full mask is coming)"))
+        what = "preview" if final else "first look"  # a first look: the full mask follows
+        self._set_status(f"{what}: {result.area} px, predicted IoU {result.score:.2f}")
         self.redraw.release()
         self._after_repaint.post()  # background embedding goes on once the mask is drawn
         self._rest_soon()

@@ -73,6 +73,34 @@ def scrollable(content: QWidget) -> QScrollArea:
     return area
 
 
+class StatusLabel(QLabel):
+    """A word-wrapped status line that keeps the height of two lines of its current font
+    (napari's style sheet sets the font after the dock is made), so a message that wraps never
+    moves what is under it."""
+
+    LINES = 2
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__(text)
+        self.setWordWrap(True)
+        self.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+
+    def _reserved(self) -> int:
+        margins = self.contentsMargins()
+        return self.LINES * self.fontMetrics().lineSpacing() + margins.top() + margins.bottom()
+
+    def heightForWidth(self, width: int) -> int:
+        return max(super().heightForWidth(width), self._reserved())
+
+    def minimumSizeHint(self) -> QSize:
+        hint = super().minimumSizeHint()
+        return QSize(hint.width(), max(hint.height(), self._reserved()))
+
+    def sizeHint(self) -> QSize:
+        hint = super().sizeHint()
+        return QSize(hint.width(), max(hint.height(), self._reserved()))
+
+
 class DockWidget(QWidget):
     """Base of the docks. Call :meth:`_make_status_parts` (and :meth:`_make_run_buttons`)
     while building the UI and put the widgets they make in the layout."""
@@ -83,9 +111,11 @@ class DockWidget(QWidget):
     worker = None  # the docks that submit jobs set their InferenceWorker here
 
     def _make_status_parts(self, idle: str = "idle") -> None:
-        """``self.status`` (a word-wrapped line) and ``self.progress`` (a bar)."""
-        self.status = QLabel(idle)
-        self.status.setWordWrap(True)
+        """``self.status`` (word-wrapped, two lines high) and ``self.progress`` (a bar).
+
+        The status keeps the height of two lines, so a message that wraps (a long image name,
+        the tile count added) never moves the bar and the buttons under it."""
+        self.status = StatusLabel(idle)
         self.progress = QProgressBar()
         self.progress.setRange(0, 1)
 
