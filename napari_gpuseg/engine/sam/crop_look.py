@@ -84,11 +84,10 @@ def crop_look(engine, image, prompt: Prompt, multimask: bool = False,
     view = look_view(prompt_box(prompt.points, prompt.box), image.shape, engine.input_size)
     if view is None:
         return None
-    key = engine._key(image, view)
-    if encode is not None and engine.cache.get(key) is None:
+    if encode is not None and not engine.is_embedded(image, [view]):
         out = encode(view_input(image, view, engine.info.normalization)[None])
         if out is not None and all_finite(out):
-            engine.cache.put(key, out[0])
+            engine.keep_embedding(image, view, out[0])
     emb = engine.embedding(image, view)
     side = emb.shape[-1]
     dev = engine.policy.device

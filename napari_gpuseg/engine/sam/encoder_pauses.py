@@ -48,4 +48,4 @@ def waits_for_encoder(engine, image, prompt) -> bool:
     views = {engine.route(image, engine._into_click_view(image, prompt))}  # as predict routes it
     if prompt.mask_input is None and prompt.box is None and prompt.points is not None:
         views.add(engine.route(image, prompt, zoom=False))  # a first click tries both scales
-    return any(engine._key(image, v) in engine._encoding for v in views)
+    return engine.is_encoding(image, list(views))

@@ -143,6 +143,14 @@ class SamEngine:
     def is_embedded(self, image: PreparedImage, views: Sequence[View] | None = None) -> bool:
         return all(self._key(image, v) in self.cache for v in (views or self.views(image)))
 
+    def is_encoding(self, image: PreparedImage, views: Sequence[View]) -> bool:
+        """True while the encoder computes one of ``views`` (in a call a pause point interrupted)."""
+        return any(self._key(image, v) in self._encoding for v in views)
+
+    def keep_embedding(self, image: PreparedImage, view: View, embedding: torch.Tensor) -> None:
+        """Cache ``view``'s embedding computed elsewhere (the second encoder process)."""
+        self.cache.put(self._key(image, view), embedding)
+
     def views_ready(self, image: PreparedImage, views: Sequence[View] | None = None) -> int:
         """How many of ``views`` (default: the image's grid views) are embedded."""
         return sum(self._key(image, v) in self.cache for v in (views or self.views(image)))
