@@ -232,6 +232,38 @@ def test_train_sam_cli_errors_are_one_line(tmp_path, capsys, shared_data):
     assert not (tmp_path / "o.pt").exists()
 
 
+def test_bad_labels_anywhere_stop_training_before_any_image_is_embedded(lite, tmp_path, capsys, monkeypatch,
+                                                                        train_crop):
+    """A folder whose last labels file is not a label image (or that holds no object at
+    all) is refused with one line naming the file before the encoder runs, not after
+    embedding the images before it."""
+    from napari_gpuseg.cli.main import main
+    from napari_gpuseg.engine.sam.predictor import SamEngine
+
+    def encode(self, x):
+        raise AssertionError("the encoder ran before every pair was checked")
+
+    monkeypatch.setattr(SamEngine, "encode", encode)
+    img, lab = train_crop
+    (tmp_path / "i").mkdir(), (tmp_path / "l").mkdir()
+    tifffile.imwrite(tmp_path / "i" / "a.tif", img)
+    tifffile.imwrite(tmp_path / "l" / "a.tif", lab)
+    tifffile.imwrite(tmp_path / "i" / "b.tif", img)
+    tifffile.imwrite(tmp_path / "l" / "b.tif", (lab > 0).astype(np.float32) * 0.5)
+    args = ["train-sam", "--images", str(tmp_path / "i"), "--labels", str(tmp_path / "l"),
+            "--out", str(tmp_path / "o.pt"), "--cache", str(tmp_path / "emb"), "--quiet"]  # nothing cached
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "labels b.tif: labels hold non-integer values" in err and len(err.splitlines()) == 1, err
+    tifffile.imwrite(tmp_path / "l" / "a.tif", np.zeros_like(lab))
+    tifffile.imwrite(tmp_path / "l" / "b.tif", np.zeros_like(lab))
+    assert main(args) == 2
+    assert "no objects to learn from" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="image 1: labels hold negative ids"):
+        finetune_sam([img, img], [lab, -lab.astype(np.int32)], model="lite_medsam", config=tiny_config(max_steps=1))
+    assert not (tmp_path / "o.pt").exists()
+
+
 def test_views_are_embedded_once_across_runs(lite, train_crop, tmp_path, monkeypatch):
     from napari_gpuseg.engine.sam.predictor import SamEngine
 

@@ -61,6 +61,7 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _read(pairs):
+    from ..engine.sam.train_views import check_pair
     from ..io import ImageReadError, read_image
     from ..io.label_files import read_labels
 
@@ -79,8 +80,14 @@ def _read(pairs):
         if img.shape[:2] != lab.shape:
             raise TrainInputError(f"image {a.name} {tuple(img.shape)} and labels {b.name} "
                                   f"{tuple(lab.shape)} differ in shape")
+        try:
+            check_pair(img, lab, f"labels {b.name}")
+        except ValueError as exc:
+            raise TrainInputError(str(exc)) from exc
         images.append(img)
         labels.append(lab)
+    if not any(lab.any() for lab in labels):
+        raise TrainInputError("the labels contain no objects to learn from")
     return images, labels
 
 

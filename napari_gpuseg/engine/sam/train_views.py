@@ -113,6 +113,8 @@ def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndar
            else [views_per_image] * len(images))
     if len(per) != len(images):
         raise ValueError(f"{len(per)} views-per-image numbers for {len(images)} images")
+    for i, (image, lab) in enumerate(zip(images, labels)):  # every pair before any embedding
+        check_pair(image, lab, f"image {i}")
     out: list[TrainView] = []
     for i, (image, lab) in enumerate(zip(images, labels)):
         check(cancel)
