@@ -64,6 +64,37 @@ def test_usage_errors_exit_2(mixed, tmp_path, capsys):
     assert "threshold" in capsys.readouterr().out
 
 
+def test_the_default_pattern_is_the_docks_and_a_folder_it_misses_is_named(mixed, tmp_path, capsys):
+    """The terminal takes what the Batch folder dock takes (TIFF and PNG); a folder whose
+    files the pattern misses (JPEGs here) says what it holds and which pattern takes them,
+    instead of a silent "0/0 files"."""
+    import argparse
+
+    import imageio.v3 as iio
+
+    from napari_gpuseg import io as gio
+    from napari_gpuseg.cli.batch import add_batch_parser
+
+    parser = argparse.ArgumentParser()
+    add_batch_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["batch", "a", "b"]).pattern == gio.DEFAULT_PATTERN == PATTERN
+    assert main(["batch", str(mixed), str(tmp_path / "o"), "--quiet", "--method", "threshold"]) == 1
+    assert (tmp_path / "o" / "rgb_labels.tif").exists()  # the PNG was taken
+    jpgs = tmp_path / "jpgs"
+    jpgs.mkdir()
+    img = tifffile.imread(next(iter(sorted(mixed.glob("IXM*.tif")))))
+    for i in range(3):
+        iio.imwrite(jpgs / f"field{i}.jpg", (img / img.max() * 255).astype(np.uint8))
+    (jpgs / "notes.txt").write_text("plate 3")
+    assert main(["batch", str(jpgs), str(tmp_path / "j"), "--quiet", "--method", "threshold"]) == 0
+    err = capsys.readouterr().err
+    assert f"no file in {jpgs} matches the file pattern '{PATTERN}'; it holds 3 .jpg, 1 .txt: " \
+           "set the pattern to '*.jpg'" in err, err
+    assert main(["batch", str(jpgs), str(tmp_path / "j"), "--quiet", "--method", "threshold",
+                 "--pattern", "*.jpg"]) == 0
+    assert "3 ok" in capsys.readouterr().out
+
+
 def test_cli_shards_cover_every_file_once(eight, tmp_path, capsys):
     for i in range(3):
         assert main(["batch", str(eight), str(tmp_path), "--shard", f"{i}/3", "--quiet"]) == 0

@@ -84,9 +84,10 @@ def test_scan_folder_sorted_patterns_recursive_excludes(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"x")
     names = lambda files: [f.relative_to(tmp_path).as_posix() for f in files]  # noqa: E731
-    assert names(gio.scan_folder(tmp_path)) == ["a.TIFF", "b.tif"]
+    assert names(gio.scan_folder(tmp_path, "*.tif*")) == ["a.TIFF", "b.tif"]
+    assert names(gio.scan_folder(tmp_path)) == ["a.TIFF", "b.tif", "c.png"]  # TIFF and PNG by default
     assert names(gio.scan_folder(tmp_path, "*.tif*, *.png")) == ["a.TIFF", "b.tif", "c.png"]
-    assert names(gio.scan_folder(tmp_path, recursive=True, exclude=[tmp_path / "out"])) == [
+    assert names(gio.scan_folder(tmp_path, "*.tif*", recursive=True, exclude=[tmp_path / "out"])) == [
         "a.TIFF", "b.tif", "sub/d.tif"]
     with pytest.raises(NotADirectoryError):
         gio.scan_folder(tmp_path / "missing")

@@ -16,6 +16,7 @@ import threading
 
 from ..engine.runtime.allocator import configure_allocator
 from ..engine.runtime.device import PRECISIONS
+from ..io import DEFAULT_PATTERN
 from ._cluster import EPILOG as CLUSTER_EPILOG
 from ._cluster import add_cluster_arguments, folder_runner, run_stores
 
@@ -71,8 +72,8 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model name or checkpoint file for the method")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="options",
                    help="method option, repeatable (e.g. --set detector=unet --set min_size=20)")
-    p.add_argument("--pattern", default="*.tif*",
-                   help="file name glob(s), comma-separated (default: *.tif*)")
+    p.add_argument("--pattern", default=DEFAULT_PATTERN,
+                   help=f"file name glob(s), comma-separated (default: {DEFAULT_PATTERN})")
     p.add_argument("--recursive", action="store_true", help="also scan subfolders")
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="process shard I of N (0-based); default: SLURM_ARRAY_TASK_ID/COUNT if set")

@@ -16,6 +16,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 TIFF_SUFFIXES = (".tif", ".tiff")
+# the folder jobs' file pattern unless one is given (the dock, the CLI, the engine)
+DEFAULT_PATTERN = "*.tif*,*.png"
 MAX_NDIM = 4  # YX, ZYX, TZYX (+ a trailing RGB(A) channel axis)
 
 
@@ -358,7 +360,7 @@ def _patterns(pattern: str | Sequence[str]) -> list[str]:
 
 def scan_folder(
     folder: str | os.PathLike,
-    pattern: str | Sequence[str] = "*.tif*",
+    pattern: str | Sequence[str] = DEFAULT_PATTERN,
     recursive: bool = False,
     exclude: Iterable[str | os.PathLike] = (),
 ) -> list[Path]:

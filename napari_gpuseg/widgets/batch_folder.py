@@ -87,7 +87,7 @@ class BatchFolderWidget(DockWidget):
         self.in_dir = QLineEdit()
         self.out_dir = QLineEdit()
         self.out_dir.setPlaceholderText("default: <input>/labels")
-        self.pattern = QLineEdit("*.tif*,*.png")
+        self.pattern = QLineEdit(gio.DEFAULT_PATTERN)
         self.recursive = QCheckBox("include subfolders")
         self.overwrite = QCheckBox("redo files that already have output")
         self.method = QComboBox()

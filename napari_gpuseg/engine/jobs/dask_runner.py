@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ...io import label_files
+from ...io import DEFAULT_PATTERN, label_files
 from ..runtime.cancel import CancelToken
 from .dask_tasks import FileJob, check_worker, process_file
-from .outputs import foreign_output, list_inputs, output_paths, read_earlier, rel_name, skipped_row
+from .outputs import foreign_output, list_inputs, no_input_note, output_paths, read_earlier, rel_name, skipped_row
 from .pipeline import PipelineError
 from .methods import method_factory
 from .report import ImageStatus, Progress, RunReport, report_names, write_report
@@ -122,7 +122,7 @@ def run_folder_dask(
     out_dir: str | os.PathLike,
     method: str = "threshold",
     method_options: dict | None = None,
-    pattern: str = "*.tif*",
+    pattern: str = DEFAULT_PATTERN,
     recursive: bool = False,
     shard: str | tuple[int, int] | None = None,
     overwrite: bool = False,
@@ -155,6 +155,8 @@ def run_folder_dask(
         found = shard_files(found, *shard_t, root=in_dir)
     report = RunReport(str(in_dir), str(out_dir), method, len(found), model=model,
                        shard=f"{shard_t[0]}/{shard_t[1]}" if shard_t else "")
+    if files is None and not found and shard_t is None:
+        report.warnings.append(no_input_note(in_dir, out_dir, pattern, recursive))
     header, earlier = read_earlier(out_dir, shard_t)
     this_run = {rel_name(x, in_dir) for x in found}
     report.kept = [r for f, r in sorted(earlier.items()) if f not in this_run]

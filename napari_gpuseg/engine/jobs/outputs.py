@@ -51,10 +51,25 @@ def is_own_output_name(name: str) -> bool:
     return name.endswith((LABELS_SUFFIX, TABLE_SUFFIX)) or bool(_REPORT_RE.match(name))
 
 
-def list_inputs(in_dir, out_dir, pattern="*.tif*", recursive=False) -> list[Path]:
+def list_inputs(in_dir, out_dir, pattern=gio.DEFAULT_PATTERN, recursive=False) -> list[Path]:
     """Input files, leaving out the output folder and our own outputs."""
     files = gio.scan_folder(in_dir, pattern, recursive, exclude=[out_dir])
     return [f for f in files if not is_own_output_name(f.name)]
+
+
+def no_input_note(in_dir, out_dir, pattern, recursive=False) -> str:
+    """The warning of a run whose pattern matched no file: what the folder holds instead,
+    counted by extension, so that the pattern can be set (a folder of JPEGs or CZIs)."""
+    others: dict[str, int] = {}
+    for f in list_inputs(in_dir, out_dir, "*", recursive):
+        ext = "".join(f.suffixes[-2:]).lower() if f.name.lower().endswith((".ome.tif", ".ome.tiff")) else f.suffix.lower()
+        others[ext or f.name] = others.get(ext or f.name, 0) + 1
+    text = f"no file in {in_dir} matches the file pattern {pattern!r}"
+    if not others:
+        return text + " (the folder holds no other file either)"
+    top = sorted(others.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    held = ", ".join(f"{n} {ext}" for ext, n in top)
+    return text + f"; it holds {held}: set the pattern to '*{top[0][0]}' to take them"
 
 
 def same_folder(a, b) -> bool:

@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ...io import label_files
+from ...io import DEFAULT_PATTERN, label_files
 from ..runtime.cancel import Cancelled, CancelToken
 from .methods import Segmenter, method_factory
-from .outputs import foreign_output, list_inputs, output_paths, read_earlier, rel_name, same_folder
+from .outputs import foreign_output, list_inputs, no_input_note, output_paths, read_earlier, rel_name, same_folder
 from .report import ImageStatus, Progress, RunReport, report_names, safe_row, safe_text, write_report  # noqa: F401 - re-exported
 from .rows import RowCounter, close_report
 from .sharding import resolve_shard, shard_files  # noqa: F401 - re-exported
@@ -68,7 +68,7 @@ def run_folder(
     in_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
     method: str | Segmenter | Callable[[], Segmenter] = "threshold",
-    pattern: str = "*.tif*",
+    pattern: str = DEFAULT_PATTERN,
     recursive: bool = False,
     shard: str | tuple[int, int] | None = None,
     devices: str | Sequence[str] | None = None,
@@ -116,6 +116,8 @@ def run_folder(
 
     report = RunReport(str(in_dir), str(out_dir), method_name, len(found), model=run_info["model"],
                        shard=f"{shard_t[0]}/{shard_t[1]}" if shard_t else "")
+    if files is None and not found and shard_t is None:
+        report.warnings.append(no_input_note(in_dir, out_dir, pattern, recursive))
     header, earlier = read_earlier(out_dir, shard_t)
     items = _plan_items(found, in_dir, out_dir, report, earlier)
     this_run = {safe_text(rel_name(x, in_dir)) for x in found}
