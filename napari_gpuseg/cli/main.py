@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from ..engine.runtime.device import PRECISIONS
 
@@ -45,7 +46,17 @@ def _info(args) -> int:
     return 0
 
 
+def _missing(paths: list[str]) -> list[str]:
+    """The paths (not URLs) that do not exist: a typo is said in one line, before any window."""
+    return [p for p in paths if "://" not in p and not Path(p).exists()]
+
+
 def _open_viewer(args) -> int:
+    missing = _missing(args.images)
+    for path in missing:
+        print(f"napari-gpuseg: {path}: no such file or folder", file=sys.stderr)
+    if missing:
+        return 2
     import napari
 
     from ..engine.runtime.device import set_policy
@@ -54,7 +65,12 @@ def _open_viewer(args) -> int:
     viewer = napari.Viewer(title="napari-gpuseg")
     if args.images:
         for path in args.images:
-            viewer.open(path)
+            try:
+                viewer.open(path)
+            except Exception as exc:  # noqa: BLE001 - a file no reader takes: say so, keep the window
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                print(f"napari-gpuseg: could not open {path}: {first}", file=sys.stderr)
+                _notify(f"could not open {path}: {first}")
     else:
         viewer.open_sample("napari-gpuseg", "bbbc039")
     for name in DEFAULT_DOCKS:
@@ -65,6 +81,12 @@ def _open_viewer(args) -> int:
     if not args.no_run:
         napari.run()
     return 0
+
+
+def _notify(text: str) -> None:
+    from napari.utils.notifications import show_warning
+
+    show_warning(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
