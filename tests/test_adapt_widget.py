@@ -94,3 +94,20 @@ def test_a_failed_adapt_job_is_reported_like_every_dock(make_napari_viewer, capl
     assert dock.status.text() == "Adapt U-Net: MemoryError: no room for the batch" == shown[-1]
     assert "no room for the batch" in caplog.text
     assert dock.train_button.isEnabled() and not dock.cancel_button.isEnabled()
+
+
+def test_a_rectangle_drawn_over_a_scaled_image_means_the_pixels_it_covers():
+    """A Shapes layer made by hand has scale 1 and no offset; over an image with a pixel size
+    of 0.5 and an offset, its rectangle is converted into the image's pixels."""
+    from napari.layers import Image, Shapes
+
+    from napari_gpuseg.widgets.unet_adapt import rectangle_of
+
+    image = Image(np.zeros((200, 300), np.uint8), scale=(0.5, 0.5), translate=(30.0, 40.0))
+    world = np.array([[30 + 0.5 * 20, 40 + 0.5 * 50], [30 + 0.5 * 120, 40 + 0.5 * 250]])  # pixels (20, 50)-(120, 250)
+    shapes = Shapes([world], shape_type="rectangle")
+    assert rectangle_of(shapes) == pytest.approx((40.0, 65.0, 90.0, 165.0))  # its own coordinates
+    assert rectangle_of(shapes, image=image) == pytest.approx((20.0, 50.0, 120.0, 250.0))
+    same = Shapes([np.array([[20.0, 50.0], [120.0, 250.0]])], shape_type="rectangle", scale=(0.5, 0.5),
+                  translate=(30.0, 40.0))
+    assert rectangle_of(same, image=image) == pytest.approx((20.0, 50.0, 120.0, 250.0))

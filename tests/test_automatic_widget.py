@@ -105,6 +105,32 @@ def test_shapes_layer_boxes_and_stack(make_napari_viewer, qtbot, crop):
             assert iou(data[z] == np.bincount(hit[hit > 0]).argmax(), truth == i) > 0.6
 
 
+def test_boxes_of_a_hand_made_shapes_layer_over_a_scaled_image(make_napari_viewer, qtbot, crop):
+    """An image with a pixel size and an offset (as read from OME metadata) and a Shapes layer
+    made by hand (scale 1): each rectangle prompts the nucleus it covers on screen."""
+    img, gt = crop
+    ids, boxes = gt_boxes(gt)
+    ids, boxes = ids[:4], boxes[:4]
+    viewer = make_napari_viewer()
+    viewer.add_image(img, name="scaled", scale=(0.65, 0.65), translate=(100.0, -50.0))
+    to_world = lambda y, x: [100.0 + 0.65 * y, -50.0 + 0.65 * x]  # noqa: E731
+    rects = [np.array([to_world(y0, x0), to_world(y0, x1), to_world(y1, x1), to_world(y1, x0)])
+             for x0, y0, x1, y1 in boxes]
+    viewer.add_shapes(rects, shape_type="rectangle", name="drawn")
+    assert tuple(viewer.layers["drawn"].scale) == (1.0, 1.0)
+    w = open_dock(viewer)
+    w.image_combo.setCurrentText("scaled")
+    w.source_combo.setCurrentText("Shapes layer (rectangles)")
+    w.shapes_combo.setCurrentText("drawn")
+    run_and_wait(qtbot, w)
+    out = viewer.layers["scaled SAM automatic"]
+    assert tuple(out.scale) == (0.65, 0.65) and tuple(out.translate) == (100.0, -50.0)
+    for i in ids:
+        hit = out.data[gt == i]
+        assert hit.max() > 0, i
+        assert iou(out.data == np.bincount(hit[hit > 0]).argmax(), gt == i) > 0.6
+
+
 def test_the_microscopy_decoder_gets_its_measured_settings_and_finds_the_nuclei(make_napari_viewer, qtbot, crop):
     """Choosing ``nuclei_sam`` gives segment-everything mode the settings measured for
     click-tuned decoders (benchmarks/everything_params.py), not the official ones, which

@@ -56,6 +56,29 @@ def add_box(w, box, index=()):
     w.box_layer.add_rectangles(np.array([lead + c for c in corners], float))
 
 
+def test_a_click_on_a_scaled_image_segments_the_object_clicked(make_napari_viewer, qtbot, crop):
+    """An image with a pixel size and an offset: the prompt layers take them, so a click
+    (a point placed at world coordinates, as the mouse places it) gives that nucleus's mask
+    and the commit lands on it in the labels layer."""
+    from scipy import ndimage
+
+    img, gt = crop
+    viewer = make_napari_viewer()
+    layer = viewer.add_image(img, name="scaled", scale=(0.65, 0.65), translate=(100.0, -50.0))
+    w = open_dock(viewer)
+    wait_embedded(qtbot, w)
+    for prompt_layer in (w.pos_layer, w.box_layer, w.preview_layer):
+        assert tuple(prompt_layer.scale) == (0.65, 0.65) and tuple(prompt_layer.translate) == (100.0, -50.0)
+    obj = gt == np.bincount(gt[gt > 0]).argmax()  # the largest nucleus of the crop
+    y, x = np.unravel_index(ndimage.distance_transform_edt(obj).argmax(), obj.shape)
+    w.pos_layer.add(w.pos_layer.world_to_data(layer.data_to_world((y, x))))
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    assert iou(w.preview_layer.data > 0, obj) > 0.7
+    w.commit()
+    assert iou(w.labels_layer.data == 1, obj) > 0.7
+    assert tuple(w.labels_layer.scale) == (0.65, 0.65)
+
+
 def test_boxes_preview_commit_reach_ground_truth(make_napari_viewer, qtbot, crop):
     img, gt = crop
     viewer = make_napari_viewer()

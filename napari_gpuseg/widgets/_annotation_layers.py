@@ -50,6 +50,14 @@ def _place(image) -> dict:
     return {"scale": image.scale[-ndim:], "translate": image.translate[-ndim:]}
 
 
+def _put(layer: Layer | None, place: dict) -> None:
+    """Give a shared layer the image's pixel size and offset, so that its data coordinates
+    are the image's pixels (a prompt on a scaled image lands on the object clicked)."""
+    for key, value in place.items():
+        if layer is not None and not np.array_equal(getattr(layer, key), value):
+            setattr(layer, key, value)
+
+
 def _make_neg(viewer, ndim: int):
     return lambda: viewer.add_points(ndim=ndim, name=NEGATIVE, face_color="red", size=8)
 
@@ -82,9 +90,8 @@ def ensure_layers(viewer, image, rest: bool = True) -> AnnotationLayers:
         np.zeros(shape, np.uint8), name=PREVIEW, opacity=0.6, **place))
     if preview.data.shape != shape:
         preview.data = np.zeros(shape, np.uint8)
-    for key, value in place.items():
-        if not np.array_equal(getattr(preview, key), value):
-            setattr(preview, key, value)
+    for layer in (pos, neg, boxes, preview):
+        _put(layer, place)
     lay = AnnotationLayers(pos, neg, boxes, labels, preview)
     raise_above(layers, image, [ly for ly in (pos, neg, boxes, labels, preview) if ly is not None])
     return lay
@@ -101,6 +108,7 @@ def add_rest(viewer, image, lay: AnnotationLayers, neg: bool = True, labels: boo
     neg, labels = lay.neg, lay.labels
     if make_neg and (neg is None or neg not in layers):
         neg = _shared(viewer, NEGATIVE, len(shape), _make_neg(viewer, len(shape)))
+        _put(neg, _place(image))
         if lay.pos in layers:
             _move_to(layers, neg, layers.index(lay.pos) + 1)
     if make_labels and (labels is None or labels not in layers):

@@ -43,8 +43,25 @@ def points_xy(layer, index: tuple) -> np.ndarray:
     return data[:, -2:][:, ::-1].astype(float)  # (row, col) -> (x, y)
 
 
-def boxes_xyxy(layer, index: tuple) -> np.ndarray:
-    """(N, 4) boxes (x0, y0, x1, y1) of the layer's rectangles on the plane."""
+def _same_place(layer, image) -> bool:
+    return layer.ndim == image.ndim and all(
+        np.allclose(np.asarray(getattr(layer, k)), np.asarray(getattr(image, k)))
+        for k in ("scale", "translate", "rotate", "shear"))
+
+
+def in_pixels_of(image, layer, coords) -> np.ndarray:
+    """(N, D) data coordinates of ``layer`` as ``image``'s pixel coordinates, through world
+    coordinates: a Shapes layer made by hand may have another pixel size or offset than the
+    image (a new layer gets scale 1), and a rectangle must mean what it covers on screen."""
+    coords = np.asarray(coords, float)
+    if image is None or _same_place(layer, image):
+        return coords
+    return np.array([np.asarray(image.world_to_data(layer.data_to_world(c)), float) for c in coords])
+
+
+def boxes_xyxy(layer, index: tuple, image=None) -> np.ndarray:
+    """(N, 4) boxes (x0, y0, x1, y1) of the layer's rectangles on the plane, in the pixels
+    of ``image`` when it is given (else in the layer's own data coordinates)."""
     out = []
     if layer is None:
         return np.zeros((0, 4))
@@ -52,6 +69,7 @@ def boxes_xyxy(layer, index: tuple) -> np.ndarray:
         verts = np.asarray(verts)
         if kind not in ("rectangle", "polygon") or len(verts) == 0:
             continue
+        verts = in_pixels_of(image, layer, verts)
         if index and verts.shape[1] > 2 and not _on_plane(verts[:1], index)[0]:
             continue
         yx = verts[:, -2:]

@@ -235,7 +235,7 @@ class SamAutomaticWidget(DockWidget):
             name = self.shapes_combo.currentText()
             if name not in self.viewer.layers:
                 raise ValueError("choose a Shapes layer with rectangles around the objects")
-            return [boxes_xyxy(self.viewer.layers[name], idx) for idx in indices]
+            return [boxes_xyxy(self.viewer.layers[name], idx, image=layer) for idx in indices]
         if self.source == "csv":
             path = self.csv_edit.text().strip()
             if not path:

@@ -15,6 +15,7 @@ from qtpy.QtWidgets import QComboBox, QFormLayout, QPushButton, QSpinBox
 
 from ._bridge import relay, submit
 from ._loss_plot import LossPlot
+from ._prompts import in_pixels_of
 from ._choices import image_file, layer_array, offer_unet_model
 from ._train_dock import TrainDock
 from ._unet_jobs import default_output, predict_job, train_worker
@@ -35,11 +36,12 @@ def _finetune_job(image, labels, region, rectangle, init, config, out_path, on_e
             "iterations": res.history[-1]["iteration"] if res.history else 0}
 
 
-def rectangle_of(shapes_layer) -> tuple[float, float, float, float]:
-    """(y0, x0, y1, x1) of the last shape in a Shapes layer (its bounding box, data coordinates)."""
+def rectangle_of(shapes_layer, image=None) -> tuple[float, float, float, float]:
+    """(y0, x0, y1, x1) of the last shape in a Shapes layer (its bounding box, in the pixels
+    of the ``image`` layer when given, else in the layer's data coordinates)."""
     if shapes_layer is None or not len(shapes_layer.data):
         raise ValueError("draw a rectangle in a Shapes layer first")
-    pts = np.asarray(shapes_layer.data[-1])[:, -2:]
+    pts = in_pixels_of(image, shapes_layer, shapes_layer.data[-1])[:, -2:]
     (y0, x0), (y1, x1) = pts.min(0), pts.max(0)
     return float(y0), float(x0), float(y1), float(x1)
 
@@ -114,7 +116,7 @@ class UNetAdaptWidget(TrainDock):
         try:
             if region == "rectangle":
                 name = self.shapes_combo.currentText()
-                rectangle = rectangle_of(self.viewer.layers[name] if name else None)
+                rectangle = rectangle_of(self.viewer.layers[name] if name else None, image=layer)
             from ..engine.unet.finetune import region_mask
 
             mask = region_mask(labels.shape, region, labels=labels, rectangle=rectangle)
