@@ -51,7 +51,7 @@ class CommitActions:
         self._set_status(f"undid object(s) {ids}" if ids else "nothing to undo")
 
     def segment_all_boxes(self) -> None:
-        if self.image_layer is None:
+        if not self._image_alive():
             return
         index = plane_index(self.image_layer, self.viewer)
         boxes = boxes_xyxy(self.box_layer, index)

@@ -165,7 +165,7 @@ class AnnotatorJobs:
             self._encoder_slot.ensure(model, self._engine(model))
 
     def precompute_stack(self) -> None:
-        if self.image_layer is None:
+        if not self._image_alive():
             return
         shape = self._spatial_shape()
         if len(shape) <= 2:

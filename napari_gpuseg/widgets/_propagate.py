@@ -67,7 +67,7 @@ class PropagatePanel(QGroupBox):
     # -- starting points ---------------------------------------------------------------
     def _stack_index(self):
         d = self.dock
-        if d.image_layer is None or d.labels_layer is None:
+        if not d._image_alive() or d.labels_layer is None:
             return None
         if d.labels_layer.data.ndim != 3:
             d._set_status("propagation needs a stack (Z, Y, X): this image has no slices")

@@ -36,6 +36,7 @@ from ._annotator_jobs import AnnotatorJobs
 from ._annotator_later import LaterLayers
 from ._annotator_handover import HANDOVER_WAIT_S, FirstTileHandover
 from ._annotator_preview import PreviewDisplay
+from ._annotator_region import RegionActions
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ BACKGROUND_HOLD_S = 0.3
 to show the mask (it is released as soon as the repaint is done)."""
 
 class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDisplay, FirstTileHandover,
-                         DockWidget):
+                         RegionActions, DockWidget):
     TITLE = "SAM annotator"
 
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
@@ -152,6 +153,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         layout.addWidget(self.status)
         layout.addWidget(self.progress)
         layout.addWidget(self.hint_label)
+        layout.addWidget(self._make_region_button())  # shown for an image too big to annotate whole
         layout.addWidget(self.multimask)
         for row in rows:
             layout.addLayout(row)
@@ -245,6 +247,9 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         self.image_label.setText(layer.name)
         self._plane = plane_index(layer, self.viewer)
         self._generation += 1
+        if self._offer_region(layer):  # too big to annotate whole: a region of it, on request
+            self._clear_preview()
+            return
         self._embed_then_layers()
         self._rest_pending = bool(self._missing())
         self._clear_preview()
@@ -322,7 +327,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
     def _image_alive(self) -> bool:
         """False before an image is chosen and once the user (or closing the viewer)
         removed it: no work is started for an image that is gone."""
-        return self.image_layer is not None and self.image_layer in self.viewer.layers
+        return self.image_layer is not None and self.image_layer in self.viewer.layers and not self._region_only
 
     def _on_step(self, event=None) -> None:
         if not self._image_alive():
