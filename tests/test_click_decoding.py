@@ -293,3 +293,35 @@ def test_waits_for_encoder_names_a_prompt_whose_view_is_being_embedded():
         hook.remove()
     assert seen == [(True, False, False)]  # a raw array is never in progress
     assert not waits_for_encoder(engine, prepared, left)  # the call is over
+
+
+def test_a_click_on_a_small_image_is_decoded_padded_not_stretched(shared_data):
+    """A 128 px image: the shipped decoder's clicks see it at the scales it was trained at
+    (padded at native and at 1.5x), not stretched 2x to the input; a box keeps the stretched
+    view (boxes measured better there). The nucleus below came out as 22 px stretched."""
+    import tifffile
+
+    require_lite_medsam()
+    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[17]  # a validation field
+    img = tifffile.imread(f)[196:324, 286:414]
+    gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[196:324, 286:414]
+    engine = load_engine("nuclei_sam", cache=EmbeddingCache())
+    prepared = engine.prepare(img)
+    (box_view,) = engine.views(prepared)
+    assert box_view.zoom == 0 and box_view.scale == 2.0 and box_view.resized_hw == (256, 256)
+    (native,), (finer,) = engine.native_click_views(prepared), engine.click_views(prepared)
+    assert (native.scale, native.resized_hw) == (1.0, (128, 128))
+    assert (finer.scale, finer.resized_hw) == (1.5, (192, 192))
+    assert set(engine.prompt_views(prepared)) == {box_view, native, finer}
+    assert len({engine._key(prepared, v) for v in (box_view, native, finer)}) == 3  # three embeddings
+    obj = gt == gt[108, 112]
+    res = engine.predict(img, [Prompt(points=[[112, 108]])], multimask=True)[0]
+    assert res.view in (native, finer)
+    mask = res.full(img.shape)
+    assert (mask & obj).sum() / (mask | obj).sum() > 0.8
+    ys, xs = np.nonzero(obj)
+    box = engine.predict(img, [Prompt(box=[xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])])[0]
+    assert box.view == box_view
+    # the published model stretches small images for clicks too, as SAM does
+    lite = load_engine("lite_medsam", cache=EmbeddingCache())
+    assert lite.native_click_views(lite.prepare(img)) == lite.views(lite.prepare(img))

@@ -24,7 +24,8 @@ from .cache import EmbeddingCache
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from .carry import into_click_view
 from .inputs import PreparedImage, prepare_image, view_input
-from .views import View, grid_views, prompt_box, route_click, route_native, touches_cut, zoom_grid
+from .view_sets import ViewSets
+from .views import View, prompt_box, route_click, route_native, touches_cut
 from .prompt_types import MaskResult, Prompt, paste_labels, prompt_coords  # noqa: F401 - paste_labels re-exported
 from .encoder_pauses import add_pause_points
 
@@ -42,7 +43,7 @@ class SamModelInfo:
     encoder: str = ""  # the image encoder's identity (embedding cache keys); default: name
 
 
-class SamEngine:
+class SamEngine(ViewSets):
     """Owns one SAM model on one device; embeds images in batches and decodes prompts."""
 
     def __init__(self, sam: torch.nn.Module, info: SamModelInfo, policy: Policy | None = None,
@@ -123,22 +124,9 @@ class SamEngine:
             return image
         return prepare_image(image, self.contrast)
 
-    def views(self, image: PreparedImage) -> list[View]:
-        return grid_views(image.shape, self.input_size, self.tile_overlap)
-
-    def click_views(self, image: PreparedImage) -> list[View]:
-        """The views a first click is decoded in: tiles :attr:`click_zoom` times finer than
-        the grid (none when the model decodes clicks at native scale)."""
-        return zoom_grid(image.shape, self.input_size, self.click_zoom) if self.click_zoom > 1 else []
-
-    def prompt_views(self, image: PreparedImage) -> list[View]:
-        """Every view a prompt may need: the grid (boxes), then the click views."""
-        grid = self.views(image)
-        return grid + [v for v in self.click_views(image) if v not in grid]
-
     def _key(self, image: PreparedImage, view: View) -> tuple:
         return (image.digest, self.info.encoder or self.info.name, self.policy.precision, str(self.policy.device),
-                view.y0, view.x0, view.h, view.w, view.input_size)
+                view.y0, view.x0, view.h, view.w, view.input_size) + ((view.zoom,) if view.zoom else ())
 
     def is_embedded(self, image: PreparedImage, views: Sequence[View] | None = None) -> bool:
         return all(self._key(image, v) in self.cache for v in (views or self.views(image)))
@@ -286,9 +274,11 @@ class SamEngine:
             view = route_click(prompt.points, self.click_views(image))
             if view is not None:
                 return view
-        return route_native(prompt_box(prompt.points, prompt.box), self.views(image),
+        click = prompt.box is None
+        return route_native(prompt_box(prompt.points, prompt.box),
+                            self.native_click_views(image) if click else self.views(image),
                             self._extra_views.setdefault(image.digest, []), image.shape,
-                            self.input_size, click=prompt.box is None)
+                            self.input_size, click=click)
 
     def predict(self, image: np.ndarray | PreparedImage, prompts: Sequence[Prompt],
                 multimask: bool = False, cancel: CancelToken | None = None,
@@ -325,7 +315,7 @@ class SamEngine:
         # a first click in a zoomed view is also decoded at native scale; the candidate with
         # the higher predicted IoU wins, and the native one always when the zoomed mask
         # reaches a cut edge of its view (the object may go on outside it)
-        zoomed = set(self.click_views(image)) - set(self.views(image))
+        zoomed = set(self.click_views(image)) - set(self.native_click_views(image))
         again = [i for i, (p, v) in enumerate(zip(prompts, routed)) if p.mask_input is None and v in zoomed]
         if again:
             redo = [prompts[i] for i in again]

@@ -4,7 +4,9 @@ A model with a small input (LiteMedSAM: 256 px) loses small objects when a whole
 shrunk into it, so images larger than the input are embedded as native-resolution tiles
 with overlap, and each prompt is routed to the view that holds it best (a box near a tile
 border gets a view centred on it). Images no larger than the input are one view, resized
-up to the input as the official predictor does.
+up to the input as the official predictor does, unless the engine caps that scale: a decoder
+tuned here on native and 1.5x views gets a small image padded at those scales instead of
+stretched to the input (a 128 px crop was 2x larger than anything it saw).
 """
 from __future__ import annotations
 
@@ -16,17 +18,20 @@ import numpy as np
 
 @dataclass(frozen=True, order=True)
 class View:
-    """A crop ``[y0:y0+h, x0:x0+w]`` of the image, resized by ``scale`` into the model input."""
+    """A crop ``[y0:y0+h, x0:x0+w]`` of the image, resized by ``scale`` into the model input:
+    its longest side to the input (``zoom`` 0, the official rule), else by ``zoom`` (smaller:
+    the rest of the input is padding)."""
 
     y0: int
     x0: int
     h: int
     w: int
     input_size: int
+    zoom: float = 0.0
 
     @property
     def scale(self) -> float:
-        return self.input_size / max(self.h, self.w)
+        return self.zoom or self.input_size / max(self.h, self.w)
 
     @property
     def resized_hw(self) -> tuple[int, int]:
@@ -69,30 +74,41 @@ def _starts(length: int, tile: int, overlap: int) -> list[int]:
     return sorted(set(starts))
 
 
+def _capped(h: int, w: int, input_size: int, max_scale: float | None) -> float:
+    """The ``zoom`` of a view of (h, w): 0 (fill the input) unless that would scale it up by
+    more than ``max_scale``."""
+    return float(max_scale) if max_scale and input_size / max(h, w) > max_scale else 0.0
+
+
 def grid_views(shape: tuple[int, int], input_size: int, overlap: int | None = None,
-               tile: int | None = None) -> list[View]:
+               tile: int | None = None, max_scale: float | None = None) -> list[View]:
     """Views covering an image of ``shape`` (H, W).
 
     If the image fits the input, one view of the whole image. Otherwise tiles of ``tile``
     px (default: the input size, i.e. native resolution) overlapping by ``overlap`` px
-    (default: a quarter of the tile).
+    (default: a quarter of the tile). ``max_scale``: a view smaller than its tile (an image
+    smaller than the input) is scaled by at most this much and padded.
     """
     h, w = int(shape[0]), int(shape[1])
     if max(h, w) <= input_size and tile is None:
-        return [View(0, 0, h, w, input_size)]
+        return [View(0, 0, h, w, input_size, _capped(h, w, input_size, max_scale))]
     tile = tile or input_size
     overlap = tile // 4 if overlap is None else overlap
     th, tw = min(tile, h), min(tile, w)
-    return [View(y, x, th, tw, input_size)
+    zoom = _capped(th, tw, input_size, max_scale)
+    return [View(y, x, th, tw, input_size, zoom)
             for y in _starts(h, th, overlap) for x in _starts(w, tw, overlap)]
 
 
-def zoom_grid(shape: tuple[int, int], input_size: int, zoom: float) -> list[View]:
+def zoom_grid(shape: tuple[int, int], input_size: int, zoom: float, capped: bool = False) -> list[View]:
     """Views ``zoom`` times finer than native: tiles ``input_size / zoom`` px a side,
-    overlapping by a quarter, each upscaled to the model input (``zoom`` 1: the native grid)."""
+    overlapping by a quarter, each upscaled to the model input (``zoom`` 1: the native grid).
+    ``capped``: an image smaller than a tile is scaled by ``zoom`` and padded, not stretched
+    to the input."""
+    cap = zoom if capped else None
     if zoom <= 1.0:
-        return grid_views(shape, input_size)
-    return grid_views(shape, input_size, tile=max(8, int(round(input_size / zoom))))
+        return grid_views(shape, input_size, max_scale=cap)
+    return grid_views(shape, input_size, tile=max(8, int(round(input_size / zoom))), max_scale=cap)
 
 
 def route_click(points: np.ndarray, views: list[View]) -> View | None:
