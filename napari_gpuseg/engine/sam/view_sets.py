@@ -2,8 +2,9 @@
 
 The grid of native tiles serves boxes; a first click is decoded in its click view
 (:attr:`click_zoom` times finer) and in a native view. A decoder tuned here saw nuclei at
-native and click scales only, so an image smaller than the input is padded at those scales
-for clicks instead of stretched to the input, as the published models' predictor does.
+native and click scales only, so for its clicks an image smaller than the input is padded
+at those scales rather than stretched to the input (the official rule, which boxes and the
+published models keep).
 """
 from __future__ import annotations
 

@@ -4,9 +4,8 @@ A model with a small input (LiteMedSAM: 256 px) loses small objects when a whole
 shrunk into it, so images larger than the input are embedded as native-resolution tiles
 with overlap, and each prompt is routed to the view that holds it best (a box near a tile
 border gets a view centred on it). Images no larger than the input are one view, resized
-up to the input as the official predictor does, unless the engine caps that scale: a decoder
-tuned here on native and 1.5x views gets a small image padded at those scales instead of
-stretched to the input (a 128 px crop was 2x larger than anything it saw).
+up to the input as the official predictor does, unless the caller caps that scale (the
+clicks of a decoder tuned here: ``view_sets.py``), which pads it instead.
 """
 from __future__ import annotations
 
