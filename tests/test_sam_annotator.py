@@ -100,7 +100,8 @@ def test_an_image_too_big_to_annotate_whole_is_annotated_by_region(make_napari_v
     jobs = []
     monkeypatch.setattr(w, "_embed_current", lambda: jobs.append("embed") or False)
     big = viewer.add_image(da.from_array(img, chunks=128), name="mosaic", scale=(0.5, 0.5), translate=(7.0, 3.0))
-    qtbot.waitUntil(lambda: w.image_layer is not None and w.image_layer.name == big.name, timeout=WAIT)  # the dock holds napari's proxies
+    # the dock holds napari's proxies of the layers: compared by name
+    qtbot.waitUntil(lambda: w.image_layer is not None and w.image_layer.name == big.name, timeout=WAIT)
     assert w.region_btn.isVisibleTo(w) and "too big to annotate whole" in w.status.text()
     assert "Annotate the region in view" in w.hint_label.text() and jobs == [] and w.pos_layer is None
     monkeypatch.undo()  # the dock's own embedding again, the limits kept below

@@ -62,8 +62,8 @@ def no_input_note(in_dir, out_dir, pattern, recursive=False) -> str:
     counted by extension, so that the pattern can be set (a folder of JPEGs or CZIs)."""
     others: dict[str, int] = {}
     for f in list_inputs(in_dir, out_dir, "*", recursive):
-        ext = "".join(f.suffixes[-2:]).lower() if f.name.lower().endswith((".ome.tif", ".ome.tiff")) else f.suffix.lower()
-        others[ext or f.name] = others.get(ext or f.name, 0) + 1
+        ext = f.suffix.lower() or f.name
+        others[ext] = others.get(ext, 0) + 1
     text = f"no file in {in_dir} matches the file pattern {pattern!r}"
     if not others:
         return text + " (the folder holds no other file either)"

@@ -95,7 +95,7 @@ def candidate_views(engine, prepared, zoom: float) -> list[View]:
     views clicks are decoded in when the model's ``click_zoom`` is ``zoom``)."""
     if zoom == 1.0:
         return engine.views(prepared)
-    return zoom_grid(prepared.shape, engine.input_size, zoom, capped=engine.max_view_scale(zoom) is not None)
+    return zoom_grid(prepared.shape, engine.input_size, zoom, capped=True)  # as click views are
 
 
 def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndarray],

@@ -27,17 +27,11 @@ class ViewSets:
 
     def native_click_views(self, image: PreparedImage) -> list[View]:
         """The native views of a click: the grid, except that an image smaller than the input
-        is padded at native scale instead of stretched to it (boxes keep the stretched view)."""
+        is padded at native scale instead of stretched to it (boxes keep the stretched view;
+        128 px crops of the BBBC039 validation fields: one click 0.81 -> 0.87)."""
         if self.click_zoom <= 1:
             return self.views(image)
         return grid_views(image.shape, self.input_size, self.tile_overlap, max_scale=1.0)
-
-    def max_view_scale(self, zoom: float) -> float | None:
-        """How much a click's view at ``zoom`` may scale a small image up: a decoder tuned here
-        (clicks at :attr:`click_zoom`) saw nuclei at native and click scales only, so a small
-        image is padded at that scale (128 px crops of the BBBC039 validation fields: one
-        click 0.81 -> 0.87); None for published models, which stretch it as SAM does."""
-        return zoom if self.click_zoom > 1 else None
 
     def prompt_views(self, image: PreparedImage) -> list[View]:
         """Every view a prompt may need: the grid (boxes), then the click views."""
