@@ -1,8 +1,9 @@
 """Images too big to annotate whole (a mosaic, a whole slide, a big plane of a stack).
 
 The annotator prepares and embeds the whole plane it follows: for a 16384 x 16384 image that
-is 3 GiB of normalised pixels, about 23,000 tiles, and 39 s before a first mask on a
-2-core CPU. Above :data:`MAX_PLANE_PX` it does not start that. It says so and offers
+is 3 GiB of normalised pixels, about 23,000 tiles, and 42 s before a first mask on a
+2-core CPU (``benchmarks/big_image.py``). Above :data:`MAX_PLANE_PX` it does not start that.
+It says so and offers
 **Annotate the region in view**: the part of the image on the canvas (at most
 :data:`REGION_SIDE` pixels a side, at least :data:`MIN_REGION_SIDE`) becomes an image layer of
 its own, placed exactly over the big one (same pixel size, offset by the region's corner), and
