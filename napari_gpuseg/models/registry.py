@@ -331,26 +331,24 @@ def load_model(
     """
     from .sam.build import DEFAULT_IMAGE_SIZE, infer_arch, infer_image_size, load_sam
 
-    from .sam.decoder_checkpoint import apply_decoder, read_decoder
+    from .sam.decoder_checkpoint import apply_decoder, check_base, read_decoder
 
     path = resolve_checkpoint(name_or_path, download=download, progress=progress)
     if isinstance(name_or_path, str) and name_or_path in MODELS:
         spec = MODELS[name_or_path]
         if spec.base is not None:  # the base network, then the shipped decoder
+            doc = read_decoder(path)
+            base = MODELS[spec.base]
+            check_base(doc, path, base.name, base.arch, base.image_size, base.sha256)
             model, _ = load_model(spec.base, device=device, download=download, progress=progress,
                                   attn_impl=attn_impl)
-            return apply_decoder(model, read_decoder(path)), spec
+            return apply_decoder(model, doc), spec
         model = load_sam(arch or spec.arch, path, device=device, attn_impl=attn_impl, image_size=spec.image_size)
         return model, spec
     doc = read_if_decoder(path)
     if doc is not None:  # a tuned decoder file: its base, then the decoder
-        model, base_spec = load_model(doc["base"], device=device, download=download, progress=progress,
-                                      attn_impl=attn_impl)
-        return apply_decoder(model, doc), ModelSpec(
-            name=path.stem, arch=base_spec.arch, image_size=base_spec.image_size,
-            normalization=base_spec.normalization, filename=path.name, url=None, sha256=None,
-            size=path.stat().st_size, licence=base_spec.licence, source=str(path),
-            description=f"tuned decoder on {doc['base']}", base=str(doc["base"]))
+        return load_decoder_file(path, doc, device=device, download=download, progress=progress,
+                                 attn_impl=attn_impl)
     state = read_state_dict(path, map_location="cpu")
     arch = arch or infer_arch(state)
     size = infer_image_size(state, arch) if arch else None
@@ -362,3 +360,71 @@ def load_model(
         description=f"user checkpoint ({model.arch}, {DEFAULT_IMAGE_SIZE.get(model.arch)} px default input)",
     )
     return model, spec
+
+
+MAX_DECODER_CHAIN = 4  # decoder files whose base is another decoder file, at most
+
+
+def _check_decoder_chain(path: Path, doc: dict) -> None:
+    """Follow the bases of the decoder ``path`` through decoder files (each a few MB):
+    :class:`CheckpointError` when one names itself, they name each other, a base is
+    neither a registry name nor a file, or more than :data:`MAX_DECODER_CHAIN` follow."""
+    from .checkpoint import CheckpointError
+
+    seen = [os.path.realpath(path)]
+    while True:
+        base = doc["base"]
+        if base in MODELS:
+            return
+        base_path = Path(base).expanduser()
+        if not base_path.is_file():
+            raise CheckpointError(f"decoder checkpoint '{seen[-1]}' names the base '{base}', which is neither "
+                                  f"a file nor a registry model ({', '.join(list_models())})")
+        here = os.path.realpath(base_path)
+        if here in seen:
+            what = ("names itself as its base" if len(seen) == 1 else
+                    "and its bases name each other (" + " -> ".join(f"'{p}'" for p in seen + [here]) + ")")
+            raise CheckpointError(f"decoder checkpoint '{path}' {what}: a decoder's base must be the SAM "
+                                  "checkpoint it was trained on (a registry name or a full checkpoint file)")
+        doc = read_if_decoder(base_path)
+        if doc is None:
+            return
+        seen.append(here)
+        if len(seen) > MAX_DECODER_CHAIN:
+            raise CheckpointError(f"decoder checkpoint '{path}': more than {MAX_DECODER_CHAIN} decoder files "
+                                  "each name the next as base; name the full SAM checkpoint instead")
+
+
+def load_decoder_file(path: Union[str, os.PathLike], doc: dict, device: Union[str, torch.device] = "cpu",
+                      download: bool = True, progress: Optional[ProgressFn] = None, attn_impl: str = "auto"):
+    """``(Sam, ModelSpec)`` of a decoder checkpoint file (``doc``: :func:`read_if_decoder`)
+    on its base. The base is checked before it is downloaded or built: a registry base by
+    its architecture, input size and sha256 against the decoder's (``check_base``), a file
+    base by its own sha256; a decoder naming itself as base, or decoder files naming each
+    other, are a :class:`CheckpointError` (one line naming the files)."""
+    from .sam.decoder_checkpoint import apply_decoder, check_base
+
+    path = Path(path)
+    _check_decoder_chain(path, doc)
+    base = doc["base"]
+    if base in MODELS:
+        spec = MODELS[base]
+        check_base(doc, path, base, spec.arch, spec.image_size, spec.sha256)
+        model, base_spec = load_model(base, device=device, download=download, progress=progress,
+                                      attn_impl=attn_impl)
+    else:
+        base_path = Path(base).expanduser()
+        if doc.get("base_sha256"):
+            check_base(doc, path, base, None, None, sha256_file(base_path))
+        inner = read_if_decoder(base_path)
+        if inner is not None:
+            model, base_spec = load_decoder_file(base_path, inner, device=device, download=download,
+                                                 progress=progress, attn_impl=attn_impl)
+        else:
+            model, base_spec = load_model(base_path, device=device, download=download, progress=progress,
+                                          attn_impl=attn_impl)
+    return apply_decoder(model, doc), ModelSpec(
+        name=path.stem, arch=base_spec.arch, image_size=base_spec.image_size,
+        normalization=base_spec.normalization, filename=path.name, url=None, sha256=None,
+        size=path.stat().st_size, licence=base_spec.licence, source=str(path),
+        description=f"tuned decoder on {base}", base=str(base))

@@ -8,7 +8,6 @@ from typing import Callable
 from ..runtime.device import Policy, resolve_policy
 from .cache import EmbeddingCache
 from .predictor import SamEngine, SamModelInfo
-from ...models.sam.decoder_checkpoint import apply_decoder
 
 DEFAULT_MODEL = "nuclei_sam"  # LiteMedSAM's encoder with the shipped microscopy decoder
 
@@ -52,9 +51,8 @@ def load_sam_model(model: str | os.PathLike = DEFAULT_MODEL, device="cpu", arch:
         if not path.exists():
             raise FileNotFoundError(f"SAM checkpoint not found: {path}")
         doc = registry.read_if_decoder(path)
-        if doc is not None:  # a tuned decoder: its base network, then the decoder
-            base = load_sam_model(doc["base"], device=device, progress=progress)
-            return apply_decoder(base, doc)
+        if doc is not None:  # a tuned decoder: its base (checked first), then the decoder
+            return registry.load_decoder_file(path, doc, device=device, progress=progress)[0]
         return load_sam(arch, path, device=device)
 
     sam, _spec = registry.load_model(str(model), device=device, progress=progress)

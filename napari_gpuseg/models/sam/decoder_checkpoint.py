@@ -4,16 +4,21 @@ A decoder checkpoint is a plain dict (``format: napari-gpuseg-sam-decoder``) wit
 prompt encoder's and mask decoder's tensors (floats stored as fp16: about 8 MB for SAM's
 4 M decoder parameters), the base model it was trained on (registry name and sha256 of
 that checkpoint), and training facts (config, data, metrics). It loads with
-``torch.load(..., weights_only=True)``; :func:`apply_decoder` checks every key against the
-base network and names what does not match. Pure torch: no engine, no Qt.
+``torch.load(..., weights_only=True)``; :func:`check_decoder` refuses malformed fields and
+non-finite weights, :func:`check_base` a base of another architecture or hash, and
+:func:`apply_decoder` checks every key against the base network and names what does not
+match. Pure torch: no engine, no Qt.
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -21,6 +26,9 @@ from ..checkpoint import CheckpointError, compare_state_dict, mismatch_summary, 
 
 FORMAT = "napari-gpuseg-sam-decoder"
 PARTS = ("prompt_encoder", "mask_decoder")
+ARCHS = ("vit_b", "vit_l", "vit_h", "vit_t", "lite_medsam")  # as models.sam.build.ARCHS
+CLICK_ZOOM = (1.0, 4.0)  # the click scales a decoder may be trained at (finetune's limits)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def decoder_state(sam: nn.Module, dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
@@ -61,21 +69,103 @@ def is_decoder_checkpoint(obj: Any) -> bool:
 
 
 def read_decoder(path: str | os.PathLike) -> dict:
-    """A decoder checkpoint as a dict (``weights_only=True``); :class:`CheckpointError`
-    when the file is another kind of checkpoint."""
+    """A decoder checkpoint as a dict (``weights_only=True``), checked by
+    :func:`check_decoder`; :class:`CheckpointError` when the file is another kind of
+    checkpoint or a field is malformed."""
     doc = safe_torch_load(path, map_location="cpu")
     if not is_decoder_checkpoint(doc):
         raise CheckpointError(f"{path} is not a SAM decoder checkpoint (format {FORMAT!r})")
-    return doc
+    return check_decoder(doc, path)
+
+
+def _bad(source, what: str) -> CheckpointError:
+    return CheckpointError(f"decoder checkpoint {_name(source)}: {what}")
+
+
+def _name(source) -> str:
+    return f"'{source}'" if source is not None else "(given as a dict)"
+
+
+def check_decoder(doc: Mapping, source=None) -> dict:
+    """``doc`` as a plain dict when every field a loader reads is well formed: ``base`` a
+    non-empty string, ``base_sha256`` None or 64 hex digits, ``arch`` empty or a known
+    architecture, ``image_size`` a positive integer (0: unknown), ``click_zoom`` a number
+    in :data:`CLICK_ZOOM`, ``state`` a non-empty mapping of names to tensors, all of
+    them finite. Else :class:`CheckpointError` naming the file and the field. ``source``:
+    the file, for the message."""
+    if not is_decoder_checkpoint(doc):
+        raise _bad(source, f"not a SAM decoder checkpoint (format {FORMAT!r})")
+    base = doc.get("base")
+    if not isinstance(base, str) or not base.strip():
+        raise _bad(source, f"'base' must name the SAM checkpoint it was trained on (a registry "
+                           f"name or a file), got {base!r:.80}")
+    sha = doc.get("base_sha256")
+    if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha.lower())):
+        raise _bad(source, f"'base_sha256' must be 64 hex digits or None, got {sha!r:.80}")
+    arch = doc.get("arch")
+    if arch not in (None, "") and arch not in ARCHS:
+        raise _bad(source, f"'arch' must be one of {', '.join(ARCHS)}, got {arch!r:.80}")
+    size = doc.get("image_size", 0)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise _bad(source, f"'image_size' must be a positive whole number of pixels, got {size!r:.80}")
+    zoom = doc.get("click_zoom", 1.0)
+    lo, hi = CLICK_ZOOM
+    if (isinstance(zoom, bool) or not isinstance(zoom, (int, float)) or not math.isfinite(zoom)
+            or not lo <= zoom <= hi):
+        raise _bad(source, f"'click_zoom' must be a number from {lo:g} to {hi:g}, got {zoom!r:.80}")
+    state = doc.get("state")
+    if not isinstance(state, Mapping) or not state:
+        raise _bad(source, f"'state' must map parameter names to tensors, got {type(state).__name__}")
+    odd = [str(k) for k, v in state.items() if not isinstance(k, str) or not torch.is_tensor(v)]
+    if odd:
+        raise _bad(source, f"'state' holds {len(odd)} entries that are not named tensors "
+                           f"(first: {odd[0]!r:.60})")
+    bad = [k for k, v in state.items() if v.is_floating_point() and not _finite(v)]
+    if bad:
+        whole = len(bad) == len([v for v in state.values() if v.is_floating_point()])
+        raise _bad(source, f"{'every' if whole else len(bad)} weight tensor(s) hold NaN or infinite "
+                           f"values (first: {bad[0]}); the file is damaged or its training diverged")
+    return dict(doc)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """All values finite (numpy: torch's own check spreads 137 small tensors over threads
+    and took seconds on a busy 2-core CPU; numpy takes milliseconds)."""
+    t = t.detach().cpu()
+    if t.dtype not in (torch.float16, torch.float32, torch.float64):
+        t = t.float()
+    return bool(np.isfinite(t.numpy()).all())
+
+
+def check_base(doc: Mapping, source, base: str, arch: str | None, image_size: int | None,
+               sha256: str | None) -> None:
+    """:class:`CheckpointError` when the decoder ``doc`` was trained on another model than
+    ``base`` (registry facts ``arch``, ``image_size``, ``sha256``; None: unknown, not
+    compared). Cheap, so a loader calls it before downloading or building the base."""
+    want = doc.get("arch") or None
+    if want and arch and want != arch:
+        raise _bad(source, f"it was trained on a {want} model, but its base {base!r} is {arch}")
+    size = doc.get("image_size") or None
+    if size and image_size and int(size) != int(image_size):
+        raise _bad(source, f"it was trained at {size} px input, but its base {base!r} takes {image_size} px")
+    mine = doc.get("base_sha256")
+    if mine and sha256 and mine.lower() != sha256.lower():
+        raise _bad(source, f"its base {base!r} is not the checkpoint it was trained on (sha256 "
+                           f"{sha256.lower()[:12]}... instead of {mine.lower()[:12]}...): its masks "
+                           "would come from another encoder's embeddings")
 
 
 def apply_decoder(sam: nn.Module, doc: Mapping) -> nn.Module:
     """Load a decoder checkpoint's tensors into ``sam`` (strict: every prompt encoder and
     mask decoder key, same shapes). Marks the network ``decoder_tuned``."""
+    doc = check_decoder(doc)
     state = doc["state"]
     arch = doc.get("arch")
     if arch and getattr(sam, "arch", arch) != arch:
         raise CheckpointError(f"decoder was trained on a {arch} model, not {sam.arch}")
+    size = doc.get("image_size")
+    if size and int(getattr(sam, "image_size", size)) != int(size):
+        raise CheckpointError(f"decoder was trained at {size} px input, not {sam.image_size} px")
     for part in PARTS:
         module = getattr(sam, part)
         prefix = part + "."
