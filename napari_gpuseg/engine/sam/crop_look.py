@@ -81,6 +81,7 @@ def crop_look(engine, image, prompt: Prompt, multimask: bool = False,
     while it is on display starts over rather than refine a mask of another view size."""
     if prompt.mask_input is not None or (prompt.box is None) == (prompt.points is None):
         return None
+    prompt.check_inside(image.shape)  # what SamEngine.predict refuses, refused here too
     view = look_view(prompt_box(prompt.points, prompt.box), image.shape, engine.input_size)
     if view is None:
         return None

@@ -13,9 +13,13 @@ import torch
 from .views import View
 
 
+MAX_POINTS = 256  # points in one prompt: the decoder's attention over them grows with their square
+
+
 @dataclass
 class Prompt:
-    """One object: points (K, 2) xy with labels (1 positive, 0 negative), a box, a prior mask."""
+    """One object: points (K, 2) xy with labels (1 positive, 0 negative), a box, a prior mask.
+    ``ValueError`` (one line) for other labels or more than :data:`MAX_POINTS` points."""
 
     points: np.ndarray | None = None
     labels: np.ndarray | None = None
@@ -25,9 +29,13 @@ class Prompt:
     def __post_init__(self):
         if self.points is not None:
             self.points = prompt_coords(self.points, "points", (-1, 2))
+            if len(self.points) > MAX_POINTS:
+                raise ValueError(f"a prompt takes at most {MAX_POINTS} points, got {len(self.points)} "
+                                 "(SAM decodes a few clicks per object; its decoder's memory grows with "
+                                 "the square of the points)")
             if self.labels is None:
                 self.labels = np.ones(len(self.points), dtype=np.int64)
-            self.labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
+            self.labels = point_labels(self.labels)
             if len(self.labels) != len(self.points):
                 raise ValueError("points and labels must have the same length")
             if len(self.points) == 0:
@@ -42,16 +50,37 @@ class Prompt:
         """``ValueError`` naming the box when it has zero width or height or does not
         overlap an image of ``shape`` (H, W); checked by the public :meth:`SamEngine.predict`
         and :meth:`SamEngine.predict_boxes` (internal box decoding keeps one-pixel corner
-        boxes of one-pixel objects). Points may lie outside the image (a negative point
-        beside an object at the border is a normal prompt)."""
+        boxes of one-pixel objects). A positive point must lie on the image (x in
+        [-0.5, W], y in [-0.5, H]: napari's and SAM's pixel conventions both); negative
+        points may lie outside (a negative point beside an object at the border is a
+        normal prompt)."""
+        h, w = shape
+        if self.points is not None:
+            pos = self.points[self.labels == 1]
+            off = (pos[:, 0] < -0.5) | (pos[:, 0] > w) | (pos[:, 1] < -0.5) | (pos[:, 1] > h)
+            if off.any():
+                x, y = pos[off][0]
+                raise ValueError(f"positive point ({x:g}, {y:g}) (x, y in pixels) lies outside the {w} x {h} "
+                                 "image; a click must be on the object")
         if self.box is None:
             return
-        h, w = shape
         x0, y0, x1, y1 = self.box
         if x1 <= x0 or y1 <= y0:
             raise ValueError(f"box {self.box.tolist()} has zero width or height (x0, y0, x1, y1 in pixels)")
         if x0 >= w or y0 >= h or x1 <= 0 or y1 <= 0:
             raise ValueError(f"box {self.box.tolist()} (x0, y0, x1, y1) lies outside the {w} x {h} image")
+
+
+def point_labels(value) -> np.ndarray:
+    """Point labels as int64 (K,); ``ValueError`` unless each is 1 (positive) or 0 (negative)."""
+    try:
+        raw = np.asarray(value, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"point labels must be 1 (positive) or 0 (negative), got {value!r:.80}") from exc
+    bad = raw[(raw != 0) & (raw != 1)]
+    if len(bad):
+        raise ValueError(f"point labels must be 1 (positive) or 0 (negative), got {bad[0]:g}")
+    return raw.astype(np.int64)
 
 
 def prompt_coords(value, name: str, shape: tuple) -> np.ndarray:
