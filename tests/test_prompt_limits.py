@@ -1,6 +1,6 @@
 """Engine API misuse: prompts no user means (labels other than 0/1, clicks off the image,
-10,000 points). Each is refused in one line before any work;
-none allocates gigabytes or silently gives an empty or changed mask."""
+10,000 points) and an image 12,000 times longer than wide. Each is refused in one line
+before any work, or works; none allocates gigabytes or ends in a torch error."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +9,8 @@ import tifffile
 
 from napari_gpuseg.engine import Prompt, load_engine
 from napari_gpuseg.engine.sam.crop_look import crop_look
+from napari_gpuseg.engine.sam.everything import AutomaticParams, plan_crops, segment_everything
+from napari_gpuseg.engine.sam.inputs import view_input
 from napari_gpuseg.engine.sam.prompt_types import MAX_POINTS
 
 from sam_fixtures import require_lite_medsam
@@ -58,3 +60,19 @@ def test_a_positive_click_off_the_image_is_refused_like_a_box(engine, field):
     # a negative point beside the image still is a normal prompt (checked in test_sam_engine)
     Prompt(points=[[30, 20], [30, -6]], labels=[1, 0]).check_inside((h, w))
 
+
+def test_segment_everything_on_a_one_pixel_strip(engine, field):
+    """One row of a BBBC039 field (1 x 696): shrunk into the 256 px input whole, it is under
+    half a pixel high. Tiles take it; a forced whole-image crop is one pixel high."""
+    strip = field[260:261]
+    params = AutomaticParams.for_model(engine.info.box_trained, engine.info.decoder_tuned, points_per_side=4)
+    res = segment_everything(engine, strip, params)
+    prepared = engine.prepare(strip)
+    crops = plan_crops(engine, prepared, params)
+    assert crops and all(c.view.h == 1 for c in crops) and all(c.view.w <= 256 for c in crops)
+    assert res.labels.shape == strip.shape and res.n_prompts == 16 * len(crops)
+    # the official crop geometry keeps the whole image: one pixel high in the input
+    params.tiling = "crops"
+    (whole,) = plan_crops(engine, prepared, params)
+    assert whole.view.resized_hw == (1, 256)
+    assert view_input(prepared, whole.view, engine.info.normalization).shape == (3, 256, 256)

@@ -152,7 +152,9 @@ def plan_crops(engine: SamEngine, image: PreparedImage, params: AutomaticParams)
                 for (x0, y0, x1, y1), layer in zip(boxes, layers)]
     if mode != "tiles":
         raise ValueError(f"tiling must be 'auto', 'crops' or 'tiles', got {params.tiling!r}")
-    crops = [Crop(View(0, 0, h, w, s), 0, (0, 0, w, h))]
+    # the whole image as layer 0, unless shrinking it into the input leaves under half a
+    # pixel across (a strip over 2 x input_size times longer than wide): the tiles hold it all
+    crops = [Crop(View(0, 0, h, w, s), 0, (0, 0, w, h))] if min(h, w) * s / max(h, w) >= 0.5 else []
     for v in engine.views(image):
         if (v.h, v.w) != (h, w):
             crops.append(Crop(v, 1, (v.x0, v.y0, v.x1, v.y1), params.tile_edge_margin))

@@ -34,9 +34,10 @@ class View:
 
     @property
     def resized_hw(self) -> tuple[int, int]:
-        """Size inside the model input before padding (official ResizeLongestSide rounding)."""
+        """Size inside the model input before padding (official ResizeLongestSide rounding),
+        at least one pixel a side (a strip 1000x longer than wide would round to none)."""
         s = self.scale
-        return int(self.h * s + 0.5), int(self.w * s + 0.5)
+        return max(1, int(self.h * s + 0.5)), max(1, int(self.w * s + 0.5))
 
     @property
     def y1(self) -> int:
