@@ -89,7 +89,7 @@ def _name(source) -> str:
 def check_decoder(doc: Mapping, source=None) -> dict:
     """``doc`` as a plain dict when every field a loader reads is well formed: ``base`` a
     non-empty string, ``base_sha256`` None or 64 hex digits, ``arch`` empty or a known
-    architecture, ``image_size`` a positive integer (0: unknown), ``click_zoom`` a number
+    architecture, ``image_size`` a positive integer (0 or None: unknown), ``click_zoom`` a number
     in :data:`CLICK_ZOOM`, ``state`` a non-empty mapping of names to tensors, all of
     them finite. Else :class:`CheckpointError` naming the file and the field. ``source``:
     the file, for the message."""
@@ -105,8 +105,8 @@ def check_decoder(doc: Mapping, source=None) -> dict:
     arch = doc.get("arch")
     if arch not in (None, "") and arch not in ARCHS:
         raise _bad(source, f"'arch' must be one of {', '.join(ARCHS)}, got {arch!r:.80}")
-    size = doc.get("image_size", 0)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+    size = doc.get("image_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
         raise _bad(source, f"'image_size' must be a positive whole number of pixels, got {size!r:.80}")
     zoom = doc.get("click_zoom", 1.0)
     lo, hi = CLICK_ZOOM
