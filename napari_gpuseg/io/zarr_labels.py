@@ -68,6 +68,46 @@ def labels_target(image, out_dir: str | os.PathLike, name: str, chunks, into_inp
                         scale, fmt)
 
 
+_GROUP_FILES = {".zgroup", ".zattrs", "zarr.json"}
+
+
+def foreign_labels(target: LabelsTarget) -> str | None:
+    """A one-line reason when something this program did not write is at ``target`` (hand
+    annotations in the input's ``labels/`` group, another tool's labels image): it is never
+    replaced, with or without overwrite. None when nothing is there, an empty group, or our
+    own labels array (it carries ``OUTPUT_TAG``)."""
+    loc = Path(target.location())
+    if not os.path.lexists(loc):
+        return None
+    if loc.is_dir() and not loc.is_symlink():
+        try:
+            if {c.name for c in loc.iterdir()} <= _GROUP_FILES and not _has_image_meta(target):
+                return None  # an empty group (e.g. a run stopped before its array was made)
+        except OSError:
+            pass
+    try:
+        if target.open("r").attrs.get(OUTPUT_TAG):
+            return None
+    except Exception:  # noqa: BLE001 - no array "0", not zarr, unreadable: not ours
+        pass
+    if target.group:
+        return (f"not overwritten: {target.group} in {Path(target.store).name} exists and was not written by "
+                "napari-gpuseg (move it away, or write the labels to the output folder)")
+    return (f"not overwritten: {loc.name} exists and was not written by napari-gpuseg "
+            "(move it away or choose another output folder)")
+
+
+def _has_image_meta(target: LabelsTarget) -> bool:
+    import zarr
+
+    try:
+        attrs = dict(zarr.open_group(target.location(), mode="r").attrs)
+    except Exception:  # noqa: BLE001
+        return False
+    attrs = attrs.get("ome", attrs) if isinstance(attrs.get("ome"), dict) else attrs
+    return bool(attrs.get("multiscales") or attrs.get("image-label"))
+
+
 def create_labels(target: LabelsTarget, info: dict, resume: bool = True):
     """The labels array of ``target``, created empty (fill 0) with its NGFF metadata; an
     existing one with the same shape and chunks is reopened as it is when ``resume``."""

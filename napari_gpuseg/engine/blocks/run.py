@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from ...io import label_files, tables
-from ...io.zarr_labels import create_labels, labels_target, set_info
+from ...io.zarr_labels import create_labels, foreign_labels, labels_target, set_info
 from ..runtime.cancel import CancelToken
 from .methods import image_stats
 from .plan import BlockPlan, plan_blocks
@@ -120,6 +120,9 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
     except OSError as exc:
         raise BlockRunError(str(exc.strerror or exc)) from exc
     target = labels_target(image, out_dir, name, plan.block, into_input)
+    foreign = foreign_labels(target)
+    if foreign:  # hand annotations or another tool's labels: never replaced
+        raise BlockRunError(foreign)
     table_path = out_dir / f"{_stem(image)}_objects.csv"
     key = json.dumps({"shape": plan.shape, "block": plan.block, "halo": plan.halo, "method": method,
                       "options": options, "labels": target.location()}, sort_keys=True, default=str)

@@ -1,0 +1,62 @@
+"""Block runs on bad input: hand annotations never replaced, resume only of the same
+pixels, NaN/inf pixels, block sizes, OME-Zarr label geometry, output names, two runs at
+once, channels (small real BBBC039 fields)."""
+import numpy as np
+import pytest
+
+zarr = pytest.importorskip("zarr")
+
+from napari_gpuseg.engine.blocks import BlockRunError, run_blocks  # noqa: E402
+from napari_gpuseg.io.zarr_images import open_zarr  # noqa: E402
+
+from zarr_inputs import field_files, write_mosaic  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+FIELD = (520, 696)
+
+
+@pytest.fixture(scope="module")
+def files(shared_data):
+    return field_files(shared_data / "bbbc039" / "images")
+
+
+def _field(files, path, k=0, fmt=2):
+    return write_mosaic(files[k:k + 1], path, FIELD, chunks=256, zarr_format=fmt)
+
+
+@pytest.mark.parametrize("layout", ["block-chunks", "pyramid"])
+def test_hand_annotations_in_the_input_are_never_replaced(files, tmp_path, layout):
+    """Labels at labels/<method> that this program did not write: the run refuses in one
+    line (with overwrite too), pixels and metadata are untouched."""
+    from ome_zarr.writer import write_labels
+
+    path = _field(files, tmp_path / "m.ome.zarr")
+    root = zarr.open_group(str(path), mode="a")
+    hand = np.zeros(FIELD, np.uint32)
+    hand[10:50, 10:50] = 7
+    if layout == "block-chunks":  # pixels were overwritten in place
+        root.require_group("labels").attrs["labels"] = ["threshold"]
+        root.require_group("labels/threshold").create_array("0", data=hand, chunks=(256, 256))
+        level = "labels/threshold/0"
+    else:  # the metadata was rewritten to a new array: the hand labels unreachable
+        write_labels(hand, root, name="threshold", axes="yx", scale_factors=[])
+        level = "labels/threshold/s0"
+    grp = zarr.open_group(str(path), path="labels/threshold", mode="r")
+    before = (dict(grp.attrs), sorted(grp.array_keys()))
+    for overwrite in (False, True):
+        with pytest.raises(BlockRunError) as err:
+            run_blocks(open_zarr(path), tmp_path / "out", "threshold", block=256, halo=32, overwrite=overwrite)
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith("not overwritten: labels/threshold in m.ome.zarr exists")
+    np.testing.assert_array_equal(zarr.open_array(str(path), path=level)[:], hand)
+    grp = zarr.open_group(str(path), path="labels/threshold", mode="r")
+    assert (dict(grp.attrs), sorted(grp.array_keys())) == before
+    # the same in the output folder: a labels store there that is not ours is kept
+    zarr.create_array(str(tmp_path / "o2" / "m_labels.ome.zarr"), data=hand, zarr_format=2)
+    with pytest.raises(BlockRunError, match="not overwritten: m_labels.ome.zarr exists"):
+        run_blocks(open_zarr(path), tmp_path / "o2", "threshold", block=256, halo=32, into_input=False)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "o2" / "m_labels.ome.zarr"))[:], hand)
+    # our own labels are redone as before
+    rep = run_blocks(open_zarr(path), tmp_path / "o3", "threshold", block=256, halo=32, name="mine")
+    again = run_blocks(open_zarr(path), tmp_path / "o3", "threshold", block=256, halo=32, name="mine")
+    assert rep.objects == again.objects > 50
