@@ -60,3 +60,52 @@ def test_hand_annotations_in_the_input_are_never_replaced(files, tmp_path, layou
     rep = run_blocks(open_zarr(path), tmp_path / "o3", "threshold", block=256, halo=32, name="mine")
     again = run_blocks(open_zarr(path), tmp_path / "o3", "threshold", block=256, halo=32, name="mine")
     assert rep.objects == again.objects > 50
+
+
+def _cancel_after(n):
+    from napari_gpuseg.engine.runtime.cancel import CancelToken
+
+    cancel = CancelToken()
+
+    def progress(phase, done, total):
+        if phase == "segment" and done == n:
+            cancel.cancel()
+
+    return cancel, progress
+
+
+def test_resume_reuses_only_blocks_of_the_same_pixels(files, tmp_path):
+    """A run stopped after 3 blocks, then the store's pixels rewritten (or another channel
+    asked for): the rerun redoes every block and equals a clean run of the new pixels."""
+    import tifffile
+
+    path = _field(files, tmp_path / "mosaic.zarr", k=0)
+    cancel, progress = _cancel_after(3)
+    first = run_blocks(open_zarr(path), tmp_path / "out", "threshold", block=256, halo=32, into_input=False,
+                       progress=progress, cancel=cancel)
+    assert first.cancelled
+    zarr.open_array(str(path), path="0", mode="r+")[:] = tifffile.imread(files[1])  # other pixels, same store
+    rerun = run_blocks(open_zarr(path), tmp_path / "out", "threshold", block=256, halo=32, into_input=False)
+    clean = run_blocks(open_zarr(path), tmp_path / "clean", "threshold", block=256, halo=32, into_input=False)
+    assert rerun.resumed == 0 and rerun.objects == clean.objects
+    np.testing.assert_array_equal(zarr.open_array(rerun.store, path=rerun.array_path)[:],
+                                  zarr.open_array(clean.store, path=clean.array_path)[:])
+
+    from ome_zarr.writer import write_image
+
+    a, b = (tifffile.imread(f) for f in files[:2])
+    two = tmp_path / "two.zarr"
+    write_image(np.stack([a, b]), zarr.open_group(str(two), mode="w", zarr_format=2), axes="cyx",
+                scale_factors=[])
+    cancel, progress = _cancel_after(3)
+    assert run_blocks(open_zarr(two, channel=0), tmp_path / "o2", "threshold", block=256, halo=32,
+                      into_input=False, progress=progress, cancel=cancel).cancelled
+    ch1 = run_blocks(open_zarr(two, channel=1), tmp_path / "o2", "threshold", block=256, halo=32, into_input=False)
+    ref = run_blocks(open_zarr(two, channel=1), tmp_path / "o3", "threshold", block=256, halo=32, into_input=False)
+    assert ch1.resumed == 0
+    np.testing.assert_array_equal(zarr.open_array(ch1.store, path=ch1.array_path)[:],
+                                  zarr.open_array(ref.store, path=ref.array_path)[:])
+    # a plain rerun of unchanged pixels still resumes
+    cancel, progress = _cancel_after(3)
+    run_blocks(open_zarr(path), tmp_path / "o4", "threshold", block=256, halo=32, progress=progress, cancel=cancel)
+    assert run_blocks(open_zarr(path), tmp_path / "o4", "threshold", block=256, halo=32).resumed == 3

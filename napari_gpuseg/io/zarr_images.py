@@ -10,6 +10,7 @@ GUI-free and torch-free.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,25 @@ class ZarrImage:
         for pos, sl in zip(self.spatial_axes, region):
             index[pos] = sl
         return np.asarray(arr[tuple(index)])
+
+    def identity(self) -> dict:
+        """What a resumed block run must find unchanged: the store (its resolved path), the
+        array and the channel/time point read, and the name, size and modification time of
+        every file of the array (its chunks: rewritten pixels change them). Reads no pixels."""
+        root = Path(self.path).resolve()
+        top = root / self.array_path if self.array_path else root
+        digest = hashlib.sha1()
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames.sort()
+            for name in sorted(filenames):
+                f = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(f)
+                except OSError:
+                    continue
+                digest.update(f"{os.path.relpath(f, top)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return {"store": str(root), "array": self.array_path, "lead": [list(p) for p in self.lead],
+                "dtype": self.dtype, "files": digest.hexdigest()}
 
     def to_dask(self):
         """The spatial image as a lazy dask array (chunks of the store)."""

@@ -64,6 +64,18 @@ def _stem(image) -> str:
     return Path(str(getattr(image, "path", "image"))).name.split(".")[0] or "image"
 
 
+def _identity(image) -> dict:
+    """What identifies the input for a resume (its store, array, channel and files; an
+    in-memory array's token): blocks of another input, or of pixels since rewritten, are
+    never reused. A source that cannot say gets a fresh key (no resume)."""
+    ident = getattr(image, "identity", None)
+    if callable(ident):
+        return ident()
+    import uuid
+
+    return {"unknown": uuid.uuid4().hex}
+
+
 def _run(tasks, client, fn_args, progress, cancel, label):
     """Run ``fn(*args)`` for each args in ``fn_args``: on ``client`` as tasks, or here."""
     total = len(fn_args)
@@ -125,7 +137,8 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
         raise BlockRunError(foreign)
     table_path = out_dir / f"{_stem(image)}_objects.csv"
     key = json.dumps({"shape": plan.shape, "block": plan.block, "halo": plan.halo, "method": method,
-                      "options": options, "labels": target.location()}, sort_keys=True, default=str)
+                      "options": options, "labels": target.location(), "source": _identity(image)},
+                     sort_keys=True, default=str)
     work = out_dir / f"{WORK_PREFIX}{_stem(image)}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
     if overwrite and work.exists():
         shutil.rmtree(work)

@@ -56,6 +56,12 @@ class ArraySource:
     def read(self, region):
         return np.asarray(self.array[tuple(region)])
 
+    def identity(self) -> dict:
+        """The array's dask token (a numpy array's hashes its pixels)."""
+        from dask.base import tokenize
+
+        return {"array": tokenize(self.array), "dtype": self.dtype}
+
 
 def _method(task: BlockTask, methods: dict | None):
     from ..jobs.worker_cache import cached_method, worker_device
