@@ -109,3 +109,34 @@ def test_resume_reuses_only_blocks_of_the_same_pixels(files, tmp_path):
     cancel, progress = _cancel_after(3)
     run_blocks(open_zarr(path), tmp_path / "o4", "threshold", block=256, halo=32, progress=progress, cancel=cancel)
     assert run_blocks(open_zarr(path), tmp_path / "o4", "threshold", block=256, halo=32).resumed == 3
+
+
+def test_nan_and_inf_pixels_in_a_float_store_are_replaced_as_in_a_tiff(files, tmp_path):
+    """A float32 field with a 20 x 20 NaN patch and one +inf pixel: the blocks get the
+    pixels a TIFF job gets (NaN/inf -> the image minimum, with the same note) and the same
+    objects; a store of NaN only is one line, as a folder job's error row."""
+    import tifffile
+
+    from napari_gpuseg.engine.classical import classical_segment
+    from napari_gpuseg.engine.metrics import object_f1
+    from napari_gpuseg.io import load_image
+
+    img = tifffile.imread(files[0]).astype(np.float32)
+    img[100:120, 300:320] = np.nan
+    img[400, 50] = np.inf
+    tifffile.imwrite(tmp_path / "f.tif", img)
+    loaded = load_image(tmp_path / "f.tif")
+    zarr.create_array(str(tmp_path / "f.zarr"), data=img, chunks=(256, 256), zarr_format=2)
+    whole = classical_segment(loaded.data)
+    for method in ("threshold", "unet"):
+        rep = run_blocks(open_zarr(tmp_path / "f.zarr"), tmp_path / method, method, block=256, halo=64,
+                         device="cpu", precision="fp32")
+        lab = zarr.open_array(rep.store, path=rep.array_path)[:]
+        assert rep.notes == loaded.notes == ["401 NaN/inf pixels replaced by the image minimum (120)"]
+        assert rep.objects > 50, method
+        if method == "threshold":
+            assert rep.objects == int(whole.max()) and object_f1(whole, lab) >= 0.99
+    zarr.create_array(str(tmp_path / "n.zarr"), data=np.full((256, 256), np.nan, np.float32), zarr_format=2)
+    with pytest.raises(BlockRunError) as err:
+        run_blocks(open_zarr(tmp_path / "n.zarr"), tmp_path / "o", "threshold", block=128, halo=32)
+    assert str(err.value) == "n.zarr: every pixel is NaN or infinite: nothing to segment"

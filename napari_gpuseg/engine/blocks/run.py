@@ -15,7 +15,7 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -24,7 +24,7 @@ import numpy as np
 from ...io import label_files, tables
 from ...io.zarr_labels import create_labels, foreign_labels, labels_target, set_info
 from ..runtime.cancel import CancelToken
-from .methods import image_stats
+from .methods import NothingToSegment, image_stats
 from .plan import BlockPlan, plan_blocks
 from .stitch import global_ids, match_objects
 from .table import joined_table
@@ -52,12 +52,17 @@ class BlockReport:
     cancelled: bool = False
     store: str = ""  # the zarr store and the labels array in it
     array_path: str = ""
+    notes: list = field(default_factory=list)  # what was changed on the way (NaN/inf pixels)
 
     def open_labels(self):
         """The labels array (read-only zarr; ``dask.array.from_zarr`` reads it lazily)."""
         import zarr
 
         return zarr.open_array(self.store, path=self.array_path, mode="r")
+
+
+def _name(image) -> str:
+    return Path(str(getattr(image, "path", "image"))).name or "image"
 
 
 def _stem(image) -> str:
@@ -145,8 +150,10 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
     stats = _stats(image, plan, work, cancel, otsu=method == "threshold", per_slice=method == "unet" and nd == 3)
     if stats is None:
         return BlockReport(target.location(), str(table_path), plan.shape, len(plan.blocks), cancelled=True)
+    notes = ([f"{stats['nonfinite']} NaN/inf pixels replaced by the image minimum ({stats['fill']:g})"]
+             if stats.get("nonfinite") else [])
     info = {"method": method, "model": str(options.get("model") or ""), "block": list(plan.block),
-            "halo": list(plan.halo)}
+            "halo": list(plan.halo), **({"notes": notes} if notes else {})}
     try:
         create_labels(target, info, resume=not overwrite)
         _create_work(work, plan)
@@ -163,7 +170,7 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
         by_block[s.upper].append((i, s))
     resumed = sum(task.record(b.index).exists() for b in plan.blocks)
     report = BlockReport(target.location(), str(table_path), plan.shape, len(plan.blocks), resumed=resumed,
-                         store=target.store, array_path=target.array_path)
+                         store=target.store, array_path=target.array_path, notes=notes)
     calls = [(segment_block, (task, b, by_block[b.index]) + ((methods,) if client is None else ()))
              for b in plan.blocks]
     counts = _run(task, client, calls, progress, cancel, "segment")
@@ -196,6 +203,8 @@ def _stats(image, plan: BlockPlan, work: Path, cancel, otsu: bool, per_slice: bo
         pass
     try:
         stats = image_stats(image, plan, otsu=otsu, per_slice=per_slice, cancel=cancel)
+    except NothingToSegment as exc:
+        raise BlockRunError(f"{_name(image)}: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - Cancelled or a read error
         if cancel.cancelled:
             return None
