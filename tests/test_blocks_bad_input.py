@@ -140,3 +140,61 @@ def test_nan_and_inf_pixels_in_a_float_store_are_replaced_as_in_a_tiff(files, tm
     with pytest.raises(BlockRunError) as err:
         run_blocks(open_zarr(tmp_path / "n.zarr"), tmp_path / "o", "threshold", block=128, halo=32)
     assert str(err.value) == "n.zarr: every pixel is NaN or infinite: nothing to segment"
+
+
+def test_stores_whose_names_agree_up_to_the_first_dot_keep_their_own_outputs(files, tmp_path):
+    """mosaic.zarr and mosaic.v3.zarr write outputs of their own names; a store of the same
+    name from another folder (or a.zarr beside a.ome.zarr) is refused, with overwrite too,
+    and the first store's outputs are kept."""
+    a = _field(files, tmp_path / "mosaic.zarr", k=0)
+    b = _field(files, tmp_path / "mosaic.v3.zarr", k=1)
+    out = tmp_path / "out"
+    ra = run_blocks(open_zarr(a), out, "threshold", block=256, halo=32, into_input=False)
+    lab_a = zarr.open_array(ra.store, path="0")[:]
+    rb = run_blocks(open_zarr(b), out, "threshold", block=256, halo=32, into_input=False)
+    assert (ra.labels, ra.table) == (str(out / "mosaic_labels.ome.zarr"), str(out / "mosaic_objects.csv"))
+    assert (rb.labels, rb.table) == (str(out / "mosaic.v3_labels.ome.zarr"), str(out / "mosaic.v3_objects.csv"))
+    (tmp_path / "other").mkdir()
+    c = _field(files, tmp_path / "other" / "mosaic.zarr", k=1)
+    table = (out / "mosaic_objects.csv").read_text()
+    for overwrite, into_input in ((False, False), (True, False), (False, True)):
+        with pytest.raises(BlockRunError) as err:
+            run_blocks(open_zarr(c), out, "threshold", block=256, halo=32, into_input=into_input,
+                       overwrite=overwrite)
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith("output name mosaic_labels.ome.zarr / mosaic_objects.csv")
+        assert f"already used by {a.resolve()}" in msg
+    np.testing.assert_array_equal(zarr.open_array(ra.store, path="0")[:], lab_a)
+    assert (out / "mosaic_objects.csv").read_text() == table
+    # labels into each input: their tables would share OUT/a_objects.csv
+    run_blocks(open_zarr(_field(files, tmp_path / "a.zarr")), out, "threshold", block=256, halo=32)
+    with pytest.raises(BlockRunError, match="already used by"):
+        run_blocks(open_zarr(_field(files, tmp_path / "a.ome.zarr", k=1)), out, "threshold", block=256, halo=32)
+
+
+def test_a_second_run_on_the_same_outputs_is_refused_while_the_first_runs(files, tmp_path):
+    """A run started while another writes the same outputs (the same OUT, or the same input
+    store's labels) is refused in one line; the first ends as a run alone does (before, the
+    first removed the shared work folder and the other died with a TypeError)."""
+    path = _field(files, tmp_path / "m.ome.zarr")
+    errors = []
+
+    def start_another(phase, done, total):
+        if phase == "segment" and done == 1 and not errors:
+            for out in (tmp_path / "out", tmp_path / "elsewhere"):
+                try:
+                    run_blocks(open_zarr(path), out, "threshold", block=256, halo=32)
+                    errors.append(None)
+                except BlockRunError as exc:
+                    errors.append(str(exc))
+
+    rep = run_blocks(open_zarr(path), tmp_path / "out", "threshold", block=256, halo=32, progress=start_another)
+    assert errors[0] == f"another run is writing the outputs of m in {tmp_path / 'out'} now: wait for it to end (or use " \
+                        "another output folder)"
+    assert errors[1].startswith("another run is writing the labels of m.ome.zarr now")
+    clean = run_blocks(open_zarr(path), tmp_path / "clean", "threshold", block=256, halo=32, name="clean")
+    assert not rep.cancelled and rep.objects == clean.objects > 50
+    np.testing.assert_array_equal(zarr.open_array(rep.store, path=rep.array_path)[:],
+                                  zarr.open_array(clean.store, path=clean.array_path)[:])
+    # the locks end with the run: the next run goes ahead
+    assert run_blocks(open_zarr(path), tmp_path / "out", "threshold", block=256, halo=32).objects == rep.objects

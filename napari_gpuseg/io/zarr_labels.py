@@ -49,6 +49,17 @@ def _fmt(zarr_format: int):
     return FormatV05() if zarr_format == 3 else FormatV04()
 
 
+def store_stem(path) -> str:
+    """The name of a store's outputs: its folder name without ``.ome.zarr`` / ``.zarr``
+    (``mosaic.v3.zarr`` -> ``mosaic.v3``, ``m.ome.zarr`` -> ``m``); "image" without a path."""
+    name = Path(str(path)).name if path else ""
+    low = name.lower()
+    for suffix in (".ome.zarr", ".zarr"):
+        if low.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name or "image"
+
+
 def labels_target(image, out_dir: str | os.PathLike, name: str, chunks, into_input: bool = True) -> LabelsTarget:
     """The target for labels of ``image`` (a :class:`~napari_gpuseg.io.zarr_images.ZarrImage` or
     anything with ``shape``): ``IMAGE/labels/NAME`` for OME-Zarr input when ``into_input``,
@@ -63,7 +74,7 @@ def labels_target(image, out_dir: str | os.PathLike, name: str, chunks, into_inp
     fmt = int(getattr(image, "zarr_format", 2) or 2)
     if ome and into_input:
         return LabelsTarget(str(image.path), f"labels/{name}", shape, tuple(chunks), axes, scale, fmt)
-    stem = Path(str(getattr(image, "path", "image"))).name.split(".")[0] or "image"
+    stem = store_stem(getattr(image, "path", None))
     return LabelsTarget(str(Path(out_dir) / f"{stem}_labels.ome.zarr"), "", shape, tuple(chunks), axes,
                         scale, fmt)
 

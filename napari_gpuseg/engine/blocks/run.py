@@ -22,8 +22,9 @@ from typing import Callable
 import numpy as np
 
 from ...io import label_files, tables
-from ...io.zarr_labels import create_labels, foreign_labels, labels_target, set_info
+from ...io.zarr_labels import create_labels, foreign_labels, labels_target, set_info, store_stem
 from ..runtime.cancel import CancelToken
+from .claim import ClaimError, OutputClaim
 from .methods import NothingToSegment, image_stats
 from .plan import BlockPlan, plan_blocks
 from .stitch import global_ids, match_objects
@@ -66,7 +67,7 @@ def _name(image) -> str:
 
 
 def _stem(image) -> str:
-    return Path(str(getattr(image, "path", "image"))).name.split(".")[0] or "image"
+    return store_stem(getattr(image, "path", None))
 
 
 def _identity(image) -> dict:
@@ -140,6 +141,25 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
     foreign = foreign_labels(target)
     if foreign:  # hand annotations or another tool's labels: never replaced
         raise BlockRunError(foreign)
+    source = getattr(image, "path", None)
+    claim = OutputClaim(out_dir, _stem(image), str(Path(source).resolve()) if source else None,
+                        str(Path(target.store) / "labels") if target.group else None, overwrite)
+    try:
+        claim.acquire()
+    except OSError as exc:
+        raise BlockRunError(f"labels cannot be written to {target.location()}: {exc.strerror or exc}") from exc
+    except ClaimError as exc:
+        raise BlockRunError(str(exc)) from exc
+    try:
+        return _run_claimed(image, plan, out_dir, target, method, options, client, precision, device,
+                            progress, cancel, overwrite, methods, t0)
+    finally:
+        claim.release()
+
+
+def _run_claimed(image, plan, out_dir, target, method, options, client, precision, device, progress,
+                 cancel, overwrite, methods, t0) -> BlockReport:
+    nd = len(plan.shape)
     table_path = out_dir / f"{_stem(image)}_objects.csv"
     key = json.dumps({"shape": plan.shape, "block": plan.block, "halo": plan.halo, "method": method,
                       "options": options, "labels": target.location(), "source": _identity(image)},
@@ -239,9 +259,17 @@ def _stitch(task: BlockTask, plan: BlockPlan, seams, counts):
     pairs, merges = [], 0
     for i, s in enumerate(seams):
         key = f"zone{i}"
-        m = match_objects(read_record(task.record(s.lower), key)[key], read_record(task.record(s.upper), key)[key])
+        m = match_objects(_record(task, s.lower, key)[key], _record(task, s.upper, key)[key])
         merges += len(m)
         pairs.append((s.lower, s.upper, m))
-    in_core = [read_record(task.record(b.index), "t_ids")["t_ids"] for b in plan.blocks]
+    in_core = [_record(task, b.index, "t_ids")["t_ids"] for b in plan.blocks]
     luts, n = global_ids(counts, in_core, pairs)
     return luts, n, merges
+
+
+def _record(task: BlockTask, k: int, prefix: str) -> dict:
+    rec = read_record(task.record(k), prefix)
+    if rec is None:
+        raise BlockRunError(f"the record of block {k} is gone from {task.work} (the work folder was removed "
+                            "during the run): run again")
+    return rec
