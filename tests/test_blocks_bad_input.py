@@ -198,3 +198,29 @@ def test_a_second_run_on_the_same_outputs_is_refused_while_the_first_runs(files,
                                   zarr.open_array(clean.store, path=clean.array_path)[:])
     # the locks end with the run: the next run goes ahead
     assert run_blocks(open_zarr(path), tmp_path / "out", "threshold", block=256, halo=32).objects == rep.objects
+
+
+def test_block_size_has_a_lower_bound_and_zero_is_refused(files, tmp_path, capsys):
+    """Block 0 meant 1024 without a word; block 1 or 2 meant hours of tiny blocks: one line
+    from the plan (every front end), before any work."""
+    from napari_gpuseg.cli.batch import main
+    from napari_gpuseg.engine.blocks.plan import MIN_BLOCK
+
+    path = _field(files, tmp_path / "m.ome.zarr")
+    for block in (0, 1, 2, MIN_BLOCK - 1, (0, 256)):
+        with pytest.raises(BlockRunError) as err:
+            run_blocks(open_zarr(path), tmp_path / "out", "threshold", block=block, halo=0)
+        assert str(err.value) == (f"block size {block!r} is too small: at least {MIN_BLOCK} pixels a side "
+                                  "(1024 in 2D, 128 in 3D by default)")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    with pytest.raises(BlockRunError, match="gives 100000000 blocks"):
+        from napari_gpuseg.engine.blocks import ArraySource
+        import dask.array as da
+
+        run_blocks(ArraySource(da.zeros((160000, 160000), dtype="u1")), tmp_path / "o", "threshold", block=16, halo=0)
+    assert main([str(path), str(tmp_path / "o2"), "--block-size", "0", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["napari-gpuseg batch: block size 0 is too small: at least 16 pixels a side (1024 in 2D, "
+                   "128 in 3D by default)"]
+    rep = run_blocks(open_zarr(path), tmp_path / "o3", "threshold", block=MIN_BLOCK * 8, halo=16)
+    assert rep.blocks == 5 * 6 and rep.objects > 50

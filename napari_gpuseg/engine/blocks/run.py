@@ -129,7 +129,11 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
     nd = len(image.shape)
     if nd not in (2, 3):
         raise BlockRunError(f"blocks take YX or ZYX images, got shape {tuple(image.shape)}")
-    plan = plan_blocks(image.shape, block or DEFAULT_BLOCK[nd], DEFAULT_HALO[nd] if halo is None else halo)
+    try:
+        plan = plan_blocks(image.shape, DEFAULT_BLOCK[nd] if block is None else block,
+                           DEFAULT_HALO[nd] if halo is None else halo)
+    except (ValueError, TypeError) as exc:  # block 0, too small, halo too big: one line
+        raise BlockRunError(str(exc)) from exc
     out_dir = Path(out_dir)
     name = name or method
     options = dict(method_options or {})
