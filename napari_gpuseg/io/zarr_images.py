@@ -170,6 +170,8 @@ def _from_axes(path, array_path, arr, names, channel, scale, ome, fmt, ngff) -> 
             if not 0 <= c < size:
                 _fail(path, f"channel {c} asked for, the image has {size}")
             lead.append((pos, c))
+    if "c" not in names and channel is not None and int(channel) != 0:  # as a gray TIFF: only 0
+        _fail(path, f"channel {int(channel)} asked for, the image has 1")
     spatial = tuple(pos for pos, n in enumerate(names) if n in ("z", "y", "x"))
     if [names[p] for p in spatial] not in (["y", "x"], ["z", "y", "x"]):
         _fail(path, f"spatial axes {''.join(names[p] for p in spatial)} (need yx or zyx)")
