@@ -224,3 +224,33 @@ def test_block_size_has_a_lower_bound_and_zero_is_refused(files, tmp_path, capsy
                    "128 in 3D by default)"]
     rep = run_blocks(open_zarr(path), tmp_path / "o3", "threshold", block=MIN_BLOCK * 8, halo=16)
     assert rep.blocks == 5 * 6 and rep.objects > 50
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_labels_keep_the_image_geometry_and_ngff_05_dimension_names(files, tmp_path, fmt):
+    """An image with axis units, a level scale + translation and a multiscales scale: the
+    labels (in the input and in OUT) lie on it (the same pixel -> world mapping, the units);
+    in an NGFF 0.5 store the labels array names its dimensions."""
+    path = _field(files, tmp_path / "m.ome.zarr", fmt=fmt)
+    root = zarr.open_group(str(path), mode="a")
+    attrs = dict(root.attrs)
+    ome = attrs.get("ome", attrs)
+    ms = ome["multiscales"]
+    ms[0]["axes"] = [{"name": a, "type": "space", "unit": "micrometer"} for a in "yx"]
+    ms[0]["datasets"][0]["coordinateTransformations"] = [
+        {"type": "scale", "scale": [0.5, 0.25]}, {"type": "translation", "translation": [100.0, 200.0]}]
+    ms[0]["coordinateTransformations"] = [{"type": "scale", "scale": [2.0, 2.0]}]
+    root.attrs.update(attrs)
+    for into_input in (True, False):
+        rep = run_blocks(open_zarr(path), tmp_path / "out", "threshold", block=256, halo=32, into_input=into_input)
+        grp = zarr.open_group(rep.store, path=rep.array_path[:-2] or None, mode="r")
+        got = dict(grp.attrs)
+        m = got.get("ome", got)["multiscales"][0]
+        assert m["axes"] == [{"name": a, "type": "space", "unit": "micrometer"} for a in "yx"]
+        # world = 2 * (0.5 * i + 100) for y, 2 * (0.25 * j + 200) for x
+        assert m["datasets"][0]["coordinateTransformations"] == [
+            {"type": "scale", "scale": [1.0, 0.5]}, {"type": "translation", "translation": [200.0, 400.0]}]
+        arr = zarr.open_array(rep.store, path=rep.array_path, mode="r")
+        if fmt == 3:
+            assert tuple(arr.metadata.dimension_names) == ("y", "x")
+        assert arr.shape == FIELD and rep.objects > 50

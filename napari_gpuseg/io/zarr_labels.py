@@ -29,6 +29,8 @@ class LabelsTarget:
     axes: tuple[str, ...]
     scale: tuple[float, ...]
     zarr_format: int = 2
+    translation: tuple[float, ...] = ()  # the image's, so the labels lie on it in a viewer
+    units: tuple[str, ...] = ()  # each axis's unit ("" when none)
 
     @property
     def array_path(self) -> str:
@@ -67,16 +69,23 @@ def labels_target(image, out_dir: str | os.PathLike, name: str, chunks, into_inp
     shape = tuple(int(s) for s in image.shape)
     axes = tuple(getattr(image, "spatial_names", ("z", "y", "x")[-len(shape):]))
     ome = bool(getattr(image, "ome", False))
-    scale = tuple(getattr(image, "scale", ()) or ())
-    if len(scale) != len(shape):
-        sp = getattr(image, "spatial_axes", None)
-        scale = tuple(scale[a] for a in sp) if sp and len(scale) > max(sp) else (1.0,) * len(shape)
+    sp = getattr(image, "spatial_axes", None)
+
+    def spatial(values, default):
+        values = tuple(values or ())
+        if len(values) == len(shape):
+            return values
+        return tuple(values[a] for a in sp) if sp and len(values) > max(sp) else (default,) * len(shape)
+
+    scale = spatial(getattr(image, "scale", ()), 1.0)
+    shift = spatial(getattr(image, "translation", ()), 0.0)
+    units = spatial(getattr(image, "units", ()), "")
     fmt = int(getattr(image, "zarr_format", 2) or 2)
     if ome and into_input:
-        return LabelsTarget(str(image.path), f"labels/{name}", shape, tuple(chunks), axes, scale, fmt)
+        return LabelsTarget(str(image.path), f"labels/{name}", shape, tuple(chunks), axes, scale, fmt, shift, units)
     stem = store_stem(getattr(image, "path", None))
     return LabelsTarget(str(Path(out_dir) / f"{stem}_labels.ome.zarr"), "", shape, tuple(chunks), axes,
-                        scale, fmt)
+                        scale, fmt, shift, units)
 
 
 _GROUP_FILES = {".zgroup", ".zattrs", "zarr.json"}
@@ -131,12 +140,22 @@ def create_labels(target: LabelsTarget, info: dict, resume: bool = True):
         arr = grp["0"]
         if tuple(arr.shape) == target.shape and tuple(arr.chunks) == target.chunks:
             return arr
+    names = {"dimension_names": list(target.axes)} if target.zarr_format == 3 else {}  # NGFF 0.5 asks for them
     arr = grp.create_array("0", shape=target.shape, chunks=target.chunks, dtype=np.uint32,
-                           fill_value=0, overwrite=True)
+                           fill_value=0, overwrite=True, **names)
     fmt = _fmt(target.zarr_format)
-    datasets = [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": list(target.scale)}]}]
-    write_multiscales_metadata(grp, datasets, fmt=fmt, axes=list(target.axes),
-                               name=target.group.split("/")[-1] or "labels")
+    transforms = [{"type": "scale", "scale": [float(v) for v in target.scale]}]
+    if any(target.translation):
+        transforms.append({"type": "translation", "translation": [float(v) for v in target.translation]})
+    axes = [{"name": a, "type": "space", **({"unit": u} if u else {})}
+            for a, u in zip(target.axes, target.units or ("",) * len(target.axes))]
+    label_name = target.group.split("/")[-1] or "labels"
+    try:
+        write_multiscales_metadata(grp, [{"path": "0", "coordinateTransformations": transforms}], fmt=fmt,
+                                   axes=axes, name=label_name)
+    except ValueError:  # a unit the NGFF writer does not take: the axes without units
+        write_multiscales_metadata(grp, [{"path": "0", "coordinateTransformations": transforms}], fmt=fmt,
+                                   axes=list(target.axes), name=label_name)
     if target.group:
         labels_grp = root["labels"]
         listed = dict(labels_grp.attrs).get("ome", dict(labels_grp.attrs)).get("labels", [])
