@@ -189,8 +189,8 @@ def test_a_second_run_on_the_same_outputs_is_refused_while_the_first_runs(files,
                     errors.append(str(exc))
 
     rep = run_blocks(open_zarr(path), tmp_path / "out", "threshold", block=256, halo=32, progress=start_another)
-    assert errors[0] == f"another run is writing the outputs of m in {tmp_path / 'out'} now: wait for it to end (or use " \
-                        "another output folder)"
+    assert errors[0] == (f"another run is writing the outputs of m in {tmp_path / 'out'} now: wait for it to "
+                         "end (or use another output folder)")
     assert errors[1].startswith("another run is writing the labels of m.ome.zarr now")
     clean = run_blocks(open_zarr(path), tmp_path / "clean", "threshold", block=256, halo=32, name="clean")
     assert not rep.cancelled and rep.objects == clean.objects > 50

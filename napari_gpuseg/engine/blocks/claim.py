@@ -78,7 +78,8 @@ class OutputClaim:
     def _check_owner(self, fd: int) -> None:
         if self.source is None:
             return
-        raw = os.pread(fd, 1 << 16, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        raw = os.read(fd, 1 << 16)
         try:
             owner = json.loads(raw.decode("utf-8")).get("source") if raw.strip() else None
         except (ValueError, UnicodeDecodeError, AttributeError):
@@ -93,7 +94,8 @@ class OutputClaim:
         if owner != self.source:
             data = json.dumps({"source": self.source}).encode()
             os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, data)
             os.fsync(fd)
 
     def release(self) -> None:
