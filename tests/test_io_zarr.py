@@ -74,3 +74,17 @@ def test_not_a_zarr_store(tmp_path):
     (tmp_path / "plain").mkdir()
     with pytest.raises(ZarrLayoutError, match="not a zarr store"):
         open_zarr(tmp_path / "plain")
+
+
+def test_a_channel_other_than_0_of_a_single_channel_store_is_refused(tmp_path, fields):
+    """As a gray TIFF: channel 0 reads the image, channel 3 is one line (was silently ignored)."""
+    import tifffile
+
+    a = tifffile.imread(fields[0])
+    zarr.create_array(str(tmp_path / "bare.zarr"), data=a, zarr_format=2)
+    path = write_mosaic(fields[:1], tmp_path / "m.ome.zarr", (520, 696), chunks=256)
+    for p in (tmp_path / "bare.zarr", path):
+        assert np.array_equal(open_zarr(p, channel=0).read((slice(None), slice(None))), a)
+        with pytest.raises(ZarrLayoutError) as err:
+            open_zarr(p, channel=3)
+        assert str(err.value) == f"{p.name}: unsupported zarr layout: channel 3 asked for, the image has 1"

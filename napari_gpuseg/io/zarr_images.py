@@ -10,6 +10,7 @@ GUI-free and torch-free.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,8 @@ class ZarrImage:
     zarr_format: int = 2
     ngff: str = ""
     scale: tuple[float, ...] = ()
+    translation: tuple[float, ...] = ()  # with scale: pixel -> world of the level read (all axes)
+    units: tuple[str, ...] = ()  # each axis's unit ("" when none)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -116,6 +119,25 @@ class ZarrImage:
             index[pos] = sl
         return np.asarray(arr[tuple(index)])
 
+    def identity(self) -> dict:
+        """What a resumed block run must find unchanged: the store (its resolved path), the
+        array and the channel/time point read, and the name, size and modification time of
+        every file of the array (its chunks: rewritten pixels change them). Reads no pixels."""
+        root = Path(self.path).resolve()
+        top = root / self.array_path if self.array_path else root
+        digest = hashlib.sha1()
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames.sort()
+            for name in sorted(filenames):
+                f = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(f)
+                except OSError:
+                    continue
+                digest.update(f"{os.path.relpath(f, top)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return {"store": str(root), "array": self.array_path, "lead": [list(p) for p in self.lead],
+                "dtype": self.dtype, "files": digest.hexdigest()}
+
     def to_dask(self):
         """The spatial image as a lazy dask array (chunks of the store)."""
         import dask.array as da
@@ -131,7 +153,21 @@ def _fail(path, reason: str):
     raise ZarrLayoutError(path, f"unsupported zarr layout: {reason}")
 
 
-def _from_axes(path, array_path, arr, names, channel, scale, ome, fmt, ngff) -> ZarrImage:
+def _transforms(transforms, n: int) -> tuple[list[float], list[float]]:
+    """(scale, translation) of a list of NGFF coordinate transformations on ``n`` axes."""
+    scale, shift = [1.0] * n, [0.0] * n
+    for t in transforms or []:
+        if t.get("type") == "scale" and len(t.get("scale") or []) == n:
+            s = [float(v) for v in t["scale"]]
+            scale = [a * b for a, b in zip(scale, s)]
+            shift = [a * b for a, b in zip(shift, s)]
+        elif t.get("type") == "translation" and len(t.get("translation") or []) == n:
+            shift = [a + float(b) for a, b in zip(shift, t["translation"])]
+    return scale, shift
+
+
+def _from_axes(path, array_path, arr, names, channel, scale, ome, fmt, ngff, translation=(),
+               units=()) -> ZarrImage:
     names = [n.lower() for n in names]
     if len(names) != arr.ndim:
         _fail(path, f"{len(names)} axes in the metadata for a {arr.ndim}-D array")
@@ -150,13 +186,16 @@ def _from_axes(path, array_path, arr, names, channel, scale, ome, fmt, ngff) -> 
             if not 0 <= c < size:
                 _fail(path, f"channel {c} asked for, the image has {size}")
             lead.append((pos, c))
+    if "c" not in names and channel is not None and int(channel) != 0:  # as a gray TIFF: only 0
+        _fail(path, f"channel {int(channel)} asked for, the image has 1")
     spatial = tuple(pos for pos, n in enumerate(names) if n in ("z", "y", "x"))
     if [names[p] for p in spatial] not in (["y", "x"], ["z", "y", "x"]):
         _fail(path, f"spatial axes {''.join(names[p] for p in spatial)} (need yx or zyx)")
     if np.dtype(arr.dtype).kind not in "uif":
         _fail(path, f"data type {arr.dtype}")
     return ZarrImage(str(path), array_path, tuple(names), tuple(int(s) for s in arr.shape), tuple(lead),
-                     spatial, str(np.dtype(arr.dtype)), ome, fmt, ngff, tuple(scale))
+                     spatial, str(np.dtype(arr.dtype)), ome, fmt, ngff, tuple(scale), tuple(translation),
+                     tuple(units))
 
 
 def open_zarr(path: str | os.PathLike, channel: int | None = None) -> ZarrImage:
@@ -193,13 +232,16 @@ def open_zarr(path: str | os.PathLike, channel: int | None = None) -> ZarrImage:
             arr = node[level]
         except KeyError:
             _fail(path, f"multiscales level {level!r} is missing")
-        names = _axis_names(m.get("axes") or []) or list("tczyx"[-arr.ndim:])
-        scale = [1.0] * arr.ndim
-        for t in ds[0].get("coordinateTransformations") or []:
-            if t.get("type") == "scale":
-                scale = [float(s) for s in t["scale"]]
+        axes = m.get("axes") or []
+        names = _axis_names(axes) or list("tczyx"[-arr.ndim:])
+        units = [str(a.get("unit") or "") if isinstance(a, dict) else "" for a in axes] or [""] * arr.ndim
+        # the level's transformations, then the multiscales' own: pixel -> world in one
+        scale, shift = _transforms(ds[0].get("coordinateTransformations"), arr.ndim)
+        m_scale, m_shift = _transforms(m.get("coordinateTransformations"), arr.ndim)
+        scale = [a * b for a, b in zip(scale, m_scale)]
+        shift = [a * b + c for a, b, c in zip(shift, m_scale, m_shift)]
         ngff = str(m.get("version") or attrs.get("version") or "")
-        return _from_axes(path, level, arr, names, channel, scale, True, fmt, ngff)
+        return _from_axes(path, level, arr, names, channel, scale, True, fmt, ngff, shift, units)
     arrays = [k for k, _ in node.arrays()]
     if len(arrays) != 1:
         _fail(path, f"a group of {len(arrays)} arrays without OME multiscales metadata "

@@ -29,6 +29,8 @@ class LabelsTarget:
     axes: tuple[str, ...]
     scale: tuple[float, ...]
     zarr_format: int = 2
+    translation: tuple[float, ...] = ()  # the image's, so the labels lie on it in a viewer
+    units: tuple[str, ...] = ()  # each axis's unit ("" when none)
 
     @property
     def array_path(self) -> str:
@@ -49,6 +51,17 @@ def _fmt(zarr_format: int):
     return FormatV05() if zarr_format == 3 else FormatV04()
 
 
+def store_stem(path) -> str:
+    """The name of a store's outputs: its folder name without ``.ome.zarr`` / ``.zarr``
+    (``mosaic.v3.zarr`` -> ``mosaic.v3``, ``m.ome.zarr`` -> ``m``); "image" without a path."""
+    name = Path(str(path)).name if path else ""
+    low = name.lower()
+    for suffix in (".ome.zarr", ".zarr"):
+        if low.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name or "image"
+
+
 def labels_target(image, out_dir: str | os.PathLike, name: str, chunks, into_input: bool = True) -> LabelsTarget:
     """The target for labels of ``image`` (a :class:`~napari_gpuseg.io.zarr_images.ZarrImage` or
     anything with ``shape``): ``IMAGE/labels/NAME`` for OME-Zarr input when ``into_input``,
@@ -56,16 +69,63 @@ def labels_target(image, out_dir: str | os.PathLike, name: str, chunks, into_inp
     shape = tuple(int(s) for s in image.shape)
     axes = tuple(getattr(image, "spatial_names", ("z", "y", "x")[-len(shape):]))
     ome = bool(getattr(image, "ome", False))
-    scale = tuple(getattr(image, "scale", ()) or ())
-    if len(scale) != len(shape):
-        sp = getattr(image, "spatial_axes", None)
-        scale = tuple(scale[a] for a in sp) if sp and len(scale) > max(sp) else (1.0,) * len(shape)
+    sp = getattr(image, "spatial_axes", None)
+
+    def spatial(values, default):
+        values = tuple(values or ())
+        if len(values) == len(shape):
+            return values
+        return tuple(values[a] for a in sp) if sp and len(values) > max(sp) else (default,) * len(shape)
+
+    scale = spatial(getattr(image, "scale", ()), 1.0)
+    shift = spatial(getattr(image, "translation", ()), 0.0)
+    units = spatial(getattr(image, "units", ()), "")
     fmt = int(getattr(image, "zarr_format", 2) or 2)
     if ome and into_input:
-        return LabelsTarget(str(image.path), f"labels/{name}", shape, tuple(chunks), axes, scale, fmt)
-    stem = Path(str(getattr(image, "path", "image"))).name.split(".")[0] or "image"
+        return LabelsTarget(str(image.path), f"labels/{name}", shape, tuple(chunks), axes, scale, fmt, shift, units)
+    stem = store_stem(getattr(image, "path", None))
     return LabelsTarget(str(Path(out_dir) / f"{stem}_labels.ome.zarr"), "", shape, tuple(chunks), axes,
-                        scale, fmt)
+                        scale, fmt, shift, units)
+
+
+_GROUP_FILES = {".zgroup", ".zattrs", "zarr.json"}
+
+
+def foreign_labels(target: LabelsTarget) -> str | None:
+    """A one-line reason when something this program did not write is at ``target`` (hand
+    annotations in the input's ``labels/`` group, another tool's labels image): it is never
+    replaced, with or without overwrite. None when nothing is there, an empty group, or our
+    own labels array (it carries ``OUTPUT_TAG``)."""
+    loc = Path(target.location())
+    if not os.path.lexists(loc):
+        return None
+    if loc.is_dir() and not loc.is_symlink():
+        try:
+            if {c.name for c in loc.iterdir()} <= _GROUP_FILES and not _has_image_meta(target):
+                return None  # an empty group (e.g. a run stopped before its array was made)
+        except OSError:
+            pass
+    try:
+        if target.open("r").attrs.get(OUTPUT_TAG):
+            return None
+    except Exception:  # noqa: BLE001 - no array "0", not zarr, unreadable: not ours
+        pass
+    if target.group:
+        return (f"not overwritten: {target.group} in {Path(target.store).name} exists and was not written by "
+                "napari-gpuseg (move it away, or write the labels to the output folder)")
+    return (f"not overwritten: {loc.name} exists and was not written by napari-gpuseg "
+            "(move it away or choose another output folder)")
+
+
+def _has_image_meta(target: LabelsTarget) -> bool:
+    import zarr
+
+    try:
+        attrs = dict(zarr.open_group(target.location(), mode="r").attrs)
+    except Exception:  # noqa: BLE001
+        return False
+    attrs = attrs.get("ome", attrs) if isinstance(attrs.get("ome"), dict) else attrs
+    return bool(attrs.get("multiscales") or attrs.get("image-label"))
 
 
 def create_labels(target: LabelsTarget, info: dict, resume: bool = True):
@@ -80,12 +140,22 @@ def create_labels(target: LabelsTarget, info: dict, resume: bool = True):
         arr = grp["0"]
         if tuple(arr.shape) == target.shape and tuple(arr.chunks) == target.chunks:
             return arr
+    names = {"dimension_names": list(target.axes)} if target.zarr_format == 3 else {}  # NGFF 0.5 asks for them
     arr = grp.create_array("0", shape=target.shape, chunks=target.chunks, dtype=np.uint32,
-                           fill_value=0, overwrite=True)
+                           fill_value=0, overwrite=True, **names)
     fmt = _fmt(target.zarr_format)
-    datasets = [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": list(target.scale)}]}]
-    write_multiscales_metadata(grp, datasets, fmt=fmt, axes=list(target.axes),
-                               name=target.group.split("/")[-1] or "labels")
+    transforms = [{"type": "scale", "scale": [float(v) for v in target.scale]}]
+    if any(target.translation):
+        transforms.append({"type": "translation", "translation": [float(v) for v in target.translation]})
+    axes = [{"name": a, "type": "space", **({"unit": u} if u else {})}
+            for a, u in zip(target.axes, target.units or ("",) * len(target.axes))]
+    label_name = target.group.split("/")[-1] or "labels"
+    try:
+        write_multiscales_metadata(grp, [{"path": "0", "coordinateTransformations": transforms}], fmt=fmt,
+                                   axes=axes, name=label_name)
+    except ValueError:  # a unit the NGFF writer does not take: the axes without units
+        write_multiscales_metadata(grp, [{"path": "0", "coordinateTransformations": transforms}], fmt=fmt,
+                                   axes=list(target.axes), name=label_name)
     if target.group:
         labels_grp = root["labels"]
         listed = dict(labels_grp.attrs).get("ome", dict(labels_grp.attrs)).get("labels", [])

@@ -41,6 +41,19 @@ def _percentiles_from_counts(counts: np.ndarray, qs) -> list[float]:
     return out
 
 
+class NothingToSegment(ValueError):
+    """Every pixel of the image is NaN or infinite."""
+
+
+def clean(x: np.ndarray, stats: dict) -> np.ndarray:
+    """``x`` with its NaN/inf pixels replaced by the image's finite minimum (``stats["fill"]``,
+    set when the image has any), as folder jobs replace them in a whole image."""
+    if "fill" not in stats or np.asarray(x).dtype.kind != "f":
+        return x
+    x = np.asarray(x)
+    return np.where(np.isfinite(x), x, x.dtype.type(stats["fill"]))
+
+
 def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi: float = 99.8,
                 otsu: bool = False, per_slice: bool = False, cancel=None) -> dict:
     """Global scale of ``source`` (``.read(region)``), read block by block: the ``lo``/``hi``
@@ -48,24 +61,30 @@ def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi
     strided sample) and, with ``otsu``, the Otsu threshold of the blurred image as the whole
     image would give it (a second pass: the blur per extended block, 256 bins over the
     blurred range, in raw units). ``per_slice`` (ZYX): also the percentiles of every
-    z-slice (``slice_lo``, ``slice_hi``), as a 2D model normalises a volume slice by slice."""
+    z-slice (``slice_lo``, ``slice_hi``), as a 2D model normalises a volume slice by slice.
+    A float image's NaN/inf pixels count as its finite minimum (``fill``; ``nonfinite``:
+    how many), as :func:`clean` gives them to the method; all of them: :class:`NothingToSegment`."""
     from skimage.filters import gaussian, threshold_otsu
 
     dtype = np.dtype(getattr(source, "dtype", "float32"))
     exact = dtype.kind == "u" and dtype.itemsize <= 2
+    floating = dtype.kind == "f"
     counts = np.zeros(2 ** (8 * dtype.itemsize), np.int64) if exact else None
     s = sample_stride(plan.shape)
     parts, b_min, b_max = [], np.inf, -np.inf
+    n_bad, f_min, dirty = 0, np.inf, False
     n_z = plan.shape[0] if per_slice and len(plan.shape) == 3 else 0
     z_counts = np.zeros((n_z, counts.size), np.int64) if n_z and exact and n_z <= MAX_SLICE_HISTOGRAMS else None
     z_parts: list[list] = [[] for _ in range(n_z)]
     z_stride = max(1, math.ceil((int(np.prod(plan.shape[1:])) / SAMPLE_VALUES) ** 0.5))
 
-    def blocks():
+    def blocks(fill=None):
         for b in plan.blocks:
             if cancel is not None:
                 cancel.check()
             x = np.asarray(source.read(b.ext_slices()))
+            if fill is not None:
+                x = clean(x, fill)
             core = tuple(slice(c0 - e0, c1 - e0) for (c0, c1), (e0, _) in zip(b.core, b.ext))
             yield b, x, core
 
@@ -74,6 +93,13 @@ def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi
 
     for b, x, core in blocks():
         c = x[core]
+        if floating:
+            finite = np.isfinite(c)
+            n_fin = int(np.count_nonzero(finite))
+            n_bad += c.size - n_fin
+            if n_fin:
+                f_min = min(f_min, float(c[finite].min()))
+            dirty = dirty or n_bad > 0 or not np.isfinite(x).all()
         if n_z:
             zg = b.core[0][0]
             for k in range(c.shape[0]):
@@ -85,22 +111,37 @@ def image_stats(source, plan: BlockPlan, sigma: float = 2.0, lo: float = 1.0, hi
             counts += np.bincount(c.ravel(), minlength=counts.size)
         else:
             parts.append(c[tuple(slice((-sl.start) % s, None, s) for sl in core)].astype(np.float32).ravel())
-        if otsu:
+        if otsu and not dirty:
             bl = blurred(x, core)
             b_min, b_max = min(b_min, float(bl.min())), max(b_max, float(bl.max()))
+    fill = {}
+    if n_bad:
+        if not np.isfinite(f_min):
+            raise NothingToSegment("every pixel is NaN or infinite: nothing to segment")
+        fill = {"fill": f_min, "nonfinite": n_bad}
+
+    def sample(values):
+        v = np.concatenate(values)
+        return np.where(np.isfinite(v), v, np.float32(f_min)) if n_bad else v
+
     p_lo, p_hi = (_percentiles_from_counts(counts, [lo, hi]) if exact
-                  else [float(v) for v in np.percentile(np.concatenate(parts), [lo, hi])])
-    stats = {"lo": p_lo, "hi": p_hi, "stride": 1 if exact else s}
+                  else [float(v) for v in np.percentile(sample(parts), [lo, hi])])
+    stats = {"lo": p_lo, "hi": p_hi, "stride": 1 if exact else s, **fill}
     if n_z:
         pairs = [(_percentiles_from_counts(z_counts[z], [lo, hi]) if z_counts is not None
-                  else [float(v) for v in np.percentile(np.concatenate(z_parts[z]), [lo, hi])]) for z in range(n_z)]
+                  else [float(v) for v in np.percentile(sample(z_parts[z]), [lo, hi])]) for z in range(n_z)]
         stats["slice_lo"], stats["slice_hi"] = [p[0] for p in pairs], [p[1] for p in pairs]
     if otsu:
+        if dirty:  # the blurred range of the cleaned image (a NaN/inf pixel was seen)
+            b_min, b_max = np.inf, -np.inf
+            for _b, x, core in blocks(fill):
+                bl = blurred(x, core)
+                b_min, b_max = min(b_min, float(bl.min())), max(b_max, float(bl.max()))
         if b_max - b_min <= 1e-6:
             stats["otsu"] = b_max
         else:
             hist = np.zeros(256, np.int64)
-            for _b, x, core in blocks():
+            for _b, x, core in blocks(fill):
                 hist += np.histogram(blurred(x, core), bins=256, range=(b_min, b_max))[0]
             edges = np.linspace(b_min, b_max, 257)
             stats["otsu"] = float(threshold_otsu(hist=(hist, (edges[:-1] + edges[1:]) / 2)))

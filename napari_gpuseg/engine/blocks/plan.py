@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 
+MIN_BLOCK = 16  # pixels a side (or the image's size along that axis)
+MAX_BLOCKS = 100_000  # a run's work folder holds a record per block
+
+
 @dataclass(frozen=True)
 class Block:
     """One block: its grid position, core and extended region (as (start, stop) pairs)."""
@@ -90,16 +94,28 @@ class BlockPlan:
 
 def plan_blocks(shape: Sequence[int], block: int | Sequence[int], halo: int | Sequence[int]) -> BlockPlan:
     """Cores of size ``block`` (the last ones smaller) covering ``shape``, in C order, each
-    extended by ``halo`` (clipped to the image). ``halo`` must be smaller than ``block``."""
+    extended by ``halo`` (clipped to the image). ``halo`` must be smaller than ``block``;
+    ``block`` at least ``MIN_BLOCK`` a side (or the image's size), at most ``MAX_BLOCKS``
+    blocks: else ``ValueError`` with a one-line reason."""
     shape = tuple(int(s) for s in shape)
     n = len(shape)
-    blk = tuple(min(b, s) for b, s in zip(_tuple(block, n, "block size"), shape))
+    asked = _tuple(block, n, "block size")
+    if any(s < 1 for s in shape):
+        raise ValueError(f"image shape {shape} must be positive")
+    if any(b < MIN_BLOCK and b < s for b, s in zip(asked, shape)):
+        raise ValueError(f"block size {block!r} is too small: at least {MIN_BLOCK} pixels a side "
+                         "(1024 in 2D, 128 in 3D by default)")
+    blk = tuple(min(b, s) for b, s in zip(asked, shape))
     hal = _tuple(halo, n, "halo")
-    if any(b < 1 for b in blk) or any(s < 1 for s in shape):
-        raise ValueError(f"block size {blk} and image shape {shape} must be positive")
     if any(h < 0 for h in hal) or any(h >= b and b < s for h, b, s in zip(hal, blk, shape)):
         raise ValueError(f"halo {hal} must be >= 0 and smaller than the block size {blk}")
     grid_shape = tuple(-(-s // b) for s, b in zip(shape, blk))
+    n_blocks = 1
+    for g in grid_shape:
+        n_blocks *= g
+    if n_blocks > MAX_BLOCKS:
+        raise ValueError(f"block size {block!r} gives {n_blocks} blocks for an image of {shape}: at most "
+                         f"{MAX_BLOCKS}, choose bigger blocks")
     blocks = []
     for i, g in enumerate(itertools.product(*(range(k) for k in grid_shape))):
         core = tuple((gi * b, min(s, (gi + 1) * b)) for gi, b, s in zip(g, blk, shape))

@@ -15,16 +15,17 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from ...io import label_files, tables
-from ...io.zarr_labels import create_labels, labels_target, set_info
+from ...io.zarr_labels import create_labels, foreign_labels, labels_target, set_info, store_stem
 from ..runtime.cancel import CancelToken
-from .methods import image_stats
+from .claim import ClaimError, OutputClaim
+from .methods import NothingToSegment, image_stats
 from .plan import BlockPlan, plan_blocks
 from .stitch import global_ids, match_objects
 from .table import joined_table
@@ -52,6 +53,7 @@ class BlockReport:
     cancelled: bool = False
     store: str = ""  # the zarr store and the labels array in it
     array_path: str = ""
+    notes: list = field(default_factory=list)  # what was changed on the way (NaN/inf pixels)
 
     def open_labels(self):
         """The labels array (read-only zarr; ``dask.array.from_zarr`` reads it lazily)."""
@@ -60,8 +62,24 @@ class BlockReport:
         return zarr.open_array(self.store, path=self.array_path, mode="r")
 
 
+def _name(image) -> str:
+    return Path(str(getattr(image, "path", "image"))).name or "image"
+
+
 def _stem(image) -> str:
-    return Path(str(getattr(image, "path", "image"))).name.split(".")[0] or "image"
+    return store_stem(getattr(image, "path", None))
+
+
+def _identity(image) -> dict:
+    """What identifies the input for a resume (its store, array, channel and files; an
+    in-memory array's token): blocks of another input, or of pixels since rewritten, are
+    never reused. A source that cannot say gets a fresh key (no resume)."""
+    ident = getattr(image, "identity", None)
+    if callable(ident):
+        return ident()
+    import uuid
+
+    return {"unknown": uuid.uuid4().hex}
 
 
 def _run(tasks, client, fn_args, progress, cancel, label):
@@ -111,7 +129,11 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
     nd = len(image.shape)
     if nd not in (2, 3):
         raise BlockRunError(f"blocks take YX or ZYX images, got shape {tuple(image.shape)}")
-    plan = plan_blocks(image.shape, block or DEFAULT_BLOCK[nd], DEFAULT_HALO[nd] if halo is None else halo)
+    try:
+        plan = plan_blocks(image.shape, DEFAULT_BLOCK[nd] if block is None else block,
+                           DEFAULT_HALO[nd] if halo is None else halo)
+    except (ValueError, TypeError) as exc:  # block 0, too small, halo too big: one line
+        raise BlockRunError(str(exc)) from exc
     out_dir = Path(out_dir)
     name = name or method
     options = dict(method_options or {})
@@ -120,17 +142,42 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
     except OSError as exc:
         raise BlockRunError(str(exc.strerror or exc)) from exc
     target = labels_target(image, out_dir, name, plan.block, into_input)
+    foreign = foreign_labels(target)
+    if foreign:  # hand annotations or another tool's labels: never replaced
+        raise BlockRunError(foreign)
+    source = getattr(image, "path", None)
+    claim = OutputClaim(out_dir, _stem(image), str(Path(source).resolve()) if source else None,
+                        str(Path(target.store) / "labels") if target.group else None, overwrite)
+    try:
+        claim.acquire()
+    except OSError as exc:
+        raise BlockRunError(f"labels cannot be written to {target.location()}: {exc.strerror or exc}") from exc
+    except ClaimError as exc:
+        raise BlockRunError(str(exc)) from exc
+    try:
+        return _run_claimed(image, plan, out_dir, target, method, options, client, precision, device,
+                            progress, cancel, overwrite, methods, t0)
+    finally:
+        claim.release()
+
+
+def _run_claimed(image, plan, out_dir, target, method, options, client, precision, device, progress,
+                 cancel, overwrite, methods, t0) -> BlockReport:
+    nd = len(plan.shape)
     table_path = out_dir / f"{_stem(image)}_objects.csv"
     key = json.dumps({"shape": plan.shape, "block": plan.block, "halo": plan.halo, "method": method,
-                      "options": options, "labels": target.location()}, sort_keys=True, default=str)
+                      "options": options, "labels": target.location(), "source": _identity(image)},
+                     sort_keys=True, default=str)
     work = out_dir / f"{WORK_PREFIX}{_stem(image)}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
     if overwrite and work.exists():
         shutil.rmtree(work)
     stats = _stats(image, plan, work, cancel, otsu=method == "threshold", per_slice=method == "unet" and nd == 3)
     if stats is None:
         return BlockReport(target.location(), str(table_path), plan.shape, len(plan.blocks), cancelled=True)
+    notes = ([f"{stats['nonfinite']} NaN/inf pixels replaced by the image minimum ({stats['fill']:g})"]
+             if stats.get("nonfinite") else [])
     info = {"method": method, "model": str(options.get("model") or ""), "block": list(plan.block),
-            "halo": list(plan.halo)}
+            "halo": list(plan.halo), **({"notes": notes} if notes else {})}
     try:
         create_labels(target, info, resume=not overwrite)
         _create_work(work, plan)
@@ -147,7 +194,7 @@ def run_blocks(image, out_dir, method: str = "unet", method_options: dict | None
         by_block[s.upper].append((i, s))
     resumed = sum(task.record(b.index).exists() for b in plan.blocks)
     report = BlockReport(target.location(), str(table_path), plan.shape, len(plan.blocks), resumed=resumed,
-                         store=target.store, array_path=target.array_path)
+                         store=target.store, array_path=target.array_path, notes=notes)
     calls = [(segment_block, (task, b, by_block[b.index]) + ((methods,) if client is None else ()))
              for b in plan.blocks]
     counts = _run(task, client, calls, progress, cancel, "segment")
@@ -180,6 +227,8 @@ def _stats(image, plan: BlockPlan, work: Path, cancel, otsu: bool, per_slice: bo
         pass
     try:
         stats = image_stats(image, plan, otsu=otsu, per_slice=per_slice, cancel=cancel)
+    except NothingToSegment as exc:
+        raise BlockRunError(f"{_name(image)}: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - Cancelled or a read error
         if cancel.cancelled:
             return None
@@ -214,9 +263,17 @@ def _stitch(task: BlockTask, plan: BlockPlan, seams, counts):
     pairs, merges = [], 0
     for i, s in enumerate(seams):
         key = f"zone{i}"
-        m = match_objects(read_record(task.record(s.lower), key)[key], read_record(task.record(s.upper), key)[key])
+        m = match_objects(_record(task, s.lower, key)[key], _record(task, s.upper, key)[key])
         merges += len(m)
         pairs.append((s.lower, s.upper, m))
-    in_core = [read_record(task.record(b.index), "t_ids")["t_ids"] for b in plan.blocks]
+    in_core = [_record(task, b.index, "t_ids")["t_ids"] for b in plan.blocks]
     luts, n = global_ids(counts, in_core, pairs)
     return luts, n, merges
+
+
+def _record(task: BlockTask, k: int, prefix: str) -> dict:
+    rec = read_record(task.record(k), prefix)
+    if rec is None:
+        raise BlockRunError(f"the record of block {k} is gone from {task.work} (the work folder was removed "
+                            "during the run): run again")
+    return rec

@@ -56,6 +56,12 @@ class ArraySource:
     def read(self, region):
         return np.asarray(self.array[tuple(region)])
 
+    def identity(self) -> dict:
+        """The array's dask token (a numpy array's hashes its pixels)."""
+        from dask.base import tokenize
+
+        return {"array": tokenize(self.array), "dtype": self.dtype}
+
 
 def _method(task: BlockTask, methods: dict | None):
     from ..jobs.worker_cache import cached_method, worker_device
@@ -108,8 +114,11 @@ def segment_block(task: BlockTask, block: Block, seams: list[tuple[int, Seam]],
     if done is not None:
         return int(done["n"])
     method = _method(task, methods)
-    x = task.source.read(block.ext_slices())
-    res = method.labels(x, dict(task.stats), z0=block.ext[0][0] if x.ndim == 3 else 0)
+    from .methods import clean
+
+    stats = dict(task.stats)
+    x = clean(task.source.read(block.ext_slices()), stats)  # NaN/inf: the image minimum
+    res = method.labels(x, stats, z0=block.ext[0][0] if x.ndim == 3 else 0)
     labels = np.asarray(res.labels)
     if labels.shape != x.shape:
         raise RuntimeError(f"method returned labels of shape {labels.shape} for a block of shape {x.shape}")
