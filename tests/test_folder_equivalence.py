@@ -45,8 +45,8 @@ def inputs(shared_data, tmp_path_factory):
     he = shared_data / "dsb2018_more" / "images" / HE_FIELD
     gray_a, gray_b = _crop(bb[0], 96, (100, 200)), _crop(bb[1], 96, (200, 300))
     rgb = _crop(he, 96, (200, 100))
-    plain, chan, boxed, boxes = (root / n for n in ("plain", "chan", "boxed", "boxes"))
-    for d in (plain, chan, boxed, boxes):
+    plain, chan, boxed, boxes, two = (root / n for n in ("plain", "chan", "boxed", "boxes", "two"))
+    for d in (plain, chan, boxed, boxes, two):
         d.mkdir()
     tifffile.imwrite(plain / "gray.tif", gray_a)
     tifffile.imwrite(plain / "rgb.tif", rgb, photometric="rgb")
@@ -57,13 +57,12 @@ def inputs(shared_data, tmp_path_factory):
                      metadata={"axes": "ZYX"})
     tifffile.imwrite(chan / "two.tif", np.stack([gray_b, gray_a], -1), metadata={"axes": "YXC"})
     tifffile.imwrite(chan / "rgb.tif", rgb, photometric="rgb")
+    tifffile.imwrite(two / "two.tif", np.stack([gray_b, gray_a], -1), metadata={"axes": "YXC"})
     mask = tifffile.imread(shared_data / "bbbc039_more" / "masks" / bb[0].name)[100:196, 200:296]
     tifffile.imwrite(boxed / "gray.tif", gray_a)
-    tifffile.imwrite(boxed / "rgb.tif", rgb, photometric="rgb")
-    for name in ("gray", "rgb"):
-        rows = ["x0,y0,x1,y1"] + [",".join(str(int(v)) for v in b) for b in boxes_from_labels(mask)[:6]]
-        (boxes / f"{name}.csv").write_text("\n".join(rows) + "\n")
-    return {"plain": plain, "chan": chan, "boxed": boxed, "boxes": boxes}
+    rows = ["x0,y0,x1,y1"] + [",".join(str(int(v)) for v in b) for b in boxes_from_labels(mask)[:6]]
+    (boxes / "gray.csv").write_text("\n".join(rows) + "\n")
+    return {"plain": plain, "chan": chan, "boxed": boxed, "boxes": boxes, "two": two}
 
 
 def _rows(report):
@@ -106,12 +105,13 @@ def test_two_channel_with_channel_1_in_process_and_on_the_cluster(cluster, input
 
 
 def test_sam_methods_in_process_and_on_the_cluster(cluster, inputs, tmp_path):
+    """One file each (a SAM model loads in every process): box files, and a two-channel image."""
     rep = _same_everywhere(cluster, inputs["boxed"], tmp_path / "boxes", "sam-boxes",
                            {"boxes": str(inputs["boxes"])})
-    assert rep.ok == 2 and all(r.objects > 0 for r in rep.rows)
-    rep = _same_everywhere(cluster, inputs["chan"], tmp_path / "everything", "sam-everything",
+    assert rep.ok == 1 and rep.rows[0].objects > 0
+    rep = _same_everywhere(cluster, inputs["two"], tmp_path / "everything", "sam-everything",
                            {"channel": 1, "points_per_side": 4})
-    assert rep.ok == 2
+    assert rep.ok == 1 and "channel 1 of 2 segmented" in rep.rows[0].notes
 
 
 def test_predict_labels_and_batch_agree_on_an_rgb_field(shared_data, tmp_path):
@@ -158,3 +158,28 @@ def test_entry_points_take_channel_and_refuse_multichannel_without_it(shared_dat
                                   segment_everything(engine, a, params).labels)
     np.testing.assert_array_equal(segment_boxes(engine, two, [10, 10, 40, 40], channel=1).labels,
                                   segment_boxes(engine, a, [10, 10, 40, 40]).labels)
+
+
+def test_one_default_per_kind(qtbot, monkeypatch):
+    """Folder jobs default to the bundled U-Net (terminal and dock); every SAM method takes the
+    annotator's model from where it is defined (it used to keep lite_medsam)."""
+    import argparse
+
+    from napari_gpuseg.cli.batch import add_batch_parser
+    from napari_gpuseg.engine.jobs.methods import create_method
+    from napari_gpuseg.engine.sam import loader
+    from napari_gpuseg.widgets.batch_folder import BatchFolderWidget
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    batch = add_batch_parser(sub)
+    assert parser.parse_args(["batch", "a", "b"]).method == "unet"
+    text = " ".join(batch.format_help().split())
+    assert "default: unet" in text and f"({loader.DEFAULT_MODEL})" in text
+    dock = BatchFolderWidget(None)
+    qtbot.addWidget(dock)
+    assert dock.method.currentText() == "unet"
+    for name in ("sam-boxes", "sam-everything"):
+        assert create_method(name).model == loader.DEFAULT_MODEL
+    monkeypatch.setattr(loader, "DEFAULT_MODEL", "another_sam")
+    assert create_method("sam-boxes").model == "another_sam"

@@ -1,8 +1,9 @@
 """Folder jobs on a Dask cluster: one task per file, the client keeps the report.
 
-``run_folder_dask(client, in_dir, out_dir, "unet")`` does what
-:func:`~napari_gpuseg.engine.jobs.pipeline.run_folder` does, with the files spread over
-the cluster's workers (:mod:`.dask_tasks`): the same output names, atomic writes, skipped
+``run_folder(in_dir, out_dir, cluster=...)`` comes here (:func:`run_folder_on_cluster`);
+``run_folder_dask(client, in_dir, out_dir, "unet")`` does what the in-process run does, with
+the files spread over the cluster's workers (:mod:`.dask_tasks`), each through the same
+per-file step (:mod:`.file_step`): the same output names, atomic writes, skipped
 complete outputs (resume), report rows, progress events and cancel. Each worker loads the
 method once. A task whose worker dies is run again on another worker (dask reschedules
 it); a file the lost worker had already written is not written again. Before any file,

@@ -81,4 +81,9 @@ def process_file(job: FileJob, item: Item) -> ImageStatus:
             n_obj = int(np.count_nonzero(np.unique(done[0]) > 0))
             return ImageStatus(item.rel, shape_str(done[0]), n_obj, 0.0, "ok", labels=item.labels_rel,
                                notes="written before the worker was lost", device=item.device)
-    return FileStep(seg, dict(job.run_info), job.max_image_bytes).run(seg, item)
+    limit = job.max_image_bytes
+    if limit is None:  # as in-process: half the memory this worker has free
+        import psutil
+
+        limit = psutil.virtual_memory().available // 2
+    return FileStep(seg, dict(job.run_info), limit).run(seg, item)
