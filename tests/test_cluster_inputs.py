@@ -46,7 +46,11 @@ def _last_line(capsys) -> str:
 def test_an_address_where_no_scheduler_answers_is_bounded_and_one_line():
     """A web server on 127.0.0.1 (a dashboard port, say): the client used to wait far past
     its timeout (110-120 s for 20 s)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     server.daemon_threads = True
     t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     t.start()

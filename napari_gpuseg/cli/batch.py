@@ -17,7 +17,7 @@ import threading
 from ..engine.runtime.allocator import configure_allocator
 from ..engine.runtime.device import PRECISIONS
 from ..io import DEFAULT_PATTERN
-from ..engine.jobs.block_jobs import run_blocks, run_stores
+from ..engine.jobs.block_jobs import run_blocks, run_stores, stores_in
 from ..engine.jobs.methods import DEFAULT_FOLDER_METHOD, default_sam_model
 from ..engine.jobs.pipeline import run_folder
 from ..io.zarr_images import is_zarr
@@ -203,7 +203,8 @@ def run_batch(args: argparse.Namespace) -> int:
         old = signal.signal(signal.SIGINT, on_sigint)
     bar = _Bar(args.quiet)
     news = dict(cluster=cluster, cancel=cancel, notify=_say, on_dashboard=lambda link: _say(f"dask: dashboard {link}"))
-    stores, files_too = _stores_in(args)
+    stores, files_too = ([], True) if is_zarr(args.in_dir) else stores_in(
+        args.in_dir, args.out_dir, args.pattern, args.recursive)
     try:
         if is_zarr(args.in_dir):
             return _one_store(args, options, news)
@@ -293,19 +294,6 @@ def _stores(args, options: dict, stores: list, news: dict) -> int:
                                    on_store=on_store, **block_options(args), **news)
     bars.close()
     return 130 if cancelled else (1 if failed else 0)
-
-
-def _stores_in(args) -> tuple[list, bool]:
-    """(the zarr stores inside a folder IN, whether it also holds files to segment)."""
-    from ..engine.jobs.outputs import list_inputs
-    from ..io.zarr_images import find_stores, is_zarr
-
-    if not args.in_dir or is_zarr(args.in_dir):
-        return [], True
-    stores = find_stores(args.in_dir, args.recursive, exclude=[args.out_dir])
-    if not stores:
-        return [], True
-    return stores, bool(list_inputs(args.in_dir, args.out_dir, args.pattern, args.recursive))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,18 @@ def run_blocks(image, out_dir, method: str = DEFAULT_FOLDER_METHOD, method_optio
                              cancel=cancel, **kwargs)
 
 
+def stores_in(in_dir, out_dir, pattern: str, recursive: bool = False) -> tuple[list, bool]:
+    """(the zarr stores inside the folder ``in_dir``, whether it also holds image files to
+    segment): a folder job runs its files, then each store in blocks (:func:`run_stores`)."""
+    from ...io.zarr_images import find_stores
+    from .outputs import list_inputs
+
+    stores = find_stores(in_dir, recursive, exclude=[out_dir])
+    if not stores:
+        return [], True
+    return stores, bool(list_inputs(in_dir, out_dir, pattern, recursive))
+
+
 def run_stores(stores, in_dir, out_dir, method: str = DEFAULT_FOLDER_METHOD, method_options: dict | None = None,
                *, cluster=None, cancel: CancelToken | None = None,
                on_store: Callable[[int, int, str, object], None] | None = None,

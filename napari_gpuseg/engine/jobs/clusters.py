@@ -215,13 +215,15 @@ def connect(cluster: str | None = None, scheduler: str | None = None, config: st
         raise ClusterError(f"give either a cluster to start ({cluster}) or a scheduler address, not both")
     if cluster == "local":
         check_counts(n_workers, threads_per_worker)
+    handle = None
     try:
         if scheduler:
             client = _client(scheduler, timeout, cancel)
             handle = ClusterHandle(client, None, [client])
         elif cluster == "local":
             lc = local_cluster(n_workers, threads_per_worker)
-            handle = ClusterHandle(Client(lc), lc, [lc])
+            handle = ClusterHandle(None, lc, [lc])
+            handle.client = Client(lc)
             handle.owned.append(handle.client)
         elif cluster == "slurm":
             conf = load_cluster_config(config) if config else {}
@@ -234,9 +236,11 @@ def connect(cluster: str | None = None, scheduler: str | None = None, config: st
             handle.owned.append(handle.client)
         else:
             raise ClusterError(f"unknown cluster {cluster!r} (use local or slurm, or give --scheduler)")
-    except Exception as exc:
-        if cancel is not None and cancel.cancelled:  # e.g. Ctrl-C reached the starting workers
-            raise Cancelled("cancelled while the cluster started") from exc
+    except BaseException as exc:
+        if handle is not None:  # what started is stopped again
+            handle.close()
+        if isinstance(exc, Exception) and cancel is not None and cancel.cancelled:
+            raise Cancelled("cancelled while the cluster started") from exc  # e.g. Ctrl-C reached the workers
         raise
     _wait_for_workers(handle, wait_workers, cancel, notify, scheduler or cluster)
     return handle

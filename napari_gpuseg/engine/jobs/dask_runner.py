@@ -24,7 +24,7 @@ from ...io import DEFAULT_PATTERN, label_files
 from ..runtime.cancel import CancelToken
 from .dask_tasks import FileJob, check_worker, process_file
 from .outputs import list_inputs, no_input_note, read_earlier, rel_name, skipped_row
-from .pipeline import PipelineError, _plan_items
+from .pipeline import PipelineError, plan_items
 from .methods import DEFAULT_FOLDER_METHOD, method_factory
 from .report import ImageStatus, Progress, RunReport, report_names, safe_row, safe_text, write_report
 from .rows import RowCounter, close_report
@@ -57,9 +57,9 @@ def cluster_options(method, devices, io_workers, image_batch) -> str | None:
                             "process; on a cluster each file is one task, one image per call: leave it out")
     if devices is None:
         return None
-    from .pipeline import _parse_devices
+    from .pipeline import parse_devices
 
-    names = _parse_devices(devices)
+    names = parse_devices(devices)
     if len(names) > 1:
         raise PipelineError(f"devices {','.join(names)}: one worker per device is how a run in this process "
                             "uses several GPUs; on a cluster every worker takes its own GPU (--cluster local "
@@ -90,7 +90,7 @@ def run_folder_on_cluster(cluster, in_dir, out_dir, method: str = "unet", *, dev
 
 def _plan(items, report: RunReport, overwrite, header, earlier, current):
     """(items to submit, other-method counts): files whose output is complete get their
-    skipped row here (refused names got theirs from ``_plan_items``)."""
+    skipped row here (refused names got theirs from ``plan_items``)."""
     todo, other_method = [], {}
     for it in items:
         done = None if overwrite else label_files.read_output(it.labels_path)
@@ -181,7 +181,7 @@ def run_folder_dask(
     header, earlier = read_earlier(out_dir, shard_t)
     this_run = {safe_text(rel_name(x, in_dir)) for x in found}
     report.kept = [r for f, r in sorted(earlier.items()) if f not in this_run]
-    items = _plan_items(found, in_dir, out_dir, report, earlier)  # names checked as in-process runs do
+    items = plan_items(found, in_dir, out_dir, report, earlier)  # names checked as in-process runs do
     todo, other_method = _plan(items, report, overwrite, header, earlier, (method, model))
     job = FileJob(method, json.dumps(options, sort_keys=True), precision, device,
                   (("method", method), ("model", model), ("run", secrets.token_hex(8))), max_image_bytes)

@@ -42,7 +42,7 @@ class PipelineError(RuntimeError):
     """The run as a whole failed (for example the model could not be loaded)."""
 
 
-def _parse_devices(devices) -> list[str]:
+def parse_devices(devices) -> list[str]:
     """``None`` -> ``["auto"]``; ``"cuda:0,cuda:1"`` -> a list. A list that names no
     device (``","``, ``" "``, ``[]``) is a ValueError: it would start no worker."""
     if devices is None:
@@ -121,7 +121,7 @@ def run_folder(
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     factory, method_name, prep = _make_method(method, method_options)
     run_info = {"method": method_name, "model": str(prep.model or "")}
-    dev_names = _parse_devices(devices)
+    dev_names = parse_devices(devices)
     if isinstance(method, Segmenter) and len(dev_names) > 1:
         raise ValueError("one Segmenter instance cannot serve several devices; pass a name or factory")
     if max_image_bytes is not None and max_image_bytes <= 0:
@@ -142,7 +142,7 @@ def run_folder(
     if files is None and not found and shard_t is None:
         report.warnings.append(no_input_note(in_dir, out_dir, pattern, recursive))
     header, earlier = read_earlier(out_dir, shard_t)
-    items = _plan_items(found, in_dir, out_dir, report, earlier)
+    items = plan_items(found, in_dir, out_dir, report, earlier)
     this_run = {safe_text(rel_name(x, in_dir)) for x in found}
     report.kept = [r for f, r in sorted(earlier.items()) if f not in this_run]
 
@@ -201,7 +201,7 @@ def _policies(dev_names: list[str], precision: str | None) -> list:
     return [make_policy(d, precision) for d in dev_names]
 
 
-def _plan_items(found: list[Path], in_dir: Path, out_dir: Path, report: RunReport, earlier: dict) -> list[Item]:
+def plan_items(found: list[Path], in_dir: Path, out_dir: Path, report: RunReport, earlier: dict) -> list[Item]:
     """The work items of ``found``; a file whose output name is already taken (by another
     input, or by a file this program did not write) gets an error row in ``report``."""
     items, seen, foreign = [], {}, []
