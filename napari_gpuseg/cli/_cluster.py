@@ -1,4 +1,5 @@
-"""The ``batch`` options for Dask clusters and big images in blocks, and their runs.
+"""The ``batch`` options for Dask clusters and big images in blocks, and where they say to
+run (a ``ClusterSpec`` for the engine's ``run_folder`` / ``run_blocks``, or None: here).
 
 ``--cluster local|slurm`` / ``--scheduler ADDRESS`` spread a folder's files over a Dask
 cluster; an IN that is a zarr / OME-Zarr store is segmented in blocks (on the cluster
@@ -7,7 +8,6 @@ when one is given, else here).
 from __future__ import annotations
 
 import argparse
-import sys
 
 EPILOG = """\
 bigger than one machine:
@@ -69,43 +69,3 @@ def cluster_spec(args):
             raise ClusterError("--cluster-config and --workers need --cluster")
         return None
     return ClusterSpec(args.cluster, args.scheduler, args.cluster_config, args.workers, args.threads_per_worker)
-
-
-def block_options(args) -> dict:
-    """The keywords of a block run from the options."""
-    return dict(block=args.block_size, halo=args.halo, into_input=args.labels_to == "input",
-                precision=args.precision, overwrite=args.overwrite, devices=args.devices)
-
-
-class BlockBars:
-    """tqdm bars per phase of a block run (stderr), fed from its progress events."""
-
-    def __init__(self, quiet: bool):
-        self.quiet, self.bars = quiet, {}
-
-    def __call__(self, phase, done, total):
-        if self.quiet:
-            return
-        if phase not in self.bars:
-            from tqdm import tqdm
-
-            self.bars[phase] = tqdm(total=total, unit="block", desc=phase, file=sys.stderr, dynamic_ncols=True)
-        self.bars[phase].n = done
-        self.bars[phase].refresh()
-
-    def close(self):
-        for b in self.bars.values():
-            b.close()
-        self.bars = {}
-
-
-def print_blocks(rep) -> int:
-    """The summary lines of a block run; its exit code (130 when cancelled)."""
-    if rep.cancelled:
-        print("cancelled: finished blocks are kept; rerun to resume", file=sys.stderr)
-        return 130
-    print(f"done: {rep.objects} objects in {rep.blocks} blocks ({rep.resumed} resumed, "
-          f"{rep.seam_merges} seam matches) in {rep.seconds:.1f} s")
-    print(f"labels: {rep.labels}")
-    print(f"objects: {rep.table}")
-    return 0

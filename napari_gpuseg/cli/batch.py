@@ -22,7 +22,7 @@ from ..engine.jobs.methods import DEFAULT_FOLDER_METHOD, default_sam_model
 from ..engine.jobs.pipeline import run_folder
 from ..io.zarr_images import is_zarr
 from ._cluster import EPILOG as CLUSTER_EPILOG
-from ._cluster import BlockBars, add_cluster_arguments, block_options, cluster_spec, print_blocks
+from ._cluster import add_cluster_arguments, cluster_spec
 
 EPILOG = """\
 examples:
@@ -133,6 +133,46 @@ class _Bar:
             self.bar.close()
 
 
+def block_options(args) -> dict:
+    """The keywords of a block run from the options."""
+    return dict(block=args.block_size, halo=args.halo, into_input=args.labels_to == "input",
+                precision=args.precision, overwrite=args.overwrite, devices=args.devices)
+
+
+class BlockBars:
+    """tqdm bars per phase of a block run (stderr), fed from its progress events."""
+
+    def __init__(self, quiet: bool):
+        self.quiet, self.bars = quiet, {}
+
+    def __call__(self, phase, done, total):
+        if self.quiet:
+            return
+        if phase not in self.bars:
+            from tqdm import tqdm
+
+            self.bars[phase] = tqdm(total=total, unit="block", desc=phase, file=sys.stderr, dynamic_ncols=True)
+        self.bars[phase].n = done
+        self.bars[phase].refresh()
+
+    def close(self):
+        for b in self.bars.values():
+            b.close()
+        self.bars = {}
+
+
+def print_blocks(rep) -> int:
+    """The summary lines of a block run; its exit code (130 when cancelled)."""
+    if rep.cancelled:
+        print("cancelled: finished blocks are kept; rerun to resume", file=sys.stderr)
+        return 130
+    print(f"done: {rep.objects} objects in {rep.blocks} blocks ({rep.resumed} resumed, "
+          f"{rep.seam_merges} seam matches) in {rep.seconds:.1f} s")
+    print(f"labels: {rep.labels}")
+    print(f"objects: {rep.table}")
+    return 0
+
+
 def _list_methods() -> int:
     from ..engine.jobs.methods import available_methods, method_description
 
@@ -184,6 +224,7 @@ def run_batch(args: argparse.Namespace) -> int:
         options = {**parse_options(args.options), "model": args.model, "batch_size": args.batch_size}
         method_factory(args.method, **options)()  # fail fast: unknown method, bad option
         cluster = cluster_spec(args)
+        blocks = block_options(args)
     except (MethodUnavailable, ValueError, TypeError, ImportError, OSError, RuntimeError) as exc:
         print(f"napari-gpuseg batch: {exc}", file=sys.stderr)
         return 2
@@ -207,9 +248,9 @@ def run_batch(args: argparse.Namespace) -> int:
         args.in_dir, args.out_dir, args.pattern, args.recursive)
     try:
         if is_zarr(args.in_dir):
-            return _one_store(args, options, news)
+            return _one_store(args, options, {**blocks, **news})
         if stores and not files_too:  # a folder of zarr stores: each in blocks
-            return _stores(args, options, stores, news)
+            return _stores(args, options, stores, {**blocks, **news})
         report = run_folder(
             args.in_dir, args.out_dir, args.method,
             method_options=options, pattern=args.pattern, recursive=args.recursive,
@@ -234,7 +275,7 @@ def run_batch(args: argparse.Namespace) -> int:
     if report.cancelled or interrupted.is_set():
         return 130
     if stores:  # the folder's zarr stores after its files
-        code = max(code, _stores(args, options, stores, news))
+        code = max(code, _stores(args, options, stores, {**blocks, **news}))
     return code
 
 
@@ -267,11 +308,10 @@ def _print_report(report) -> int:
 
 
 def _one_store(args, options: dict, news: dict) -> int:
-    """A zarr store IN, in blocks."""
+    """A zarr store IN, in blocks (``news``: where and how, from the options)."""
     bars = BlockBars(args.quiet)
     try:
-        rep = run_blocks(args.in_dir, args.out_dir, args.method, options, progress=bars, **block_options(args),
-                         **news)
+        rep = run_blocks(args.in_dir, args.out_dir, args.method, options, progress=bars, **news)
     finally:
         bars.close()
     return print_blocks(rep)
@@ -291,7 +331,7 @@ def _stores(args, options: dict, stores: list, news: dict) -> int:
             print_blocks(result)
 
     failed, cancelled = run_stores(stores, args.in_dir, args.out_dir, args.method, options, progress=bars,
-                                   on_store=on_store, **block_options(args), **news)
+                                   on_store=on_store, **news)
     bars.close()
     return 130 if cancelled else (1 if failed else 0)
 

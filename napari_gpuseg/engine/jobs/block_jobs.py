@@ -27,6 +27,7 @@ def run_blocks(image, out_dir, method: str = DEFAULT_FOLDER_METHOD, method_optio
     ``into_input``, ``precision``, ``progress``, ``overwrite``, ``methods``)."""
     from ..blocks.run import run_blocks as run_in_blocks
     from .dask_runner import cluster_options
+    from .pipeline import parse_devices
 
     options = dict(method_options or {})
     channel = options.pop("channel", None)
@@ -37,6 +38,9 @@ def run_blocks(image, out_dir, method: str = DEFAULT_FOLDER_METHOD, method_optio
     elif channel is not None:
         raise ValueError("option channel: give the store's path (the channel is chosen when it is opened)")
     options = {k: v for k, v in options.items() if v is not None}
+    if cluster is None and devices is not None and len(parse_devices(devices)) > 1:
+        raise ValueError(f"devices {devices}: blocks in this process run on one device; name one, or run "
+                         "them on a cluster (--cluster local starts one worker per GPU)")
     device = cluster_options(method, devices, None, None)
     cancel = cancel or CancelToken()
     if cluster is None:

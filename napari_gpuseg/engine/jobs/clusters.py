@@ -173,21 +173,28 @@ def _client(address: str, timeout: float, cancel):
     from distributed import Client
 
     box: dict = {}
+    given_up = threading.Event()
 
     def make():
-        try:
-            box["client"] = Client(address, timeout=f"{timeout:g}s")
+        try:  # not the process's default client: an attempt given up must not become dask's scheduler
+            client = Client(address, timeout=f"{timeout:g}s", set_as_default=False)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             box["error"] = exc
+            return
+        box["client"] = client
+        if given_up.is_set():  # answered after the caller gave up
+            client.close()
 
     t = threading.Thread(target=make, name="dask-connect", daemon=True)
     t.start()
     end = time.monotonic() + timeout + 2.0
     while t.is_alive() and time.monotonic() < end:
         if cancel is not None and cancel.cancelled:
+            given_up.set()
             raise Cancelled("cancelled while connecting")
         t.join(0.1)
     if t.is_alive():
+        given_up.set()
         raise ClusterError(f"no Dask scheduler answered at {address} within {timeout:g} s: something else "
                            "listens there (a dashboard or web server?); a scheduler's address looks like "
                            "tcp://HOST:8786")
