@@ -46,7 +46,8 @@ def _copy(images, folder: Path, n=None) -> Path:
 def _cli(*args, env_extra=None):
     env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=str(Path(__file__).parents[1]),
                **(env_extra or {}))
-    return [sys.executable, "-m", "napari_gpuseg.cli.main", "batch", *map(str, args)], env
+    return [sys.executable, "-m", "napari_gpuseg.cli.main", "batch", *map(str, args),
+            *(() if "--method" in map(str, args) else ("--method", "threshold"))], env
 
 
 # -- 1. Ctrl-C ---------------------------------------------------------------------------
@@ -143,7 +144,7 @@ def test_out_equal_in_never_replaces_ground_truth(images, tmp_path):
         with pytest.raises(PipelineError, match="output folder is the input folder"):
             run_folder(folder, folder, "threshold", overwrite=overwrite, devices="cpu")
         assert gt_path.read_bytes() == before
-    rc = main(["batch", str(folder), str(folder), "--quiet", "--overwrite"])
+    rc = main(["batch", str(folder), str(folder), "--quiet", "--method", "threshold", "--overwrite"])
     assert rc == 2 and gt_path.read_bytes() == before
     # another OUT holding a foreign file under an output name: an error row, file kept
     out = tmp_path / "out"
@@ -207,7 +208,7 @@ def test_unwritable_out_fails_before_any_work(images, tmp_path, monkeypatch, cap
     with pytest.raises(PipelineError, match=expect):
         run_folder(in_dir, out, _Counting, devices="cpu")
     assert _Counting.calls == 0
-    assert main(["batch", str(in_dir), str(out), "--quiet"]) == 2
+    assert main(["batch", str(in_dir), str(out), "--quiet", "--method", "threshold"]) == 2
     err = capsys.readouterr().err
     assert expect in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
@@ -243,7 +244,7 @@ def test_disk_full_keeps_complete_outputs_and_says_why(images, tmp_path, monkeyp
     # the CLI: a summary, the cause, exit 1, no traceback
     shutil.rmtree(out)
     _fill_disk_after(monkeypatch, 2)
-    rc = main(["batch", str(images[0].parent), str(out), "--quiet", "--image-batch", "1",
+    rc = main(["batch", str(images[0].parent), str(out), "--quiet", "--method", "threshold", "--image-batch", "1",
                "--io-workers", "1"])
     cap = capsys.readouterr()
     assert rc == 1 and "2 ok" in cap.out
@@ -288,7 +289,7 @@ def test_rerun_keeps_rows_rebuilds_tables_and_warns_on_another_method(images, tm
 ])
 def test_bad_method_options_exit_2_before_any_work(images, tmp_path, capsys, opt, expect):
     out = tmp_path / "out"
-    assert main(["batch", str(images[0].parent), str(out), "--set", opt, "--quiet"]) == 2
+    assert main(["batch", str(images[0].parent), str(out), "--set", opt, "--quiet", "--method", "threshold"]) == 2
     assert expect in capsys.readouterr().err
     assert not out.exists()
 
@@ -307,7 +308,7 @@ def test_method_option_specs():
 def test_max_image_gb_must_be_positive(images, tmp_path, capsys):
     for bad in ("-1", "0", "nan", "abc"):
         with pytest.raises(SystemExit) as exc:
-            main(["batch", str(images[0].parent), str(tmp_path), "--max-image-gb", bad])
+            main(["batch", "--method", "threshold", str(images[0].parent), str(tmp_path), "--max-image-gb", bad])
         assert exc.value.code == 2
     capsys.readouterr()
 

@@ -170,7 +170,7 @@ def test_unwritable_output_and_unreadable_input_are_one_line(mosaic, tmp_path):
 def test_cli_segments_a_zarr_in_blocks(mosaic, tmp_path, capsys):
     from napari_gpuseg.cli.batch import main
 
-    code = main([str(mosaic), str(tmp_path / "out"), "--block-size", "512", "--halo", "64", "--quiet",
+    code = main([str(mosaic), str(tmp_path / "out"), "--block-size", "512", "--halo", "64", "--quiet", "--method", "threshold",
                  "--labels-to", "out", "--set", "min_size=30"])
     out = capsys.readouterr().out
     assert code == 0 and "objects in 9 blocks" in out
@@ -181,7 +181,7 @@ def test_cli_segments_a_zarr_in_blocks(mosaic, tmp_path, capsys):
     g = zarr.open_group(str(bad), mode="w", zarr_format=2)
     g.create_array("a", shape=(8, 8), dtype="u2")
     g.create_array("b", shape=(8, 8), dtype="u2")
-    assert main([str(bad), str(tmp_path / "o2"), "--quiet"]) == 2
+    assert main([str(bad), str(tmp_path / "o2"), "--quiet", "--method", "threshold"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("napari-gpuseg batch: bad.zarr: unsupported zarr layout")
 

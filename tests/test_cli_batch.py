@@ -48,18 +48,18 @@ def test_exit_code_says_files_failed(mixed, tmp_path, capsys):
         assert f"error  {name}:" in out
     assert len(list(tmp_path.glob("*_labels.tif"))) == len(GOOD)
     # only good files -> exit code 0 (and they are skipped now: already done)
-    rc = main(["batch", str(mixed), str(tmp_path), "--pattern", "IXM*,rgb.png", "--quiet"])
+    rc = main(["batch", str(mixed), str(tmp_path), "--pattern", "IXM*,rgb.png", "--quiet", "--method", "threshold"])
     assert rc == 0 and "0 ok, 4 skipped" in capsys.readouterr().out
 
 
 def test_usage_errors_exit_2(mixed, tmp_path, capsys):
     assert main(["batch", str(mixed), str(tmp_path), "--method", "nope", "--quiet"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
-    assert main(["batch", str(tmp_path / "missing"), str(tmp_path), "--quiet"]) == 2
-    assert main(["batch", str(mixed), str(tmp_path), "--shard", "5/2", "--quiet"]) == 2
-    assert main(["batch", str(mixed), str(tmp_path), "--set", "sigmaa=1", "--quiet"]) == 2
+    assert main(["batch", str(tmp_path / "missing"), str(tmp_path), "--quiet", "--method", "threshold"]) == 2
+    assert main(["batch", str(mixed), str(tmp_path), "--shard", "5/2", "--quiet", "--method", "threshold"]) == 2
+    assert main(["batch", str(mixed), str(tmp_path), "--set", "sigmaa=1", "--quiet", "--method", "threshold"]) == 2
     assert "unknown option(s) ['sigmaa']" in capsys.readouterr().err
-    assert main(["batch", str(mixed), str(tmp_path), "--set", "oops", "--quiet"]) == 2
+    assert main(["batch", str(mixed), str(tmp_path), "--set", "oops", "--quiet", "--method", "threshold"]) == 2
     assert main(["batch", "--list-methods"]) == 0
     assert "threshold" in capsys.readouterr().out
 
@@ -97,7 +97,7 @@ def test_the_default_pattern_is_the_docks_and_a_folder_it_misses_is_named(mixed,
 
 def test_cli_shards_cover_every_file_once(eight, tmp_path, capsys):
     for i in range(3):
-        assert main(["batch", str(eight), str(tmp_path), "--shard", f"{i}/3", "--quiet"]) == 0
+        assert main(["batch", str(eight), str(tmp_path), "--shard", f"{i}/3", "--quiet", "--method", "threshold"]) == 0
     rows = []
     for i in range(3):
         rows += [r["file"] for r in tables.read_csv(tmp_path / f"report_shard{i}of3.csv")]
@@ -123,7 +123,8 @@ def test_ctrl_c_exits_130_and_leaves_no_temp(eight, tmp_path, capsys, monkeypatc
 
 def _cli(*args, env_extra=None):
     env = dict(os.environ, OMP_NUM_THREADS="2", **(env_extra or {}))
-    return [sys.executable, "-m", "napari_gpuseg.cli.main", "batch", *map(str, args)], env
+    return [sys.executable, "-m", "napari_gpuseg.cli.main", "batch", *map(str, args),
+            *(() if "--method" in map(str, args) else ("--method", "threshold"))], env
 
 
 def test_sigkill_then_rerun_completes_without_rewriting(eight, tmp_path, capsys):

@@ -176,11 +176,11 @@ def test_cli_batch_on_the_cluster_address(cluster, images, tmp_path, capsys, mon
 
     monkeypatch.setattr(clusters, "CONNECT_TIMEOUT_S", 1.0)
     addr = cluster.client.scheduler.address
-    assert main([str(images), str(tmp_path / "c"), "--scheduler", addr, "--quiet"]) == 0
+    assert main([str(images), str(tmp_path / "c"), "--scheduler", addr, "--quiet", "--method", "threshold"]) == 0
     out = capsys.readouterr()
     assert "8 ok" in out.out and "dashboard http://127.0.0.1:" in out.err
     assert len(list((tmp_path / "c").glob("*_labels.tif"))) == 8
-    assert main([str(images), str(tmp_path / "d"), "--scheduler", "tcp://127.0.0.1:9", "--quiet"]) == 2
+    assert main([str(images), str(tmp_path / "d"), "--scheduler", "tcp://127.0.0.1:9", "--quiet", "--method", "threshold"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("napari-gpuseg batch: cannot reach the Dask scheduler")
 

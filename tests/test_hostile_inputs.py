@@ -44,7 +44,7 @@ def test_file_name_not_valid_utf8_gets_a_report(tmp_path, field):
     tifffile.imwrite(bad, field)
     tifffile.imwrite(in_dir / "good.tif", field)
     for run in (1, 2):  # a rerun finishes as well, and skips both
-        assert main([str(in_dir), str(out_dir), "--quiet"]) == 0
+        assert main([str(in_dir), str(out_dir), "--quiet", "--method", "threshold"]) == 0
         text = (out_dir / "report.csv").read_text(encoding="utf-8")
         assert "bad\\xff\\xfeutf8.tif" in text and "good.tif" in text
         assert text.count("skipped" if run == 2 else ",ok,") == 2
@@ -134,8 +134,8 @@ def test_channel_option_is_checked_before_any_work(tmp_path):
     from napari_gpuseg.cli.batch import main
 
     (tmp_path / "in").mkdir()
-    assert main([str(tmp_path / "in"), str(tmp_path / "out"), "--set", "channel=-1", "--quiet"]) == 2
-    assert main([str(tmp_path / "in"), str(tmp_path / "out"), "--set", "channel=red", "--quiet"]) == 2
+    assert main([str(tmp_path / "in"), str(tmp_path / "out"), "--set", "channel=-1", "--quiet", "--method", "threshold"]) == 2
+    assert main([str(tmp_path / "in"), str(tmp_path / "out"), "--set", "channel=red", "--quiet", "--method", "threshold"]) == 2
     assert not (tmp_path / "out").exists()
 
 

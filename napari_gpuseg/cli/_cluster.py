@@ -1,4 +1,5 @@
-"""The ``batch`` options for Dask clusters and big images in blocks, and their runs.
+"""The ``batch`` options for Dask clusters and big images in blocks, and where they say to
+run (a ``ClusterSpec`` for the engine's ``run_folder`` / ``run_blocks``, or None: here).
 
 ``--cluster local|slurm`` / ``--scheduler ADDRESS`` spread a folder's files over a Dask
 cluster; an IN that is a zarr / OME-Zarr store is segmented in blocks (on the cluster
@@ -7,7 +8,6 @@ when one is given, else here).
 from __future__ import annotations
 
 import argparse
-import sys
 
 EPILOG = """\
 bigger than one machine:
@@ -28,6 +28,16 @@ def _size(text: str):
     return vals[0] if len(vals) == 1 else tuple(vals)
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Dask cluster and big images")
     g.add_argument("--cluster", choices=("local", "slurm"), default=None,
@@ -37,8 +47,9 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
                    help="run on an existing Dask cluster at this scheduler address")
     g.add_argument("--cluster-config", default=None, metavar="FILE",
                    help="YAML options of the SLURM jobs: cores, memory, gpus, walltime, queue, jobs")
-    g.add_argument("--workers", type=int, default=None, help="worker processes of --cluster local")
-    g.add_argument("--threads-per-worker", type=int, default=1, help="threads of each local worker (default 1)")
+    g.add_argument("--workers", type=_positive, default=None, help="worker processes of --cluster local")
+    g.add_argument("--threads-per-worker", type=_positive, default=1,
+                   help="threads of each local worker (default 1)")
     g.add_argument("--block-size", type=_size, default=None, metavar="N|Z,Y,X",
                    help="block edge for zarr inputs (default 1024 in 2D, 128 in 3D)")
     g.add_argument("--halo", type=_size, default=None, metavar="N|Z,Y,X",
@@ -47,119 +58,14 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
                    help="OME-Zarr input: labels into its labels/ group (default) or into OUT")
 
 
-def folder_runner(args, run_folder):
-    """``run_folder`` itself, or a function with its arguments that runs on the Dask cluster
-    the options ask for, or segments a zarr IN in blocks."""
-    from ..io.zarr_images import is_zarr
+def cluster_spec(args):
+    """Where the options say to run: None (here) or a ``ClusterSpec``."""
+    from ..engine.jobs.clusters import ClusterError, ClusterSpec
 
-    if not (args.cluster or args.scheduler or (args.in_dir and is_zarr(args.in_dir))):
-        return run_folder
-
-    def run(in_dir, out_dir, method, *, method_options, shard, progress, cancel, max_image_bytes, **_):
-        return run_distributed(args, method_options, shard, progress, cancel, max_image_bytes)
-
-    return run
-
-
-def run_distributed(args, options: dict, shard, bar, cancel, max_bytes):
-    """A RunReport for a folder on a cluster, or an exit code for a zarr image in blocks."""
-    from ..engine.jobs.clusters import ClusterError, connect
-    from ..io.zarr_images import is_zarr
-
-    if args.cluster == "slurm" and args.scheduler:
+    if args.cluster and args.scheduler:
         raise ClusterError("give either --cluster or --scheduler, not both")
-    handle = None
-    if args.cluster or args.scheduler:
-        handle = connect(args.cluster, args.scheduler, args.cluster_config, args.workers,
-                         args.threads_per_worker)
-        print(f"dask: {handle.n_workers} worker(s), dashboard {handle.dashboard}", file=sys.stderr)
-    try:
-        if is_zarr(args.in_dir):
-            return _blocks(args, options, handle, cancel)
-        from ..engine.jobs.dask_runner import run_folder_dask
-
-        return run_folder_dask(handle.client, args.in_dir, args.out_dir, args.method, method_options=options,
-                               pattern=args.pattern, recursive=args.recursive, shard=shard,
-                               overwrite=args.overwrite, progress=bar, cancel=cancel,
-                               precision=args.precision, device=_one_device(args), max_image_bytes=max_bytes)
-    finally:
-        if handle is not None:
-            handle.close()
-
-
-def _blocks(args, options: dict, handle, cancel) -> int:
-    from ..engine.blocks import run_blocks
-    from ..io.zarr_images import open_zarr
-
-    options = dict(options)
-    image = open_zarr(args.in_dir, channel=options.pop("channel", None))
-    bars = {}
-
-    def progress(phase, done, total):
-        if args.quiet:
-            return
-        if phase not in bars:
-            from tqdm import tqdm
-
-            bars[phase] = tqdm(total=total, unit="block", desc=phase, file=sys.stderr, dynamic_ncols=True)
-        bars[phase].n = done
-        bars[phase].refresh()
-
-    try:
-        rep = run_blocks(image, args.out_dir, args.method, {k: v for k, v in options.items() if v is not None},
-                         block=args.block_size, halo=args.halo, into_input=args.labels_to == "input",
-                         client=None if handle is None else handle.client, precision=args.precision,
-                         device=_one_device(args), progress=progress, cancel=cancel, overwrite=args.overwrite)
-    finally:
-        for b in bars.values():
-            b.close()
-    if rep.cancelled:
-        print("cancelled: finished blocks are kept; rerun to resume", file=sys.stderr)
-        return 130
-    print(f"done: {rep.objects} objects in {rep.blocks} blocks ({rep.resumed} resumed, "
-          f"{rep.seam_merges} seam matches) in {rep.seconds:.1f} s")
-    print(f"labels: {rep.labels}")
-    print(f"objects: {rep.table}")
-    return 0
-
-
-def run_stores(args, options: dict, stores: list, cancel) -> int:
-    """Each zarr store found in the folder IN, in blocks, one after another (on the cluster
-    the options name, if any): the summary lines of each, or one error line for a store that
-    cannot be segmented, and the next one runs. Exit code: 0, 1 when a store failed, 130 when
-    cancelled."""
-    import copy
-    from pathlib import Path
-
-    from ..engine.jobs.clusters import connect
-
-    handle = None
-    if args.cluster or args.scheduler:
-        handle = connect(args.cluster, args.scheduler, args.cluster_config, args.workers,
-                         args.threads_per_worker)
-    failed = 0
-    try:
-        for k, store in enumerate(stores, 1):
-            one = copy.copy(args)
-            one.in_dir = str(store)
-            one.out_dir = str(Path(args.out_dir) / Path(store).parent.relative_to(args.in_dir))
-            print(f"store {k}/{len(stores)}: {Path(store).relative_to(args.in_dir)}")
-            try:
-                code = _blocks(one, options, handle, cancel)
-            except (ValueError, RuntimeError, OSError) as exc:  # one line; the next store runs
-                print(f"napari-gpuseg batch: {exc}", file=sys.stderr)
-                failed += 1
-                continue
-            if code == 130:
-                return 130
-            failed += code != 0
-    finally:
-        if handle is not None:
-            handle.close()
-    return 1 if failed else 0
-
-
-def _one_device(args) -> str | None:
-    """``--devices`` names the device of every worker when it names one (else each worker
-    takes its own: one GPU each on a LocalCluster)."""
-    return args.devices if args.devices and "," not in args.devices else None
+    if not (args.cluster or args.scheduler):
+        if args.cluster_config or args.workers is not None:
+            raise ClusterError("--cluster-config and --workers need --cluster")
+        return None
+    return ClusterSpec(args.cluster, args.scheduler, args.cluster_config, args.workers, args.threads_per_worker)

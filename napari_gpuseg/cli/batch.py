@@ -17,13 +17,18 @@ import threading
 from ..engine.runtime.allocator import configure_allocator
 from ..engine.runtime.device import PRECISIONS
 from ..io import DEFAULT_PATTERN
+from ..engine.jobs.block_jobs import run_blocks, run_stores, stores_in
+from ..engine.jobs.methods import DEFAULT_FOLDER_METHOD, default_sam_model
+from ..engine.jobs.pipeline import run_folder
+from ..io.zarr_images import is_zarr
 from ._cluster import EPILOG as CLUSTER_EPILOG
-from ._cluster import add_cluster_arguments, folder_runner, run_stores
+from ._cluster import add_cluster_arguments, cluster_spec
 
 EPILOG = """\
 examples:
-  napari-gpuseg batch images/ labels/ --method threshold
-  napari-gpuseg batch images/ labels/ --method unet --devices cuda:0,cuda:1 --image-batch 8
+  napari-gpuseg batch images/ labels/                      # the bundled U-Net
+  napari-gpuseg batch images/ labels/ --method threshold --set channel=1
+  napari-gpuseg batch images/ labels/ --devices cuda:0,cuda:1 --image-batch 8
   # SLURM job array: each task takes its share (SLURM_ARRAY_TASK_ID / _COUNT are read)
   sbatch --array=0-7 --wrap "napari-gpuseg batch images/ labels/ --method unet"
 
@@ -67,9 +72,12 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("in_dir", nargs="?", help="folder of input images")
     p.add_argument("out_dir", nargs="?", help="folder for label images, object tables and the report")
-    p.add_argument("--method", default="threshold",
-                   help="segmentation method (see --list-methods); default: threshold")
-    p.add_argument("--model", default=None, help="model name or checkpoint file for the method")
+    p.add_argument("--method", default=DEFAULT_FOLDER_METHOD,
+                   help=f"segmentation method (see --list-methods); default: {DEFAULT_FOLDER_METHOD} "
+                        "(the bundled nuclei U-Net)")
+    p.add_argument("--model", default=None,
+                   help="model name or checkpoint file for the method; default: the bundled U-Net for unet, "
+                        f"the annotator's SAM model ({default_sam_model()}) for the SAM methods")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="options",
                    help="method option, repeatable (e.g. --set detector=unet --set min_size=20)")
     p.add_argument("--pattern", default=DEFAULT_PATTERN,
@@ -79,8 +87,10 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
                    help="process shard I of N (0-based); default: SLURM_ARRAY_TASK_ID/COUNT if set")
     p.add_argument("--devices", default=None,
                    help="comma-separated devices, one worker each (e.g. cuda:0,cuda:1); default: best")
-    p.add_argument("--io-workers", type=_positive, default=2, help="reader and writer threads each")
-    p.add_argument("--image-batch", type=_positive, default=4, help="images per device call")
+    p.add_argument("--io-workers", type=_positive, default=None,
+                   help="reader and writer threads each (default 2; runs in this process only)")
+    p.add_argument("--image-batch", type=_positive, default=None,
+                   help="images per device call (default 4; runs in this process only)")
     p.add_argument("--batch-size", type=_batch_size, default=None, metavar="auto|N",
                    help="prompts/tiles per device call inside the method (default: auto)")
     p.add_argument("--precision", default="auto", choices=PRECISIONS)
@@ -123,6 +133,46 @@ class _Bar:
             self.bar.close()
 
 
+def block_options(args) -> dict:
+    """The keywords of a block run from the options."""
+    return dict(block=args.block_size, halo=args.halo, into_input=args.labels_to == "input",
+                precision=args.precision, overwrite=args.overwrite, devices=args.devices)
+
+
+class BlockBars:
+    """tqdm bars per phase of a block run (stderr), fed from its progress events."""
+
+    def __init__(self, quiet: bool):
+        self.quiet, self.bars = quiet, {}
+
+    def __call__(self, phase, done, total):
+        if self.quiet:
+            return
+        if phase not in self.bars:
+            from tqdm import tqdm
+
+            self.bars[phase] = tqdm(total=total, unit="block", desc=phase, file=sys.stderr, dynamic_ncols=True)
+        self.bars[phase].n = done
+        self.bars[phase].refresh()
+
+    def close(self):
+        for b in self.bars.values():
+            b.close()
+        self.bars = {}
+
+
+def print_blocks(rep) -> int:
+    """The summary lines of a block run; its exit code (130 when cancelled)."""
+    if rep.cancelled:
+        print("cancelled: finished blocks are kept; rerun to resume", file=sys.stderr)
+        return 130
+    print(f"done: {rep.objects} objects in {rep.blocks} blocks ({rep.resumed} resumed, "
+          f"{rep.seam_merges} seam matches) in {rep.seconds:.1f} s")
+    print(f"labels: {rep.labels}")
+    print(f"objects: {rep.table}")
+    return 0
+
+
 def _list_methods() -> int:
     from ..engine.jobs.methods import available_methods, method_description
 
@@ -141,12 +191,25 @@ def _exit_if_threads_left(code: int) -> None:
         os._exit(code)
 
 
+def _check_in(in_dir: str) -> None:
+    """IN must be a folder of images or a zarr store: a single file is said in one line."""
+    from pathlib import Path
+
+    from ..io.zarr_images import is_zarr
+
+    p = Path(in_dir)
+    if p.is_file() and not is_zarr(p):
+        raise ValueError(f"IN must be a folder of images or a zarr store; {in_dir} is a file "
+                         "(put it in a folder of its own and give that folder)")
+
+
 def run_batch(args: argparse.Namespace) -> int:
+    """Run the ``batch`` subcommand; returns the process exit code. It parses and prints:
+    where and how the job runs is the engine's (``run_folder``, ``run_blocks``)."""
     configure_allocator()
-    """Run the ``batch`` subcommand; returns the process exit code."""
-    from ..engine.runtime.cancel import CancelToken
+    from ..engine.runtime.cancel import Cancelled, CancelToken
     from ..engine.jobs.methods import MethodUnavailable, load_plugin, method_factory, parse_options
-    from ..engine.jobs.pipeline import PipelineError, run_folder
+    from ..engine.jobs.pipeline import PipelineError
     from ..engine.jobs.sharding import resolve_shard
 
     try:
@@ -156,10 +219,13 @@ def run_batch(args: argparse.Namespace) -> int:
             return _list_methods()
         if not args.in_dir or not args.out_dir:
             raise ValueError("IN_DIR and OUT_DIR are required")
+        _check_in(args.in_dir)
         shard = resolve_shard(args.shard)
         options = {**parse_options(args.options), "model": args.model, "batch_size": args.batch_size}
         method_factory(args.method, **options)()  # fail fast: unknown method, bad option
-    except (MethodUnavailable, ValueError, TypeError, ImportError, OSError) as exc:
+        cluster = cluster_spec(args)
+        blocks = block_options(args)
+    except (MethodUnavailable, ValueError, TypeError, ImportError, OSError, RuntimeError) as exc:
         print(f"napari-gpuseg batch: {exc}", file=sys.stderr)
         return 2
 
@@ -177,21 +243,22 @@ def run_batch(args: argparse.Namespace) -> int:
     if threading.current_thread() is threading.main_thread():
         old = signal.signal(signal.SIGINT, on_sigint)
     bar = _Bar(args.quiet)
-    max_bytes = int(args.max_image_gb * 2**30) if args.max_image_gb else None
-    stores, files_too = _stores_in(args)
+    news = dict(cluster=cluster, cancel=cancel, notify=_say, on_dashboard=lambda link: _say(f"dask: dashboard {link}"))
+    stores, files_too = ([], True) if is_zarr(args.in_dir) else stores_in(
+        args.in_dir, args.out_dir, args.pattern, args.recursive)
     try:
+        if is_zarr(args.in_dir):
+            return _one_store(args, options, {**blocks, **news})
         if stores and not files_too:  # a folder of zarr stores: each in blocks
-            return run_stores(args, options, stores, cancel)
-        report = folder_runner(args, run_folder)(  # in-process, on a Dask cluster, or in blocks
+            return _stores(args, options, stores, {**blocks, **news})
+        report = run_folder(
             args.in_dir, args.out_dir, args.method,
             method_options=options, pattern=args.pattern, recursive=args.recursive,
             shard=shard, devices=args.devices, io_workers=args.io_workers,
             image_batch=args.image_batch, overwrite=args.overwrite, progress=bar,
-            cancel=cancel, precision=args.precision, max_image_bytes=max_bytes,
+            precision=args.precision, max_image_bytes=_max_bytes(args), **news,
         )
-        if isinstance(report, int):  # a zarr image in blocks: its summary is printed
-            return report
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Cancelled):
         bar.close()
         print("aborted", file=sys.stderr)
         _exit_if_threads_left(130)
@@ -204,6 +271,25 @@ def run_batch(args: argparse.Namespace) -> int:
         if old is not None:
             signal.signal(signal.SIGINT, old)
     bar.close()
+    code = _print_report(report)
+    if report.cancelled or interrupted.is_set():
+        return 130
+    if stores:  # the folder's zarr stores after its files
+        code = max(code, _stores(args, options, stores, {**blocks, **news}))
+    return code
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def _max_bytes(args) -> int | None:
+    return int(args.max_image_gb * 2**30) if args.max_image_gb else None
+
+
+def _print_report(report) -> int:
+    """The summary of a folder run; its exit code (1 when a file failed or the report
+    could not be written)."""
     print(f"{report.summary()}{' (shard ' + report.shard + ')' if report.shard else ''}")
     for row in [r for r in report.rows if r.status == "error"][:20]:
         print(f"  error  {row.file}: {row.error}")
@@ -218,25 +304,36 @@ def run_batch(args: argparse.Namespace) -> int:
         print(f"napari-gpuseg batch: {report.report_error}", file=sys.stderr)
     else:
         print(f"report: {report.report_csv}")
-    if report.cancelled or interrupted.is_set():
-        return 130
-    code = 1 if (report.failed or report.report_error) else 0
-    if stores:  # the folder's zarr stores after its files
-        code = max(code, run_stores(args, options, stores, cancel))
-    return code
+    return 1 if (report.failed or report.report_error) else 0
 
 
-def _stores_in(args) -> tuple[list, bool]:
-    """(the zarr stores inside a folder IN, whether it also holds files to segment)."""
-    from ..engine.jobs.outputs import list_inputs
-    from ..io.zarr_images import find_stores, is_zarr
+def _one_store(args, options: dict, news: dict) -> int:
+    """A zarr store IN, in blocks (``news``: where and how, from the options)."""
+    bars = BlockBars(args.quiet)
+    try:
+        rep = run_blocks(args.in_dir, args.out_dir, args.method, options, progress=bars, **news)
+    finally:
+        bars.close()
+    return print_blocks(rep)
 
-    if not args.in_dir or is_zarr(args.in_dir):
-        return [], True
-    stores = find_stores(args.in_dir, args.recursive, exclude=[args.out_dir])
-    if not stores:
-        return [], True
-    return stores, bool(list_inputs(args.in_dir, args.out_dir, args.pattern, args.recursive))
+
+def _stores(args, options: dict, stores: list, news: dict) -> int:
+    """The zarr stores found in the folder IN, each in blocks: the summary lines of each, or
+    one error line for a store that cannot be segmented. 0, 1 when a store failed, 130."""
+    bars = BlockBars(args.quiet)
+
+    def on_store(k, n, rel, result):
+        bars.close()
+        print(f"store {k}/{n}: {rel}")
+        if isinstance(result, Exception):
+            print(f"napari-gpuseg batch: {result}", file=sys.stderr)
+        else:
+            print_blocks(result)
+
+    failed, cancelled = run_stores(stores, args.in_dir, args.out_dir, args.method, options, progress=bars,
+                                   on_store=on_store, **news)
+    bars.close()
+    return 130 if cancelled else (1 if failed else 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,9 +11,14 @@ SAM (Segment Anything):
   ``x0, y0, x1, y1``.
 - ``MaskResult``: a mask with its predicted IoU; ``result.full((H, W))`` gives the
   full-size boolean mask.
-- ``segment_everything(engine, image)``: instance labels of everything SAM finds from a
-  grid of point prompts.
-- ``segment_boxes(engine, image, boxes)``: instance labels from box prompts ``(N, 4)``.
+- ``segment_everything(engine, image, channel=None)``: instance labels of everything SAM
+  finds from a grid of point prompts.
+- ``segment_boxes(engine, image, boxes, channel=None)``: instance labels from box prompts ``(N, 4)``.
+
+Every entry point that takes an image (these two, ``predict_probabilities``,
+``predict_labels``) takes it as folder jobs take an image file: colour is detected (a last
+axis of 3 or 4 values), ``channel=N`` picks one channel of a multichannel image, and a
+multichannel image without it is refused with the same one-line message.
 - ``finetune_sam(images, labels, model="nuclei_sam", config=None, out_path=None)`` with
   ``SamTuneConfig`` (steps, objects per step, learning rate, time limit, ...):
   fine-tune the decoder (prompt encoder + mask decoder) on your labelled images with
@@ -33,13 +38,18 @@ U-Net:
 
 Folders, devices, background work:
 
-- ``run_folder(in_dir, out_dir, method="threshold")``: segment every image of a folder
-  into label TIFFs, per-object CSVs and a report; returns the run's report.
-- ``run_folder_dask(client, in_dir, out_dir, method="threshold")``: the same folder job with
+- ``run_folder(in_dir, out_dir, method="unet", cluster=None)``: segment every image of a
+  folder into label TIFFs, per-object CSVs and a report; returns the run's report. ``cluster``:
+  None (this process), ``"local"`` (a LocalCluster on 127.0.0.1), ``"slurm"``, a scheduler
+  address ``"tcp://HOST:PORT"``, a ``ClusterSpec`` or a ``distributed.Client``: the same
+  per-file step runs either way, so the outputs are the same.
+- ``run_folder_dask(client, in_dir, out_dir, method="unet")``: the same folder job with
   its files spread over a Dask cluster (``connect_cluster`` gives the client).
-- ``connect_cluster(cluster="local" | "slurm", scheduler=None, config=None)``: a Dask client
+- ``connect_cluster(cluster="local" | "slurm", scheduler=None, config=None)`` (or
+  ``ClusterSpec``): a Dask client
   on a LocalCluster, an existing scheduler or SLURM (dask-jobqueue).
-- ``run_blocks(image, out_dir, method="unet")``: a big image (``napari_gpuseg.io.zarr_images.open_zarr(path)``, or any
+- ``run_blocks(image, out_dir, method="unet", cluster=None)``: a big image (a zarr
+  store's path, ``napari_gpuseg.io.zarr_images.open_zarr(path)``, or any
   array via ``engine.blocks.ArraySource``) segmented in blocks with a halo, seams stitched, labels written
   block by block to OME-Zarr with the per-object table.
 - ``get_policy()``: the process-wide device and precision in use.
@@ -66,8 +76,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Prompt": (".sam.predictor", "Prompt"),
     "MaskResult": (".sam.predictor", "MaskResult"),
     "load_engine": (".sam.loader", "load_engine"),
-    "segment_everything": (".sam.everything", "segment_everything"),
-    "segment_boxes": (".sam.boxes", "segment_boxes"),
+    "segment_everything": (".sam_api", "segment_everything"),
+    "segment_boxes": (".sam_api", "segment_boxes"),
     "finetune_sam": (".sam.finetune", "finetune_sam"),
     "SamTuneConfig": (".sam.finetune", "SamTuneConfig"),
     "load_unet": (".unet.checkpoint", "load_unet"),
@@ -79,7 +89,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "run_folder": (".jobs.pipeline", "run_folder"),
     "run_folder_dask": (".jobs.dask_runner", "run_folder_dask"),
     "connect_cluster": (".jobs.clusters", "connect"),
-    "run_blocks": (".blocks.run", "run_blocks"),
+    "ClusterSpec": (".jobs.clusters", "ClusterSpec"),
+    "run_blocks": (".jobs.block_jobs", "run_blocks"),
     "get_policy": (".runtime.device", "get_policy"),
     "make_policy": (".runtime.device", "make_policy"),
     "InferenceWorker": (".runtime.worker", "InferenceWorker"),

@@ -118,3 +118,24 @@ def model_input(image, rgb: bool | None = None, axis=(-2, -1)) -> np.ndarray:
         return x
     top = x.max(axis=axis, keepdims=True) + x.min(axis=axis, keepdims=True)
     return np.where(flip, top - x, x).astype(np.float32, copy=False)
+
+
+def image_input(image, channel: int | None = None, rgb: bool | None = None) -> tuple[np.ndarray, bool]:
+    """(image, rgb): an in-memory image as folder jobs take an image file, before the method's
+    own conversion. A last axis of 3 or 4 values is colour (``rgb`` None; a constant alpha is
+    dropped), of 2 values channels; ``channel`` picks one channel of a multichannel (or
+    colour) image as a gray image, and a multichannel image without it is refused with the
+    folder jobs' message (:func:`napari_gpuseg.io.select_channel`)."""
+    from .. import io as gio
+
+    x = np.asarray(image)
+    rgb = is_color(x) if rgb is None else bool(rgb)
+    notes: list[str] = []
+    if rgb and x.shape[-1] == 4 and x[..., 3].min() == x[..., 3].max():
+        x = x[..., :3]
+    elif rgb and x.shape[-1] == 4:
+        rgb = False  # a varying 4th "alpha" is data, as for files
+    multi = not rgb and x.ndim >= 3 and (x.shape[-1] in (2, 4) or channel is not None)
+    loaded = gio.LoadedImage(x, "image", rgb, notes, int(x.shape[-1]) if multi else 0)
+    out = gio.select_channel(loaded, channel)
+    return out.data, out.rgb

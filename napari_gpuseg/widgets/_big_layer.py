@@ -1,5 +1,6 @@
 """Lazily opened big images in the docks: a dask-backed (or zarr) image layer runs in
-blocks through :func:`napari_gpuseg.engine.blocks.run_blocks` without being loaded whole,
+blocks through the engine's front door for block jobs
+(:func:`napari_gpuseg.engine.jobs.block_jobs.run_blocks`) without being loaded whole,
 and its result comes back as a lazily read labels layer."""
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def out_folder(layer) -> Path:
 
 def blocks_job(source, out_dir, method, options, name, policy, progress=None, cancel=None):
     """Runs in the inference worker: the image in blocks; returns the run's report."""
-    from ..engine.blocks import run_blocks
+    from ..engine.jobs.block_jobs import run_blocks
 
     if getattr(source, "nbytes", None) is None and len(source.shape) not in (2, 3):
         raise ValueError(f"blocks take YX or ZYX images, got shape {source.shape}")
@@ -51,7 +52,7 @@ def blocks_job(source, out_dir, method, options, name, policy, progress=None, ca
     from ..engine.blocks import ArraySource
 
     fresh = isinstance(source, ArraySource)  # an array has no identity on disk: never resume it
-    return run_blocks(source, out_dir, method, options, name=name, device=str(policy.device),
+    return run_blocks(source, out_dir, method, options, name=name, devices=str(policy.device),
                       precision=policy.precision, progress=step, cancel=cancel, methods=_METHODS,
                       overwrite=fresh)
 

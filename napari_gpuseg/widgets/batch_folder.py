@@ -24,10 +24,9 @@ from .. import io as gio
 from ..io import label_files
 from ..engine.runtime import memory
 from ..engine.runtime.device import PRECISIONS, get_policy
-from ..engine.runtime.cancel import CancelToken
-from ..engine.jobs.methods import available_methods, method_description, parse_options
+from ..engine.runtime.cancel import Cancelled, CancelToken
+from ..engine.jobs.methods import DEFAULT_FOLDER_METHOD, available_methods, method_description, parse_options
 from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
-from ..engine.jobs.dask_runner import run_folder_on_cluster
 from ._bridge import alive, relay
 from ._choices import take_unet_models
 from ._dock import DockWidget, auto_spin
@@ -95,8 +94,9 @@ class BatchFolderWidget(DockWidget):
             self.method.addItem(name)
             self.method.setItemData(self.method.count() - 1, method_description(name),
                                      Qt.ItemDataRole.ToolTipRole)
+        self.method.setCurrentText(DEFAULT_FOLDER_METHOD)  # the bundled U-Net, as from the terminal
         self.model = QLineEdit()
-        self.model.setPlaceholderText("default model of the method (or a file)")
+        self.model.setPlaceholderText("default: the bundled U-Net; for SAM methods the annotator's model")
         self.options = QLineEdit()
         self.options.setPlaceholderText("method options, e.g. detector=unet, min_size=20, channel=1")
         self.boxes = QLineEdit()  # sam-boxes: boxes from files (<stem>.csv or <stem>_labels.tif)
@@ -114,7 +114,7 @@ class BatchFolderWidget(DockWidget):
         self.address.setPlaceholderText("tcp://HOST:PORT (empty: start a local cluster)")
         self.dashboard = QLabel("")
         self.dashboard.setOpenExternalLinks(True)
-        self.run_on.currentTextChanged.connect(lambda t: self.address.setEnabled(t == RUN_ON[1]))
+        self.run_on.currentTextChanged.connect(self._run_on_changed)
         self.address.setEnabled(False)
 
         form = QFormLayout()
@@ -135,6 +135,17 @@ class BatchFolderWidget(DockWidget):
         form.addRow("Cluster address", self.address)
         form.addRow("", self.dashboard)
         return form
+
+    def _run_on_changed(self, text: str) -> None:
+        """A cluster runs one file per task: the address applies, the in-process knobs do not."""
+        cluster = text == RUN_ON[1]
+        self.address.setEnabled(cluster)
+        for spin in (self.image_batch, self.io_workers):
+            spin.setEnabled(not cluster)
+            if not spin.property("own_tip"):
+                spin.setProperty("own_tip", spin.toolTip() or " ")
+            spin.setToolTip("runs on this computer only (a cluster runs one file per task)" if cluster
+                            else spin.property("own_tip").strip())
 
     def _build_table(self) -> None:
         """The results table (double-click a row: open the image and its labels)."""
@@ -215,6 +226,9 @@ class BatchFolderWidget(DockWidget):
         if self.running:
             return
         in_dir = Path(self.in_dir.text().strip())
+        if self.in_dir.text().strip() and in_dir.is_file():
+            self._fail(f"the input must be a folder of images; {in_dir} is a file (put it in a folder of its own)")
+            return
         if not self.in_dir.text().strip() or not in_dir.is_dir():
             self._fail(f"input folder not found: {in_dir}")
             return
@@ -246,8 +260,9 @@ class BatchFolderWidget(DockWidget):
         self.status.setText("starting…")
         self._set_running(True)
         self.dashboard.setText("")
-        if self.run_on.currentText() == RUN_ON[1]:
-            kwargs["cluster"] = self.address.text().strip()
+        if self.run_on.currentText() == RUN_ON[1]:  # "" starts a local cluster for the run
+            kwargs.update(cluster=self.address.text().strip() or "local", io_workers=None, image_batch=None,
+                          on_dashboard=lambda link: self._deliver(self._show_dashboard, link))
         self.thread = threading.Thread(target=self._run, args=(in_dir, out_dir, kwargs, self.token),
                                        name="gpuseg-batch-dock", daemon=True)
         self.thread.start()
@@ -255,14 +270,10 @@ class BatchFolderWidget(DockWidget):
     def _run(self, in_dir: Path, out_dir: Path, kwargs: dict, token: CancelToken) -> None:
         """Runs in the background thread."""
         progress = lambda p: self._deliver(self._on_run_progress, p)  # noqa: E731
-        try:
-            if "cluster" in kwargs:  # a Dask cluster: the same progress, cancel and report
-                address = kwargs.pop("cluster")
-                report = run_folder_on_cluster(address, in_dir, out_dir, progress=progress, cancel=token,
-                                               on_dashboard=lambda link: self._deliver(self._show_dashboard, link),
-                                               **kwargs)
-            else:
-                report = run_folder(in_dir, out_dir, progress=progress, cancel=token, **kwargs)
+        try:  # here or on a Dask cluster: the same progress, cancel and report
+            report = run_folder(in_dir, out_dir, progress=progress, cancel=token, **kwargs)
+        except Cancelled:  # e.g. while the cluster started
+            self._deliver(self._on_failed, "cancelled")
         except Exception as exc:  # noqa: BLE001 - shown to the user
             self._deliver(self._on_failed, f"{type(exc).__name__}: {exc}")
         else:

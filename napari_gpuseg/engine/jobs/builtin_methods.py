@@ -76,7 +76,7 @@ class UNetSegmenter(Segmenter):
 
     def segment(self, images):
         kw = {k: v for k, v in self.options.items() if k not in self._POST}
-        kw.update(policy=self.policy, sw_batch_size=self.batch_size, cancel=self.cancel)
+        kw.update(policy=self.policy, sw_batch_size=self.batch_size, cancel=self.cancel, rgb=False)  # prepared: gray
         user_post = {k: v for k, v in self.options.items() if k in self._POST}
         if images[0].ndim == self.dims:  # one stack of same-shape images, one engine call
             post = {**self.net.meta.get("postprocess", {}), **user_post}

@@ -9,15 +9,12 @@ writing anything a second time.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from ... import io as gio
-from ...io import label_files, tables
-from .methods import SegResult
+from ...io import label_files
+from .file_step import FileStep, Item, shape_str
 from .report import ImageStatus
 from .worker_cache import cached_method, worker_device
 
@@ -40,10 +37,6 @@ class FileJob:
 
 class MethodLoadError(RuntimeError):
     """The method could not be created or loaded on a worker."""
-
-
-def _shape_str(a: np.ndarray) -> str:
-    return "x".join(str(s) for s in a.shape) + f" {a.dtype}"
 
 
 def worker_method(job: FileJob):
@@ -76,39 +69,21 @@ def check_worker(job: FileJob, out_dir: str) -> str:
     return ""
 
 
-def process_file(job: FileJob, path: str, rel: str, labels_path: str, table_path: str,
-                 labels_rel: str) -> ImageStatus:
-    """Segment one file and write its outputs; every file-level problem is an error row."""
-    t0 = time.perf_counter()
-    lp, tp = Path(labels_path), Path(table_path)
+def process_file(job: FileJob, item: Item) -> ImageStatus:
+    """Segment one file and write its outputs (:class:`.file_step.FileStep`, as in-process
+    runs do); every file-level problem is an error row."""
     seg = worker_method(job)
-    device = str(getattr(seg.policy, "device", "") or "")
-    mine = label_files.output_info(lp)
+    item.device = str(getattr(seg.policy, "device", "") or "")
+    mine = label_files.output_info(item.labels_path)
     if mine is not None and mine.get("run") == job.run_id:  # written by this run before a retry
-        done = label_files.read_output(lp)
+        done = label_files.read_output(item.labels_path)
         if done is not None:
             n_obj = int(np.count_nonzero(np.unique(done[0]) > 0))
-            return ImageStatus(rel, _shape_str(done[0]), n_obj, 0.0, "ok", labels=labels_rel,
-                               notes="written before the worker was lost", device=device)
-    shape = ""
-    try:
-        loaded = gio.load_image(path, max_bytes=job.max_image_bytes, bytes_per_value=seg.bytes_per_value)
-        data = seg.prepare(loaded.data, loaded.rgb)
-        shape = _shape_str(data)
-        file_inputs = getattr(seg, "file_inputs", None)
-        inputs = file_inputs(Path(path), rel, data) if file_inputs is not None else None
-        raw = seg.segment([data]) if inputs is None else seg.segment([data], inputs=[inputs])
-        res = raw[0] if isinstance(raw[0], SegResult) else seg.finish(raw[0])
-        labels = np.asarray(res.labels)
-        if labels.shape != data.shape[: labels.ndim] or labels.dtype.kind not in "uib":
-            raise RuntimeError(f"method returned labels of shape {labels.shape} dtype {labels.dtype} "
-                               f"for an image of shape {data.shape}")
-        table = tables.object_table(labels, res.scores)
-        label_files.atomic_write_text(tp, tables.table_to_csv(table))
-        label_files.write_labels(lp, labels, dict(job.run_info))  # last: means done
-    except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-        msg = exc.message if isinstance(exc, gio.ImageReadError) else f"{type(exc).__name__}: {exc}"
-        return ImageStatus(rel, shape, None, round(time.perf_counter() - t0, 4), "error", msg, device=device)
-    notes = "; ".join(n for n in ("; ".join(loaded.notes), res.notes) if n)
-    return ImageStatus(rel, shape, int(len(table["label"])), round(time.perf_counter() - t0, 4), "ok",
-                       labels=labels_rel, notes=notes, device=device)
+            return ImageStatus(item.rel, shape_str(done[0]), n_obj, 0.0, "ok", labels=item.labels_rel,
+                               notes="written before the worker was lost", device=item.device)
+    limit = job.max_image_bytes
+    if limit is None:  # as in-process: half the memory this worker has free
+        import psutil
+
+        limit = psutil.virtual_memory().available // 2
+    return FileStep(seg, dict(job.run_info), limit).run(seg, item)

@@ -29,19 +29,20 @@ from typing import Callable, Sequence
 
 from ...io import DEFAULT_PATTERN, label_files
 from ..runtime.cancel import Cancelled, CancelToken
-from .methods import Segmenter, method_factory
+from .methods import DEFAULT_FOLDER_METHOD, Segmenter, method_factory
 from .outputs import foreign_output, list_inputs, no_input_note, output_paths, read_earlier, rel_name, same_folder
 from .report import ImageStatus, Progress, RunReport, report_names, safe_row, safe_text, write_report  # noqa: F401 - re-exported
 from .rows import RowCounter, close_report
 from .sharding import resolve_shard, shard_files  # noqa: F401 - re-exported
-from .stages import POLL_S, FolderRun, Item
+from .file_step import Item
+from .stages import POLL_S, FolderRun
 
 
 class PipelineError(RuntimeError):
     """The run as a whole failed (for example the model could not be loaded)."""
 
 
-def _parse_devices(devices) -> list[str]:
+def parse_devices(devices) -> list[str]:
     """``None`` -> ``["auto"]``; ``"cuda:0,cuda:1"`` -> a list. A list that names no
     device (``","``, ``" "``, ``[]``) is a ValueError: it would start no worker."""
     if devices is None:
@@ -67,13 +68,13 @@ def _make_factory(method, method_options) -> tuple[Callable[[], Segmenter], str]
 def run_folder(
     in_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
-    method: str | Segmenter | Callable[[], Segmenter] = "threshold",
+    method: str | Segmenter | Callable[[], Segmenter] = DEFAULT_FOLDER_METHOD,
     pattern: str = DEFAULT_PATTERN,
     recursive: bool = False,
     shard: str | tuple[int, int] | None = None,
     devices: str | Sequence[str] | None = None,
-    io_workers: int = 2,
-    image_batch: int = 4,
+    io_workers: int | None = None,
+    image_batch: int | None = None,
     overwrite: bool = False,
     progress: Callable[[Progress], None] | None = None,
     cancel: CancelToken | None = None,
@@ -82,8 +83,20 @@ def run_folder(
     max_image_bytes: int | None = None,
     files: Sequence[str | os.PathLike] | None = None,
     env: dict | None = None,
+    cluster=None,
+    on_dashboard: Callable[[str], None] | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> RunReport:
-    """Segment every image of ``in_dir`` matching ``pattern`` into ``out_dir``.
+    """Segment every image of ``in_dir`` matching ``pattern`` into ``out_dir``: here (reader,
+    device and writer threads) or, with ``cluster``, one task per file on a Dask cluster.
+
+    ``cluster``: None (this process), ``"local"`` (a LocalCluster on 127.0.0.1, closed after
+    the run), ``"slurm"``, a scheduler address ``"tcp://HOST:PORT"``, a
+    :class:`~napari_gpuseg.engine.jobs.clusters.ClusterSpec` or a ``distributed.Client``.
+    Every file goes through the same step either way (:mod:`.file_step`), so the labels and
+    report rows are the same. On a cluster ``devices`` may name one device (every worker's),
+    and ``io_workers`` / ``image_batch`` are refused (:func:`.dask_runner.cluster_options`);
+    ``on_dashboard(link)`` gets its dashboard, ``notify(text)`` news of its start-up.
 
     ``method``: a registered name (``method_options`` go to its factory: ``model``,
     ``batch_size``, ...), a :class:`Segmenter` (single device) or a zero-argument factory.
@@ -94,11 +107,21 @@ def run_folder(
     ``max_image_bytes``: images needing more memory get an error row (default: half the
     RAM available at the start).
     """
+    if cluster is not None:
+        from .dask_runner import run_folder_on_cluster
+
+        return run_folder_on_cluster(
+            cluster, in_dir, out_dir, method, devices=devices, io_workers=io_workers, image_batch=image_batch,
+            cancel=cancel, on_dashboard=on_dashboard, notify=notify, method_options=method_options,
+            pattern=pattern, recursive=recursive, shard=shard, overwrite=overwrite, progress=progress,
+            precision=precision, max_image_bytes=max_image_bytes, files=files, env=env)
+    io_workers = 2 if io_workers is None else io_workers
+    image_batch = 4 if image_batch is None else image_batch
     t_start = time.perf_counter()
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     factory, method_name, prep = _make_method(method, method_options)
     run_info = {"method": method_name, "model": str(prep.model or "")}
-    dev_names = _parse_devices(devices)
+    dev_names = parse_devices(devices)
     if isinstance(method, Segmenter) and len(dev_names) > 1:
         raise ValueError("one Segmenter instance cannot serve several devices; pass a name or factory")
     if max_image_bytes is not None and max_image_bytes <= 0:
@@ -119,7 +142,7 @@ def run_folder(
     if files is None and not found and shard_t is None:
         report.warnings.append(no_input_note(in_dir, out_dir, pattern, recursive))
     header, earlier = read_earlier(out_dir, shard_t)
-    items = _plan_items(found, in_dir, out_dir, report, earlier)
+    items = plan_items(found, in_dir, out_dir, report, earlier)
     this_run = {safe_text(rel_name(x, in_dir)) for x in found}
     report.kept = [r for f, r in sorted(earlier.items()) if f not in this_run]
 
@@ -178,7 +201,7 @@ def _policies(dev_names: list[str], precision: str | None) -> list:
     return [make_policy(d, precision) for d in dev_names]
 
 
-def _plan_items(found: list[Path], in_dir: Path, out_dir: Path, report: RunReport, earlier: dict) -> list[Item]:
+def plan_items(found: list[Path], in_dir: Path, out_dir: Path, report: RunReport, earlier: dict) -> list[Item]:
     """The work items of ``found``; a file whose output name is already taken (by another
     input, or by a file this program did not write) gets an error row in ``report``."""
     items, seen, foreign = [], {}, []

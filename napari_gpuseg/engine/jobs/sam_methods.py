@@ -2,7 +2,7 @@
 
 Registered by name in :mod:`napari_gpuseg.engine.jobs.methods`; used like every method::
 
-    seg = create_method("sam-boxes", model="lite_medsam", batch_size=None, detector="auto")
+    seg = create_method("sam-boxes", model=None, batch_size=None, detector="auto")  # the annotator's model
     seg.load(policy)                 # in the device worker thread
     seg.segment([img1, img2, ...])   # same-shape images: one batched encoder pass, boxes batched
 
@@ -18,9 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..stacks import label_offsets, stack_labels
-from .methods import BYTES_PER_VALUE, Option, OptionError, Segmenter, SegResult
-
-DEFAULT_MODEL = "lite_medsam"
+from .methods import BYTES_PER_VALUE, Option, OptionError, Segmenter, SegResult, default_sam_model
 
 
 class _Any(Option):
@@ -53,7 +51,7 @@ class _SamSegmenter(Segmenter, metaclass=abc.ABCMeta):
     bytes_per_value = BYTES_PER_VALUE["sam"]
 
     def __init__(self, model: str | None = None, batch_size: int | None = None, **options):
-        super().__init__(model=model or DEFAULT_MODEL, batch_size=batch_size, **options)
+        super().__init__(model=model or default_sam_model(), batch_size=batch_size, **options)
         self.engine = None
 
     def load(self, policy) -> None:

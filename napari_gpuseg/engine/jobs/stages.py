@@ -7,45 +7,17 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
-
-from ... import io as gio
-from ...io import label_files, tables
+from ...io import label_files
 from ..runtime.cancel import Cancelled
+from .file_step import FileStep, Item
 from .outputs import DISK_ERRNOS, skipped_row
-from .methods import SegResult, Segmenter
-from .report import ImageStatus
+from .methods import Segmenter
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.05  # queue poll interval: how fast a stop request is seen
 STOP = object()
-
-
-@dataclass
-class Item:
-    """One input file on its way through the stages."""
-
-    idx: int
-    path: Path
-    rel: str
-    labels_path: Path
-    table_path: Path
-    labels_rel: str = ""  # labels path relative to out_dir, for the report
-    data: np.ndarray | None = None
-    notes: str = ""
-    seconds: float = 0.0
-    result: object = None
-    device: str = ""
-    inputs: object = None  # per-image inputs the method reads beside the image (box files)
-    src_rel: str = ""  # ``rel`` as the file system spells it (``rel`` is the report's text)
-
-
-def _shape_str(a: np.ndarray) -> str:
-    return "x".join(str(s) for s in a.shape) + f" {a.dtype}"
 
 
 class FolderRun:
@@ -81,6 +53,7 @@ class FolderRun:
         self._alive = {"readers": self.n_readers, "workers": n_dev}
         self._alive_lock = threading.Lock()
         self.prep = prep  # unloaded instance: prepare() runs in the reader threads
+        self.step = FileStep(prep, run_info, max_image_bytes)  # read, segment, write: as every executor
         self.threads: list[threading.Thread] = []
 
     # -- plumbing ---------------------------------------------------------------------
@@ -109,10 +82,8 @@ class FolderRun:
             for _ in range(n_next):
                 self._put(q, STOP)
 
-    def _error(self, item: Item, exc: BaseException, shape: str = "") -> None:
-        msg = exc.message if isinstance(exc, gio.ImageReadError) else f"{type(exc).__name__}: {exc}"
-        self.rows.put(ImageStatus(item.rel, shape, None, round(item.seconds, 4), "error", msg,
-                                  notes=item.notes, device=item.device))
+    def _error(self, item: Item, exc: BaseException) -> None:
+        self.rows.put(self.step.error_row(item, exc))
 
     # -- stages -----------------------------------------------------------------------
     def reader(self) -> None:
@@ -122,29 +93,15 @@ class FolderRun:
                     item: Item = self.tasks.get_nowait()
                 except queue.Empty:
                     break
-                t0 = time.perf_counter()
                 done = None if self.overwrite else label_files.read_output(item.labels_path)
                 if done is not None:
                     self._skip(item, *done)
                     continue
                 try:
-                    loaded = gio.load_image(item.path, max_bytes=self.max_image_bytes,
-                                            bytes_per_value=self.prep.bytes_per_value)
-                    loaded = gio.select_channel(loaded, getattr(self.prep, "channel", None))
-                    item.notes = "; ".join(loaded.notes)
-                    item.data = self.prep.prepare(loaded.data, loaded.rgb)
-                    file_inputs = getattr(self.prep, "file_inputs", None)  # e.g. sam-boxes boxes=DIR
-                    if file_inputs is not None:
-                        item.inputs = file_inputs(item.path, item.src_rel or item.rel, item.data)
-                        extra = getattr(item.inputs, "notes", "")  # e.g. duplicate boxes dropped
-                        item.notes = "; ".join(n for n in (item.notes, extra) if n)
+                    self.step.read(item)
                 except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-                    item.seconds = time.perf_counter() - t0
-                    if isinstance(exc, gio.ImageReadError) and exc.path == "image":
-                        exc = type(exc)(item.path, exc.message)
                     self._error(item, exc)
                     continue
-                item.seconds = time.perf_counter() - t0
                 if not self._put(self.in_q, item):
                     return
         finally:
@@ -206,12 +163,7 @@ class FolderRun:
     def _segment(self, seg: Segmenter, group: list[Item], device: str) -> None:
         t0 = time.perf_counter()
         try:
-            images = [it.data for it in group]
-            inputs = [it.inputs for it in group]
-            results = (seg.segment(images) if all(x is None for x in inputs)
-                       else seg.segment(images, inputs=inputs))
-            if len(results) != len(group):
-                raise RuntimeError(f"method returned {len(results)} results for {len(group)} images")
+            results = self.step.segment(seg, group)
         except Cancelled:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -221,7 +173,7 @@ class FolderRun:
                 return
             group[0].device = device
             group[0].seconds += time.perf_counter() - t0
-            self._error(group[0], exc, _shape_str(group[0].data))
+            self._error(group[0], exc)
             return
         share = (time.perf_counter() - t0) / len(group)
         for it, res in zip(group, results):
@@ -235,32 +187,15 @@ class FolderRun:
             item = self._get(self.out_q)
             if item is STOP:
                 return
-            t0 = time.perf_counter()
-            shape = _shape_str(item.data)
             try:
-                res = item.result
-                if not isinstance(res, SegResult):
-                    res = self.prep.finish(res)  # CPU post-processing, off the device thread
-                labels = np.asarray(res.labels)
-                if labels.shape != item.data.shape[: labels.ndim] or labels.dtype.kind not in "uib":
-                    raise RuntimeError(f"method returned labels of shape {labels.shape} "
-                                       f"dtype {labels.dtype} for an image of shape {item.data.shape}")
-                table = tables.object_table(labels, res.scores)
-                n_obj = int(len(table["label"]))
-                label_files.atomic_write_text(item.table_path, tables.table_to_csv(table))
-                label_files.write_labels(item.labels_path, labels, self.run_info)  # last: means done
+                row = self.step.write(item)
             except Exception as exc:  # noqa: BLE001
-                item.seconds += time.perf_counter() - t0
-                self._error(item, exc, shape)
+                self._error(item, exc)
                 if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
                     self.disk_error = exc  # every later write fails too: stop, keep what is done
                     self.stop.set()
                 continue
-            item.seconds += time.perf_counter() - t0
-            notes = "; ".join(n for n in (item.notes, getattr(res, "notes", "")) if n)
-            self.rows.put(ImageStatus(item.rel, shape, n_obj, round(item.seconds, 4), "ok",
-                                      labels=item.labels_rel, notes=notes,
-                                      device=item.device))
+            self.rows.put(row)
             item.data = item.result = None
 
     def start(self) -> None:
@@ -289,7 +224,7 @@ class FolderRun:
                     return
                 t.join(POLL_S if left is None else min(POLL_S, left))  # signals stay responsive
 
-    def drain(self) -> list[ImageStatus]:
+    def drain(self) -> list:
         out = []
         while True:
             try:

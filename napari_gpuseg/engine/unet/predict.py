@@ -20,7 +20,7 @@ from ...models.unet import UNet, UNetConfig
 from ..classical import relabel_small
 from ..runtime.device import Policy, resolve_policy
 from ..runtime.cancel import CancelToken, ProgressFn, check
-from ..normalize import apply_normalization, model_input, to_gray
+from ..normalize import apply_normalization, image_input, model_input, to_gray
 from ..stacks import stack_labels
 from .checkpoint import LoadedModel
 from .tiling import sliding_window_inference
@@ -85,7 +85,8 @@ def predict_probabilities(
     model: UNet | LoadedModel,
     image,
     *,
-    rgb: bool = False,
+    rgb: bool | None = None,
+    channel: int | None = None,
     normalization: dict | None = None,
     roi_size=None,
     tile: int | None = None,
@@ -100,8 +101,11 @@ def predict_probabilities(
 ) -> np.ndarray:
     """Softmax probabilities, shape (*lead, 3, *spatial), float32.
 
-    ``convert=False`` skips the input conversion (inputs already converted and
-    normalised, as in training's validation).
+    The image is taken as folder jobs take an image file
+    (:func:`~napari_gpuseg.engine.normalize.image_input`): ``rgb`` None detects colour (a last
+    axis of 3 or 4 values), ``channel`` picks one channel of a multichannel image, and a
+    multichannel image without it is refused. ``convert=False`` skips the input conversion
+    (inputs already converted and normalised, as in training's validation).
 
     ``lead`` is the stack/time shape (empty for a single image). Normalisation follows
     the checkpoint (percentile 1-99.8 per image or slice) unless ``normalization`` is given.
@@ -113,7 +117,9 @@ def predict_probabilities(
     config = model.config
     d = config.spatial_dims
     policy = resolve_policy(policy)
-    batch, lead = _as_batch(image, config, rgb, convert)
+    if convert or channel is not None:
+        image, rgb = image_input(image, channel, rgb)
+    batch, lead = _as_batch(image, config, bool(rgb), convert)
     axis = tuple(range(-d, 0))
     norm = apply_normalization(batch, normalization, axis=axis)
     device = next(model.parameters()).device
