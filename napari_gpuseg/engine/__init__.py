@@ -11,6 +11,9 @@ SAM (Segment Anything):
   ``x0, y0, x1, y1``.
 - ``MaskResult``: a mask with its predicted IoU; ``result.full((H, W))`` gives the
   full-size boolean mask.
+- ``AnnotationSession(engine)``: annotate an image object by object without a window:
+  ``set_image``, ``click(x, y)``, ``box(x0, y0, x1, y1)``, ``commit()``, ``undo()``,
+  ``set_plane(z)``, ``labels``; asynchronous forms for a GUI (the SAM annotator dock is one).
 - ``segment_everything(engine, image)``: instance labels of everything SAM finds from a
   grid of point prompts.
 - ``segment_boxes(engine, image, boxes)``: instance labels from box prompts ``(N, 4)``.
@@ -68,6 +71,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "load_engine": (".sam.loader", "load_engine"),
     "segment_everything": (".sam.everything", "segment_everything"),
     "segment_boxes": (".sam.boxes", "segment_boxes"),
+    "AnnotationSession": (".annotate.session", "AnnotationSession"),
     "finetune_sam": (".sam.finetune", "finetune_sam"),
     "SamTuneConfig": (".sam.finetune", "SamTuneConfig"),
     "load_unet": (".unet.checkpoint", "load_unet"),
