@@ -73,7 +73,7 @@ class AnnotationSession:
         self._labels: np.ndarray | None = None
         self.committer = LabelCommitter()
         self._propagated: deque = deque()  # (object index, z, mask) from the worker's thread
-        self._propagate_ids: list[int] = []
+        self.propagate_ids: list[int] = []
         self.prompt: Prompt | None = None  # the current object's prompt (refinements: in click order)
         self.result: MaskResult | None = None  # its mask, with logits for the next click
         self.final = False  # False while :attr:`result` is a first look (the full mask follows)
@@ -379,7 +379,7 @@ class AnnotationSession:
         engine_of = self._bound_engine()
         if on_look is not None and is_first_look_prompt(prompt, multimask):
             look = threading.Event()  # set once the first look is shown (or there is none)
-            self._submit(steps.first_look, engine_of, image, prompt, tag="preview", replace=True,
+            self._submit(steps.first_look, engine_of, image, prompt, look, tag="preview", replace=True,
                          priority=INTERACTIVE, hold_after=hold_after, defer=defer,
                          on_result=lambda res: self._looked(gen, res, prompt, look, on_look),
                          on_error=lambda exc: (look.set(), on_error and on_error(exc)),
@@ -537,9 +537,9 @@ class AnnotationSession:
         labels = self.labels
         self.committer.open_group(labels)
         nxt = self.committer.next_id(labels)
-        self._propagate_ids = []
+        self.propagate_ids = []
         for i in ids:
-            self._propagate_ids.append(i if i is not None else nxt)
+            self.propagate_ids.append(i if i is not None else nxt)
             nxt += i is None
         self._propagated.clear()
         z, volume, queue = self._plane[0], self._image, self._propagated
@@ -557,7 +557,7 @@ class AnnotationSession:
         n = 0
         while self._propagated:
             i, z, mask = self._propagated.popleft()
-            self.committer.commit_slice(self.labels, z, mask, self._propagate_ids[i])
+            self.committer.commit_slice(self.labels, z, mask, self.propagate_ids[i])
             n += 1
         return n
 
@@ -568,9 +568,14 @@ class AnnotationSession:
         self.take_propagated()
         if job.error is not None:
             raise job.error
-        return list(self._propagate_ids)
+        return list(self.propagate_ids)
 
     # -- scheduling -----------------------------------------------------------------------------
+    def schedule(self, fn, *args, **kwargs):
+        """Queue other work with the session's (``InferenceWorker.submit``'s keywords): it is
+        cancelled with the session's (a dock's one-off warm-up, say)."""
+        return self._submit(fn, *args, **kwargs)
+
     def _submit(self, fn, *args, **kwargs):
         job = self._submit_fn(fn, *args, **kwargs)
         self._jobs = [j for j in self._jobs if not j.wait(0)] + [job]

@@ -79,13 +79,23 @@ def decode(engine_of, image, prompt, multimask: bool, look=None, cancel=None):
     return engine_of().predict(image, [prompt], multimask=multimask, cancel=cancel, near_box=True)[0]
 
 
-def first_look(engine_of, image, prompt, cancel=None):
+def first_look(engine_of, image, prompt, look=None, cancel=None):
     """A quick mask while the view a box or a first click is decoded in is not embedded yet
     (right after a new image): from a small crop around the prompt where its native view is
     not embedded either (``crop_look``: a quarter of a view's encoder work, on a CPU), else a
     first click's from its native tile alone (its finer click view is the one missing). None
-    when the prompt's view is ready (the full decode is as quick then)."""
-    engine = engine_of()
+    when the prompt's view is ready (the full decode is as quick then); ``look`` (the event
+    the full decode waits for) is then set here, so the decode goes on at once."""
+    res = None
+    try:
+        res = _first_look(engine_of(), image, prompt, cancel)
+        return res
+    finally:
+        if res is None and look is not None:
+            look.set()
+
+
+def _first_look(engine, image, prompt, cancel):
     image = engine.prepare(image)
     click = prompt.box is None
     if engine.is_embedded(image, [engine.route(image, prompt)]):
