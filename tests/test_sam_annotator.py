@@ -787,8 +787,8 @@ def test_the_same_clicks_give_the_same_masks_in_the_dock_and_a_session(make_napa
     np.testing.assert_array_equal(shown, s.click(x, y))
     assert iou(shown, gt == ids[0]) > 0.7
     shown = dock_mask(lambda: w.neg_layer.add([[ny, nx]]))
-    assert w.session.prompt.mask_input is not None and s.prompt.mask_input is not None  # both refined
     np.testing.assert_array_equal(shown, s.click(nx, ny, positive=False))
+    assert w.session.prompt.mask_input is not None and s.prompt.mask_input is not None  # both refined
     w.clear_prompts()
     shown = dock_mask(lambda: add_box(w, boxes[1]))
     np.testing.assert_array_equal(shown, s.box(*boxes[1]))
