@@ -90,7 +90,7 @@ def main() -> None:
     probe0.stop()
     load_gaps = np.diff(ticks0) * 1000
     def ready(name):  # the dock follows the new active image, then embeds it
-        return lambda: w.image_layer is not None and w.image_layer.name == name and w._plane_key() in w._prepared
+        return lambda: w.image_layer is not None and w.image_layer.name == name and w.session.is_embedded()
 
     t_add = time.perf_counter()
     viewer.add_image(img, name="field")  # GUI work, and so is the dock's reaction to it:
@@ -114,14 +114,14 @@ def main() -> None:
     pump(ready("crop"))
     boxes = [p.bbox for p in regionprops(gt)]
     shown = {}
-    original = w._show_preview
+    original = w._show_mask
 
     def record(*a, **kw):
         original(*a, **kw)
         app.processEvents()  # the redraw that makes it visible
         shown["t"] = time.perf_counter()
 
-    w._show_preview = record
+    w._show_mask = record
     redraw = w.redraw
     hold, release = redraw.hold, redraw.release
 

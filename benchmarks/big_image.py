@@ -31,6 +31,7 @@ def trial(mode: str, tiles: int, settle: float) -> dict:
     from scipy import ndimage
 
     from _data import bbbc039_validation
+    from napari_gpuseg.engine.annotate import region as limits
     from napari_gpuseg.widgets import _annotator_region
 
     def pump(until, seconds=120.0):
@@ -40,7 +41,7 @@ def trial(mode: str, tiles: int, settle: float) -> dict:
             time.sleep(0.01)
 
     if mode == "whole":
-        _annotator_region.MAX_PLANE_PX = 2**62
+        limits.MAX_PLANE_PX = 2**62
     img_path, mask_path = bbbc039_validation()[1]
     tile, gtile = tifffile.imread(img_path)[:512, :512], tifffile.imread(mask_path)[:512, :512]
     big = da.tile(da.from_array(tile, chunks=512), (tiles, tiles))

@@ -62,13 +62,11 @@ def main() -> int:
     app = QApplication.instance()
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     pump_until(app, lambda: "ready" in w.status.text())
-    if w._encoder_slot.process is not None:
-        pump_until(app, lambda: w._encoder_slot.process.ready or w._encoder_slot.process.state != "starting", 300)
-    engine = w._engine(w.model_name)
+    engine = w.session.engine()
     print(f"model: {w.model_name}; device: {engine.policy.describe()}", flush=True)
 
     stamps: dict[str, float] = {}
-    show = w._show_preview
+    show = w._show_mask
 
     def painted(*a, **kw):
         show(*a, **kw)
@@ -76,12 +74,14 @@ def main() -> int:
         stamps.setdefault("look", time.perf_counter())
         if kw.get("final", True):
             stamps["final"] = time.perf_counter()
-    w._show_preview = painted
-    predict, waits = w._job_predict, {"on": True}
+    w._show_mask = painted
+    from napari_gpuseg.engine.annotate import steps
 
-    def job_predict(model, image, prompts, multimask, look=None, cancel=None):
-        return predict(model, image, prompts, multimask, look if waits["on"] else None, cancel=cancel)
-    w._job_predict = job_predict
+    predict, waits = steps.decode, {"on": True}
+
+    def job_predict(engine_of, image, prompt, multimask, look=None, cancel=None):
+        return predict(engine_of, image, prompt, multimask, look if waits["on"] else None, cancel=cancel)
+    steps.decode = job_predict
 
     rows = []
     for f in files:
@@ -91,7 +91,7 @@ def main() -> int:
         gt = tifffile.imread(f.parent.parent / "masks" / f.name)
         viewer.add_image(img, name=f.stem)
         pump_until(app, lambda: w.pos_layer is not None and w.pos_layer in viewer.layers, 60)
-        pump_until(app, lambda: w._tiles.get(w._plane_key(), (0, 1))[0] >= len(engine.views(engine.prepare(img))), 120)
+        pump_until(app, lambda: (w.session.tiles() or (0, 1))[0] >= len(engine.views(engine.prepare(img))), 120)
         prepared = engine.prepare(img)
         n = 0
         for x, y in click_points(gt):

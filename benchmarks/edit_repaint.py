@@ -57,7 +57,7 @@ def main() -> None:
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     pump(lambda: "ready" in w.status.text())
     stamps: dict[str, float] = {}
-    show, submit = w._show_preview, w._submit_job
+    show, submit = w._show_mask, w.session._submit_fn
 
     def timed_show(*a, **kw):
         stamps["gui"] = time.perf_counter()
@@ -71,7 +71,7 @@ def main() -> None:
             stamps["submit"] = time.perf_counter()
         return submit(fn, *a, **kw)
 
-    w._show_preview, w._submit_job = timed_show, timed_submit
+    w._show_mask, w.session._submit_fn = timed_show, timed_submit
     draws: list[float] = []
     on_draw = SceneCanvas.on_draw
 
@@ -93,7 +93,7 @@ def main() -> None:
     pump(lambda: w.image_layer is not None and w.box_layer is not None)
     w.box_layer.data = [corners(box)]
     pump(lambda: "painted" in stamps)
-    pump(lambda: w._plane_key() in w._prepared and not w.worker.busy)  # tiles, decoder warm-up
+    pump(lambda: w.session.is_embedded() and not w.worker.busy)  # tiles, decoder warm-up
 
     rng = np.random.default_rng(0)
     rows: dict[str, list] = {"hold": [], "window": []}

@@ -35,20 +35,12 @@ a first click instead of a box (at the object's most interior pixel, in SAM posi
 first click is decoded in its native tile and in a 1.5x finer one, so it needs two views),
 its edits moving the click by a few pixels; ``--first-look alternate`` then shows, field
 by field, the click's native-tile mask first (as shipped) or only the mask of both scales.
-``--encoder-process alternate`` embeds, field by field, the first tile after the drop in the
-dock's second encoder process (as shipped on a CPU) or in the napari process with the rest;
 ``--look-paint alternate`` makes a first click's full decode wait (as shipped) or not for its first
 look to be painted (its finer view's encoder would hold Python's lock through that paint).
-``--handover alternate`` makes the GUI thread wait (as shipped) or not for the worker to hand
-that tile over before it builds the new layers. ``--drop-at-once`` drops the first field while
-that process may still be starting (the dock ends it and starts it again once idle).
 ``--box-at corner`` boxes an object near the field's top-left corner instead of its centre:
 outside the first tile (the background starts at the canvas centre), so the box needs a view
-of its own while the second process embeds that tile; ``--hold-process alternate`` makes that
-process wait (as shipped) or not while the box is served (``EncoderSlot.hold_for_prompts``).
-``--first-window S`` sets the window's work the first drop of the process assumes
-(``encoder_slot.FIRST_WINDOW_S``; ``inf``: the first tile always goes to the second process,
-the way before); run ``--fields 1`` in fresh processes to compare first drops.
+of its own; ``--crop-look alternate`` shows, field by field, a first look from a 128 px crop
+(as shipped) or none.
 """
 from __future__ import annotations
 
@@ -110,27 +102,13 @@ def main() -> None:
     ap.add_argument("--first-look", choices=("alternate", "on", "off"), default="on")
     ap.add_argument("--rest", choices=("alternate", "later", "at-follow"), default="later",
                     help="when the dock makes SAM negative and the labels layer")
-    ap.add_argument("--encoder-process", choices=("alternate", "on", "off"), default="on",
-                    help="a new image's first tile in the dock's second encoder process (CPU)")
-    ap.add_argument("--handover", choices=("alternate", "on", "off"), default="on",
-                    help="the GUI thread waits for the first tile's handover to that process")
     ap.add_argument("--look-paint", choices=("alternate", "on", "off"), default="on",
                     help="a first click's full decode waits for its first look to be painted")
     ap.add_argument("--box-at", choices=("centre", "corner"), default="centre",
                     help="the object prompted: near the field's centre (in the first tile) or its top-left corner")
-    ap.add_argument("--hold-process", choices=("alternate", "on", "off"), default="on",
-                    help="the second encoder process waits while a prompt is served at a pause point")
-    ap.add_argument("--first-window", type=float, default=None,
-                    help="seconds of window work the first drop assumes (default: as shipped; inf: always there)")
     ap.add_argument("--crop-look", choices=("alternate", "on", "off"), default="on",
                     help="a box's or first click's first look from a small crop (off: a box has "
                          "none, a click's comes from its native tile)")
-    ap.add_argument("--look-process", choices=("alternate", "on", "off"), default="on",
-                    help="a box's look embedded in the second encoder process while it embeds "
-                         "the first tile (else in napari's process)")
-    ap.add_argument("--drop-at-once", action="store_true",
-                    help="drop the first field as soon as the model is ready, not after the "
-                         "second encoder process is")
     args = ap.parse_args()
 
     import napari
@@ -140,14 +118,10 @@ def main() -> None:
     from napari_gpuseg.engine.runtime.device import set_policy
     from napari_gpuseg.engine.sam.cache import EmbeddingCache
     from napari_gpuseg.engine.sam.predictor import SamEngine
-    from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S, HANDOVER_WAIT_S
-    from napari_gpuseg.engine.sam.encoder_process import wanted
+    from napari_gpuseg.engine.annotate import steps
+    from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S
 
     policy = set_policy("auto", args.precision)
-    if args.first_window is not None:
-        from napari_gpuseg.engine.sam import encoder_slot
-
-        encoder_slot.FIRST_WINDOW_S = args.first_window
     data = Path(args.data)
     files = sorted((data / "bbbc039" / "images").glob("*.tif"))[16:16 + args.fields]
     viewer = napari.Viewer(show=True)
@@ -160,37 +134,24 @@ def main() -> None:
     if args.model:
         w.use_sam_model(args.model)
     pump(lambda: "ready" in w.status.text())
-    slot = w._encoder_slot
-    engine = w._engine(w.model_name)
-    if not args.drop_at_once and wanted(engine.sam.image_encoder, engine.policy.device):
-        # the process starts in an idle-priority job once the model is ready
-        pump(lambda: slot.process is not None, timeout=120)
-    if slot.process is not None and not args.drop_at_once:
-        t_proc = time.perf_counter()
-        pump(lambda: slot.process.ready or slot.process.state != "starting", timeout=300)
-        print(f"second encoder process: {slot.process.state} "
-              f"({time.perf_counter() - t_proc:.1f} s more after the dock's model)", flush=True)
-    elif slot.process is None and args.encoder_process != "off":
-        print("second encoder process: none (a GPU, a large encoder, or switched off)", flush=True)
     print(f"model: {w.model_name}", flush=True)
     shown = {}
-    original = w._show_preview
+    original = w._show_mask
 
-    def record(*a, **kw):
-        original(*a, **kw)
+    def record(result, final=True):
+        original(result, final=final)
         app.processEvents()  # the repaint that makes it visible
         shown.setdefault("t", time.perf_counter())  # the first mask seen (a first look, for a click or a box)
-        result = a[3] if len(a) > 3 else kw.get("result")
         shown.setdefault("first_result", result)
-        shown.setdefault("look", not kw.get("final", True))
-        if kw.get("final", True):
+        shown.setdefault("look", not final)
+        if final:
             shown["final"] = time.perf_counter()
             shown.setdefault("final_result", result)
 
-    w._show_preview = record
+    w._show_mask = record
     # where an edit's time goes (perf_counter stamps; the decode runs in the worker thread)
     stamps: dict[str, float] = {}
-    submit_job, predict = w._submit_job, w._job_predict
+    submit_job, predict = w.session._submit_fn, steps.decode
 
     def stamped_submit(fn, *a, **kw):
         if kw.get("tag") == "preview":
@@ -199,18 +160,18 @@ def main() -> None:
 
     look_paint = {"on": True}
 
-    def stamped_predict(model, image, prompts, multimask, look=None, cancel=None):
+    def stamped_predict(engine_of, image, prompt, multimask, look=None, cancel=None):
         stamps["start"] = time.perf_counter()
         try:  # look: a first click's full decode waits for its first look's paint (as shipped)
-            return predict(model, image, prompts, multimask, look if look_paint["on"] else None, cancel=cancel)
+            return predict(engine_of, image, prompt, multimask, look if look_paint["on"] else None, cancel=cancel)
         finally:
             stamps["end"] = time.perf_counter()
 
-    def stamped_show(*a, **kw):
+    def stamped_show(result, final=True):
         stamps.setdefault("gui", time.perf_counter())
-        record(*a, **kw)
+        record(result, final)
 
-    w._submit_job, w._job_predict, w._show_preview = stamped_submit, stamped_predict, stamped_show
+    w.session._submit_fn, steps.decode, w._show_mask = stamped_submit, stamped_predict, stamped_show
     # where the dock following a drop goes: napari's add_* calls (GUI thread) and the
     # encoder calls (worker thread), stamped against the drop
     adds: list[tuple[str, float]] = []
@@ -223,7 +184,7 @@ def main() -> None:
                 adds.append((_name, time.perf_counter() - t0))
         object.__setattr__(viewer, meth, timed_add)  # napari's viewer model is a pydantic model
     encodes: list[tuple[float, float]] = []
-    dock_engine = w._engine(w.model_name)
+    dock_engine = w.session.engine()
     plain_encode = dock_engine.encode
 
     def timed_encode(batch):
@@ -247,20 +208,17 @@ def main() -> None:
             return [i % 2 == 0 for i in range(n)]
         return [args.hold == "on"] * n
     rows = []
-    defer_for, set_image_layer, first_look = w._defer_for, w.set_image_layer, w._job_first_look
-    slot_offload, slot_look = slot.offload, slot.look_encoder
-    from napari_gpuseg.widgets import _annotator_jobs as annotator_jobs
+    defer_for, set_image_layer, first_look = w.session._defer_for, w.set_image_layer, steps.first_look
+    supports_look = steps.supports_look
 
-    supports_look = annotator_jobs.supports_look
-
-    def stamped_look(model, image, prompt, look=None, cancel=None):
+    def stamped_look(engine_of, image, prompt, look=None, cancel=None):
         stamps["look_start"] = time.perf_counter()
         try:
-            return first_look(model, image, prompt, look, cancel=cancel)
+            return first_look(engine_of, image, prompt, look, cancel=cancel)
         finally:
             stamps["look_end"] = time.perf_counter()
 
-    def no_look(model, image, prompt, look=None, cancel=None):
+    def no_look(engine_of, image, prompt, look=None, cancel=None):
         if look is not None:  # nothing to show: the full decode need not wait for a paint
             look.set()
 
@@ -269,22 +227,14 @@ def main() -> None:
         w._make_rest()  # the way before: all five layers while following the drop
     for n_field, f in enumerate(files):
         waits = args.wait_for_tile == "on" or (args.wait_for_tile == "alternate" and n_field % 2 == 1)
-        w._defer_for = defer_for if waits else (lambda *_a: None)
+        w.session._defer_for = defer_for if waits else (lambda *_a: None)
         rest_later = args.rest == "later" or (args.rest == "alternate" and n_field % 2 == 1)
         w.set_image_layer = set_image_layer if rest_later else follow_with_rest
         look = args.first_look == "on" or (args.first_look == "alternate" and n_field % 2 == 1)
-        w._job_first_look = stamped_look if look else no_look
-        offloads = args.encoder_process == "on" or (args.encoder_process == "alternate" and n_field % 2 == 1)
-        slot.offload = slot_offload if offloads else (lambda *_a: None)
+        steps.first_look = stamped_look if look else no_look
         look_paint["on"] = args.look_paint == "on" or (args.look_paint == "alternate" and n_field % 2 == 1)
-        hands = args.handover == "on" or (args.handover == "alternate" and n_field % 2 == 1)
-        w.handover_wait_s = HANDOVER_WAIT_S if hands else 0.0
         crop = args.crop_look == "on" or (args.crop_look == "alternate" and n_field % 2 == 1)
-        annotator_jobs.supports_look = supports_look if crop else (lambda _engine: False)
-        look_there = args.look_process == "on" or (args.look_process == "alternate" and n_field % 2 == 1)
-        slot.look_encoder = slot_look if look_there else (lambda *_a: None)
-        holds = args.hold_process == "on" or (args.hold_process == "alternate" and n_field % 2 == 1)
-        slot.hold_for_prompts = holds
+        steps.supports_look = supports_look if crop else (lambda _engine: False)
         img = tifffile.imread(f)
         gt = tifffile.imread(data / "bbbc039" / "masks" / f.name)
         box = central_box(gt, (0.5, 0.5) if args.box_at == "centre" else (0.2, 0.15))
@@ -302,7 +252,6 @@ def main() -> None:
         adds.clear()
         encodes.clear()
         name = f.stem
-        looks0 = slot.process.looks if slot.process is not None else 0
         t_add = time.perf_counter()
         viewer.add_image(img, name=name)
         add_image_s = time.perf_counter() - t_add
@@ -319,21 +268,19 @@ def main() -> None:
         obj = gt == gt[int(point[0]), int(point[1])]  # point: (row, col)
         mask_iou = {k: float((m & obj).sum() / max(1, (m | obj).sum())) for k in ("first", "final")
                     for m in [shown[f"{k}_result"].full(obj.shape)]}
-        proc = slot.process
-        measured = (slot.here_seconds, proc.tile_seconds if proc is not None else None, slot.window_seconds)
-        follow_split = dict(measured=measured, add_image=add_image_s, layers=[(n, d) for n, d in adds])
-        ready_at_first = w._tiles.get(w._plane_key(), (0, 12))
+        follow_split = dict(add_image=add_image_s, layers=[(n, d) for n, d in adds])
+        ready_at_first = w.session.tiles() or (0, 12)
 
         ticks: list[float] = []
         probe = QTimer()
         probe.timeout.connect(lambda: ticks.append(time.perf_counter()))
         probe.start(10)
-        lat, during, views = [], 0, {w._preview[3].view}
+        lat, during, views = [], 0, {w.session.result.view}
         lat_off, split = [], {True: [], False: [], "idle": []}
         edit_t: list[tuple[float, bool]] = []  # (start, held) of each edit
         rng = np.random.default_rng(0)
         for held in edit_modes(args.edits):
-            if w._plane_key() in w._prepared:
+            if w.session.is_embedded():
                 break  # every tile is ready: later edits would not be "during"
             w.hold_background_s = BACKGROUND_HOLD_S if held else 0.0
             shift = rng.integers(-3, 4, 4)
@@ -345,11 +292,11 @@ def main() -> None:
             pump(lambda: "final" in shown)
             (lat if held else lat_off).append((shown["t"] - t0) * 1000)
             split[held].append(parts(t0))
-            views.add(w._preview[3].view)
-            during += int(w._plane_key() not in w._prepared)
+            views.add(w.session.result.view)
+            during += int(not w.session.is_embedded())
         w.hold_background_s = BACKGROUND_HOLD_S
         edits_end = time.perf_counter()
-        pump(lambda: w._plane_key() in w._prepared)
+        pump(w.session.is_embedded)
         tiles_s = time.perf_counter() - t_add
         # the first two encoder calls to start (a call ends only once the calls a pause point
         # served inside it have ended: a box's own view inside the first tile's wait)
@@ -374,7 +321,7 @@ def main() -> None:
             idle.append((shown["t"] - t0) * 1000)
             split["idle"].append(parts(t0))
 
-        engine = w._engine(w.model_name)
+        engine = w.session.engine()
         fresh = SamEngine(engine.sam, engine.info, engine.policy, cache=EmbeddingCache())
 
         def embed_whole():
@@ -385,7 +332,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, crop=crop, look_there=look_there, looks=(proc.looks if proc is not None else 0) - looks0, hands=hands, holds=holds, offloads=offloads, look=look, look_paint=look_paint["on"], waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, crop=crop, look=look, look_paint=look_paint["on"], waits=waits, rest_later=rest_later, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, mask_iou=mask_iou, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -408,9 +355,7 @@ def main() -> None:
         print(f"  the drop: add_image {fs['add_image'] * 1000:.0f} ms, the dock's layers " +
               ", ".join(f"{n[4:]} {d * 1000:.0f}" for n, d in fs["layers"]) +
               f" ms (sum {sum(d for _n, d in fs['layers']) * 1000:.0f}); first encoder calls (s after the drop) " +
-              ", ".join(f"{a:.2f}-{b:.2f}" for a, b in fs["encodes"]) +
-              "; tile here / in the second process / the window's work after the drop (s): " +
-              " / ".join("-" if v is None else f"{v:.2f}" for v in fs["measured"]), flush=True)
+              ", ".join(f"{a:.2f}-{b:.2f}" for a, b in fs["encodes"]), flush=True)
         for kind, g in kinds.items():
             if g:
                 print(f"  probe gaps, {kind}: max {max(g):.0f} ms, p99 {np.percentile(g, 99):.0f} ms "
@@ -431,26 +376,11 @@ def main() -> None:
                          f"final mask median {med(r['final'] for r in sub):.2f} s; mean IoU first "
                          f"{np.mean([r['mask_iou']['first'] for r in sub]):.3f}, final "
                          f"{np.mean([r['mask_iou']['final'] for r in sub]):.3f}"),
-            (args.look_process, "look_there", ("box look in napari's process", "box look in the second process"),
-             lambda sub: f"box -> first mask median {med(sum(r['first_split']) for r in sub):.0f} ms; "
-                         f"final mask median {med(r['final'] for r in sub):.2f} s; looks there "
-                         f"{sum(r['looks'] for r in sub)} of {len(sub)}"),
             (args.look_paint, "look_paint", ("full decode at once", "full decode after the first look's paint"),
              lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s"),
             (args.rest, "rest_later", ("SAM negative and labels while following",
                                        "SAM negative and labels after the first mask"),
-             lambda sub: f"dock following median {med(r['follow'] for r in sub):.2f} s"),
-            (args.handover, "hands", ("no wait for the handover", "GUI waits for the handover"),
-             lambda sub: f"first tile ends (s after the drop) median "
-                         f"{med(r['follow_split']['encodes'][0][1] for r in sub):.2f}, dock following "
-                         f"{med(r['follow'] for r in sub):.2f} s"),
-            (args.hold_process, "holds", ("second process goes on while the prompt is served",
-                                          "second process waits while the prompt is served"),
-             lambda sub: f"box -> mask median {med(sum(r['first_split']) for r in sub):.0f} ms, first tile ends "
-                         f"(s after the drop) median {med(r['follow_split']['encodes'][0][1] for r in sub):.2f}"),
-            (args.encoder_process, "offloads", ("first tile in this process", "first tile in the second process"),
-             lambda sub: f"first tile ends (s after the drop) median "
-                         f"{med(r['follow_split']['encodes'][0][1] for r in sub):.2f}")):
+             lambda sub: f"dock following median {med(r['follow'] for r in sub):.2f} s")):
         if flag != "alternate":
             continue
         for on in (False, True):  # the same-run baseline, then the variant

@@ -98,15 +98,15 @@ def main() -> None:
     pump(lambda: "ready" in w.status.text())
     shipped = w.set_image_layer
     shown = {}
-    show = w._show_preview
+    show = w._show_mask
 
     def record(*a, **kw):
         show(*a, **kw)
         app.processEvents()
         shown["t"] = time.perf_counter()
 
-    w._show_preview = record
-    engine = w._engine(w.model_name)
+    w._show_mask = record
+    engine = w.session.engine()
     # a field is never dropped twice (a second drop would find its embeddings cached)
     files = [*sorted((DATA / "bbbc039" / "images").glob("*.tif"))[16:24],
              *sorted((DATA / "bbbc039_more" / "images").glob("*.tif"))]
@@ -140,7 +140,7 @@ def main() -> None:
             w.box_layer.data = [corners(central_box(gt))]
             pump(lambda: "t" in shown)
             first = shown["t"] - t0
-            pump(lambda: w._tiles.get(w._plane_key(), (0, 1))[0] >= n_grid)
+            pump(lambda: (w.session.tiles() or (0, 1))[0] >= n_grid)
             grid = time.perf_counter() - t0
             w.cancel()
             w.box_layer.data = []

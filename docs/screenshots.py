@@ -43,7 +43,7 @@ def annotator(viewer, app):
     viewer.add_image(img, name="BBBC039 nuclei", contrast_limits=(0, np.percentile(img, 99.8)))
     _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     viewer.window.add_plugin_dock_widget("napari-gpuseg", "GPU monitor")
-    pump(app, lambda: w._plane_key() in w._prepared)
+    pump(app, lambda: w.session.is_embedded())
     props = [p for p in regionprops(gt) if 60 < p.centroid[0] < 300 and 60 < p.centroid[1] < 400]
     for p in props[:10]:  # one click per nucleus (the default model is tuned for clicks)
         r, c = p.coords[len(p.coords) // 2]
@@ -69,7 +69,7 @@ def propagate(viewer, app):
     _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     z = 11
     viewer.dims.set_current_step(0, z)
-    pump(app, lambda: w._plane_key() in w._prepared)
+    pump(app, lambda: w.session.is_embedded())
     x0, y0, x1, y1 = mask_box(gt[z] == 33, 1)
     w.box_layer.add_rectangles(np.array([[z, y0, x0], [z, y0, x1], [z, y1, x1], [z, y1, x0]], float))
     pump(app, w.has_preview, 120)

@@ -4,9 +4,6 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-# the annotator's second encoder process (a CPU's first tile after a drop) is started by the
-# tests of it (test_encoder_process.py), not by every dock a test opens
-os.environ.setdefault("NAPARI_GPUSEG_ENCODER_PROCESS", "0")
 
 import pytest  # noqa: E402
 

@@ -123,7 +123,7 @@ def test_a_box_right_after_a_drop_shows_its_first_look_then_the_full_views_mask(
     look, final = shown[0][1], shown[1][1]
     assert look.view.input_size == 128 and final.view.input_size == 256
     assert "first look" in shown[0][2] and "first look" not in shown[1][2]
-    assert w._preview[3] is final
+    assert w.session.result is final
     assert iou(look.full(gt.shape), gt == oid) > 0.75
     assert iou(final.full(gt.shape), gt == oid) > 0.75
     assert not w._looks_waiting
@@ -157,11 +157,11 @@ def test_a_first_click_outside_the_first_tile_shows_its_crop_look_then_both_scal
     look, final = shown[0][1], shown[1][1]
     assert look.view.input_size == 128 and "first look" in shown[0][2]
     assert iou(look.full(gt.shape), gt == oid) > 0.6
-    engine = w._engine(w.model_name)
+    engine = w.session.engine()
     click = Prompt(points=np.array([[x, y]], float), labels=np.array([1]))
     job = w.worker.submit(lambda: engine.predict(np.array(img), [click], multimask=True)[0])
     qtbot.waitUntil(lambda: job.wait(0), timeout=WAIT)
     np.testing.assert_array_equal(job.result().full(gt.shape), final.full(gt.shape))
     w.pos_layer.add([[y + 2, x + 2]])  # a second click refines the mask on display
-    qtbot.waitUntil(lambda: w.has_preview() and w._preview[3] is not final, timeout=WAIT)
-    assert w._preview_prompt.mask_input is final
+    qtbot.waitUntil(lambda: w.has_preview() and w.session.result is not final, timeout=WAIT)
+    assert w.session.prompt.mask_input is final

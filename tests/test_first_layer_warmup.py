@@ -28,30 +28,8 @@ def test_layer_modules_import_and_a_missing_one_is_skipped(monkeypatch):
     import sys
 
     monkeypatch.setattr(_first_layer, "LAYER_MODULES", ("scipy.ndimage", "no_such_module_here"))
-    assert _first_layer.import_layer_modules() >= 0
+    _first_layer.import_layer_modules()  # no ImportError for the missing one
     assert "scipy.ndimage" in sys.modules and "no_such_module_here" not in sys.modules
-
-
-def test_the_collector_pass_collects_what_start_up_left():
-    import gc
-    import weakref
-
-    class Node:
-        pass
-
-    was_enabled = gc.isenabled()
-    gc.disable()  # no automatic pass between here and the one under test
-    try:
-        a, b = Node(), Node()
-        a.other, b.other = b, a  # a cycle: only the collector frees it
-        gone = weakref.ref(a)
-        del a, b
-        assert gone() is not None
-        assert _first_layer.collect_garbage() >= 0
-        assert gone() is None
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def test_visuals_are_built_once_and_a_failing_one_is_skipped(monkeypatch):

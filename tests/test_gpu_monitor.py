@@ -113,19 +113,21 @@ def test_annotator_and_automatic_docks_release_the_old_sam_engine(monkeypatch):
 
     from napari_gpuseg.engine.runtime.device import Policy
     from napari_gpuseg.engine.runtime.worker import InferenceWorker
-    from napari_gpuseg.widgets import _annotator_jobs, sam_annotator, sam_automatic
+    from napari_gpuseg.engine.annotate.session import AnnotationSession
+    from napari_gpuseg.engine.sam import loader
+    from napari_gpuseg.widgets import sam_automatic
 
     class Engine:
         def __init__(self, model, policy, cache=None):
             self.model = model
 
-    monkeypatch.setattr(_annotator_jobs, "load_engine", Engine)
+    monkeypatch.setattr(loader, "load_engine", Engine)
     monkeypatch.setattr(sam_automatic, "load_engine", Engine)
     monkeypatch.setattr(sam_automatic, "segment_everything_batch", lambda *a, **k: None)
     worker = InferenceWorker(Policy(torch.device("cpu"), "fp32"))
     dock = types.SimpleNamespace(worker=worker, _cache=None)
     try:
-        ref = weakref.ref(sam_annotator.SamAnnotatorWidget._engine(dock, "model-a"))
+        ref = weakref.ref(AnnotationSession("model-a", worker=worker).engine())  # the annotator's
         sam_automatic.SamAutomaticWidget._job_run(dock, "model-b", "everything", [], None, None, 0, 0, None, None)
         gc.collect()
         assert ref() is None and len(worker.loaded_models()) == 1

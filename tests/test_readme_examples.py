@@ -18,10 +18,11 @@ def readme_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.S)
 
 
-def test_readme_has_the_three_examples():
+def test_readme_has_the_four_examples():
     blocks = readme_blocks()
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     assert "run_folder(" in blocks[0] and "Prompt(box=" in blocks[1] and "predict_probabilities(" in blocks[2]
+    assert "AnnotationSession(" in blocks[3]
 
 
 @pytest.fixture
@@ -71,3 +72,15 @@ def test_unet_prediction(workdir):
     assert abs(int(labels.max()) - int(truth.max())) < 0.2 * truth.max()
     fg_iou = ((labels > 0) & (truth > 0)).sum() / ((labels > 0) | (truth > 0)).sum()
     assert fg_iou > 0.8, fg_iou
+
+
+def test_annotation_session(workdir):
+    scope = run_block(3)
+    truth = tifffile.imread(SAMPLE / "bbbc039_nuclei_masks.tif")
+    s, mask = scope["s"], scope["mask"]
+    assert mask.shape == truth.shape and mask.dtype == bool
+    ids, counts = np.unique(truth[mask], return_counts=True)
+    obj = truth == ids[np.argmax(counts)]
+    assert (mask & obj).sum() / (mask | obj).sum() > 0.7  # the box's nucleus
+    assert scope["obj"] == 1 and s.labels.shape == truth.shape
+    assert not s.labels.any()  # the commit was undone

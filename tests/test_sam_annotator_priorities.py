@@ -50,9 +50,9 @@ def add_box(w, box):
 def final_preview(w) -> bool:
     """The full decode's mask is on display (a box's first look, from a small crop, may come
     before it while its view is not embedded)."""
-    job = w._preview_job
+    job = w.session.decode_job
     return (w.has_preview() and job is not None and job.wait(0)
-            and w._preview[3] is job.result()[0])
+            and w.session.result is job.result())
 
 
 def log_index(worker, event, job):
@@ -83,10 +83,10 @@ def test_a_box_on_a_new_image_needs_only_its_own_tile(make_napari_viewer, qtbot,
     finally:
         release.set()
     qtbot.waitUntil(lambda: final_preview(w), timeout=WAIT)
-    engine = w._engine(w.model_name)
-    tiles, preview = w._embed_job, w._preview_job
+    engine = w.session.engine()
+    tiles, preview = w._embed_job, w.session.decode_job
     assert preview.status == DONE
-    result = w._preview[3]
+    result = w.session.result
     assert result.view.x0 > 256 and iou(result.full(gt.shape), gt == ids[k]) > 0.6
     # the decode (and the embedding of its one tile) ran before the image's tiles (the tiles
     # job may start just after the preview reaches the GUI thread: wait for its start)
@@ -122,16 +122,16 @@ def test_image_switch_cancels_the_old_tiles_and_serves_the_new_prompt_first(
         ids, boxes = gt_boxes(gt)
         k = next(i for i, b in enumerate(boxes) if b[0] > 460)
         add_box(w, boxes[k])
-        preview = w._preview_job
+        preview = w.session.decode_job
     finally:
         release.set()
     qtbot.waitUntil(lambda: final_preview(w), timeout=WAIT)
     assert old_tiles.wait(60) and old_tiles.status == CANCELLED
-    engine = w._engine(w.model_name)
+    engine = w.session.engine()
     assert engine.views_ready(engine.prepare(np.asarray(old_image.data))) == 0
     assert log_index(w.worker, "end", preview) < log_index(w.worker, "start", new_tiles)
-    assert w._preview[0].name == "new"
-    assert iou(w._preview[3].full(gt.shape), gt == ids[k]) > 0.6
+    assert w.image_layer.name == "new"
+    assert iou(w.session.result.full(gt.shape), gt == ids[k]) > 0.6
     # the new image's tiles go on after the prompt (started above, not cancelled)
     assert new_tiles.status in (RUNNING, DONE)
 
@@ -145,7 +145,7 @@ def test_stack_precompute_starts_at_the_displayed_slice(make_napari_viewer, qtbo
     w.precompute_stack()
     qtbot.waitUntil(lambda: "stack ready" in w.status.text(), timeout=WAIT)
     assert w.stack_order == [(3,), (2,), (4,), (1,), (0,)]
-    assert all(w._plane_key((z,)) in w._prepared for z in range(5))
+    assert all(w.session.is_embedded((z,)) for z in range(5))
 
 
 def test_tiles_wait_while_the_preview_is_drawn(make_napari_viewer, qtbot, strip):
@@ -157,7 +157,7 @@ def test_tiles_wait_while_the_preview_is_drawn(make_napari_viewer, qtbot, strip)
     qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)
     w.hold_background_s = 600  # so only the dock's release can end the hold
     at_show = []
-    real_show = w._show_preview
+    real_show = w._show_mask
 
     def show(*args, **kw):
         tiles = w._embed_job
@@ -168,7 +168,7 @@ def test_tiles_wait_while_the_preview_is_drawn(make_napari_viewer, qtbot, strip)
         at_show.append((tiles, list(w.worker.log), w.worker.holding))
         real_show(*args, **kw)
 
-    w._show_preview = show
+    w._show_mask = show
     img, gt = img[:, :256], gt[:, :256]  # one grid tile (and its click views) is enough here
     release = hold_worker(w.worker)
     try:
@@ -196,7 +196,7 @@ def test_the_tiles_at_the_canvas_centre_come_first_and_follow_a_pan(make_napari_
     viewer = make_napari_viewer()
     w = open_dock(viewer)
     qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)
-    engine = w._engine(w.model_name)
+    engine = w.session.engine()
     order = []
     real_embed = engine.embed
 
@@ -211,10 +211,10 @@ def test_the_tiles_at_the_canvas_centre_come_first_and_follow_a_pan(make_napari_
         viewer.add_image(img + 7, name="strip")  # content no test has embedded
         qtbot.waitUntil(lambda: w.image_layer is not None and w.image_layer.name == "strip",
                         timeout=WAIT)
-        assert w._focus == pytest.approx((img.shape[1] / 2 - 0.5, img.shape[0] / 2 - 0.5), abs=3)
+        assert w.session.focus == pytest.approx((img.shape[1] / 2 - 0.5, img.shape[0] / 2 - 0.5), abs=3)
         viewer.camera.zoom *= 4
         viewer.camera.center = (128, 600)  # (y, x): the right end of the strip
-        assert w._focus == pytest.approx((600, 128), abs=1)
+        assert w.session.focus == pytest.approx((600, 128), abs=1)
     finally:
         release.set()
     qtbot.waitUntil(lambda: len(order) >= 2, timeout=WAIT)
@@ -223,9 +223,9 @@ def test_the_tiles_at_the_canvas_centre_come_first_and_follow_a_pan(make_napari_
     assert order[0] == grid[-1] and order[1] == grid[-2], (order, grid)
     # a prompt moves the start to itself, and a later pan leaves it there
     w.pos_layer.data = np.array([[100.0, 20.0]])
-    assert w._focus == pytest.approx((20, 100))
+    assert w.session.focus == pytest.approx((20, 100))
     viewer.camera.center = (128, 300)
-    assert w._focus == pytest.approx((20, 100))
+    assert w.session.focus == pytest.approx((20, 100))
 
 
 def test_a_box_in_the_tile_being_embedded_waits_for_it_instead_of_embedding_it_again(
@@ -235,7 +235,7 @@ def test_a_box_in_the_tile_being_embedded_waits_for_it_instead_of_embedding_it_a
     viewer = make_napari_viewer()
     w = open_dock(viewer)
     qtbot.waitUntil(lambda: "ready" in w.status.text(), timeout=WAIT)
-    engine = w._engine(w.model_name)
+    engine = w.session.engine()
     embedded = []
     real_embed = engine.embed
 
@@ -255,12 +255,12 @@ def test_a_box_in_the_tile_being_embedded_waits_for_it_instead_of_embedding_it_a
         ids, boxes = gt_boxes(gt)
         k = next(i for i, b in enumerate(boxes) if 260 < b[0] and b[2] < 380)
         add_box(w, boxes[k])
-        assert w._preview_job is not None and w._preview_job.status == "pending"  # queued, waiting
+        assert w.session.decode_job is not None and w.session.decode_job.status == "pending"  # queued, waiting
     finally:
         go_on.set()
         hook.remove()
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
-    result = w._preview[3]
+    result = w.session.result
     view = (result.view.x0, result.view.y0, result.view.w)
     assert embedded[0] == view  # the tile in progress was the box's
     assert embedded.count(view) == 1, embedded  # embedded once: the box waited for it

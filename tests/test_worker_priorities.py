@@ -88,33 +88,6 @@ def test_pause_point_serves_higher_priority_jobs_inside_a_running_job(worker):
     pause_point()  # outside a worker thread: nothing happens
 
 
-def test_a_pause_point_enters_its_context_around_each_job_it_serves_only(worker):
-    import contextlib
-
-    inside, go_on = threading.Event(), threading.Event()
-    seen = []
-
-    @contextlib.contextmanager
-    def held():  # e.g. the second encoder process waiting while a prompt runs here
-        seen.append("hold")
-        yield
-        seen.append("release")
-
-    def long_job():
-        pause_point(held)  # nothing queued: no hold
-        inside.set()
-        go_on.wait(10)
-        pause_point(held)
-        return list(seen)
-
-    bg = worker.submit(long_job, tag="encoder", priority=BACKGROUND)
-    assert inside.wait(10)
-    worker.submit(lambda: seen.append("prompt"), tag="prompt", priority=INTERACTIVE)
-    worker.submit(lambda: seen.append("edit"), tag="prompt", priority=INTERACTIVE)
-    go_on.set()
-    assert bg.result(10) == ["hold", "prompt", "release", "hold", "edit", "release"]
-
-
 def test_cancel_takes_effect_at_a_pause_point_and_closes_stepped_jobs(worker):
     inside, go_on, closed = threading.Event(), threading.Event(), []
 

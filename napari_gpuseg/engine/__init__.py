@@ -11,6 +11,9 @@ SAM (Segment Anything):
   ``x0, y0, x1, y1``.
 - ``MaskResult``: a mask with its predicted IoU; ``result.full((H, W))`` gives the
   full-size boolean mask.
+- ``AnnotationSession(engine)``: annotate an image object by object without a window:
+  ``set_image``, ``click(x, y)``, ``box(x0, y0, x1, y1)``, ``commit()``, ``undo()``,
+  ``set_plane(z)``, ``labels``; asynchronous forms for a GUI (the SAM annotator dock is one).
 - ``segment_everything(engine, image, channel=None)``: instance labels of everything SAM
   finds from a grid of point prompts.
 - ``segment_boxes(engine, image, boxes, channel=None)``: instance labels from box prompts ``(N, 4)``.
@@ -19,6 +22,7 @@ Every entry point that takes an image (these two, ``predict_probabilities``,
 ``predict_labels``) takes it as folder jobs take an image file: colour is detected (a last
 axis of 3 or 4 values), ``channel=N`` picks one channel of a multichannel image, and a
 multichannel image without it is refused with the same one-line message.
+
 - ``finetune_sam(images, labels, model="nuclei_sam", config=None, out_path=None)`` with
   ``SamTuneConfig`` (steps, objects per step, learning rate, time limit, ...):
   fine-tune the decoder (prompt encoder + mask decoder) on your labelled images with
@@ -78,6 +82,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "load_engine": (".sam.loader", "load_engine"),
     "segment_everything": (".sam_api", "segment_everything"),
     "segment_boxes": (".sam_api", "segment_boxes"),
+    "AnnotationSession": (".annotate.session", "AnnotationSession"),
     "finetune_sam": (".sam.finetune", "finetune_sam"),
     "SamTuneConfig": (".sam.finetune", "SamTuneConfig"),
     "load_unet": (".unet.checkpoint", "load_unet"),

@@ -1,26 +1,22 @@
-"""Propagate panel of the SAM annotator: grow the previewed (or last committed) object
-through the stack, or every object committed on the current slice ("Segment all objects
-in 3D"). Runs as a worker job; masks are drawn into the labels layer as they come, a
-cancel keeps what is done, and one undo removes the whole propagation."""
+"""Propagate panel of the SAM annotator: grow the object on display (or the last committed
+one) through the stack, or every object committed on the current slice ("Segment all objects
+in 3D"), through the dock's session (``AnnotationSession.propagate_async``); masks are drawn
+into the labels layer as they come, a cancel keeps what is done, and one undo removes the
+whole propagation."""
 from __future__ import annotations
 
 import time
-from collections import deque
 
-import numpy as np
 from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QPushButton, QSpinBox
 
-from ..engine.sam.propagate import PropagateOptions, propagate_all
-from ._prompts import plane_index
+from ..engine.sam.propagate import PropagateOptions
 
 
 class PropagatePanel(QGroupBox):
     def __init__(self, dock, parent=None):
         super().__init__("Propagate through the stack", parent)
         self.dock = dock
-        self._pending: deque = deque()  # (object index, z, mask) from the worker thread
-        self._ids: list[int] = []
         self._job = None
         self._t0 = 0.0
         self.min_iou = QDoubleSpinBox()
@@ -64,81 +60,39 @@ class PropagatePanel(QGroupBox):
     def running(self) -> bool:
         return self._job is not None
 
-    # -- starting points ---------------------------------------------------------------
-    def _stack_index(self):
-        d = self.dock
-        if not d._image_alive() or d.labels_layer is None:
-            return None
-        if d.labels_layer.data.ndim != 3:
-            d._set_status("propagation needs a stack (Z, Y, X): this image has no slices")
-            return None
-        index = plane_index(d.image_layer, d.viewer)
-        return index[0] if len(index) == 1 else None
-
+    # -- the job --------------------------------------------------------------------------
     def propagate(self) -> None:
-        """The previewed object, else the object committed last on this slice."""
-        d, z = self.dock, self._stack_index()
-        if z is None or self.running:
-            return
-        labels = d.labels_layer.data
-        if d.has_preview():
-            _layer, _index, _gen, result = d._preview
-            start, obj_id = result.full(labels.shape[1:]), None
-            d.clear_prompts()
-        else:
-            last = next((c for c in reversed(d.committer.history) if c.index == (z,)), None)
-            if last is None:
-                d._set_status("propagate: preview or commit an object on this slice first")
-                return
-            obj_id = last.ids[-1]
-            start = labels[z] == obj_id
-        self._run(z, [start], [obj_id])
+        """The object on display, else the object committed last on this slice."""
+        self._run(every=False)
 
     def propagate_all(self) -> None:
         """Every object on the current slice, all at once."""
-        d, z = self.dock, self._stack_index()
-        if z is None or self.running:
-            return
-        plane = d.labels_layer.data[z]
-        ids = [int(i) for i in np.unique(plane) if i != 0]
-        if not ids:
-            d._set_status("segment all in 3D: commit objects on this slice first")
-            return
-        self._run(z, [plane == i for i in ids], ids)
+        self._run(every=True)
 
-    # -- the job -------------------------------------------------------------------------
-    def _run(self, z: int, starts: list[np.ndarray], ids: list[int | None]) -> None:
+    def _run(self, every: bool) -> None:
         d = self.dock
-        labels = d.labels_layer.data
-        d.committer.open_group(labels)
-        nxt = d.committer.next_id(labels)
-        self._ids = []
-        for i in ids:
-            self._ids.append(i if i is not None else nxt)
-            nxt += i is None
-        volume, model, opts = d.image_layer.data, d.model_name, self.options()
+        if self.running or not d._image_alive() or d.labels_layer is None:
+            return
+        shown = d.has_preview()
+        try:
+            self._job = d.session.propagate_async(every, self.options(), on_done=self._done,
+                                                  on_progress=d._on_progress, on_error=self._failed,
+                                                  on_cancelled=lambda *_: self._done(None))
+        except ValueError as exc:  # no stack, nothing to start from
+            d._set_status(str(exc))
+            return
+        if shown and not every:
+            d.clear_prompts()
         self._t0 = time.perf_counter()
-        d._set_status(f"propagating {len(starts)} object(s) from slice {z}…")
+        n = len(d.session.propagate_ids)
+        d._set_status(f"propagating {n} object(s) from slice {d.session.plane[0]}…")
         self._timer.start()
-        self._job = d._submit(self._job_propagate, model, volume, z, starts, opts, tag="propagate",
-                              on_result=self._done, on_error=self._failed,
-                              on_progress=d._on_progress, on_cancelled=lambda *_: self._done(None))
-
-    def _job_propagate(self, model, volume, z, starts, opts, progress=None, cancel=None):
-        engine = self.dock._engine(model)
-        return propagate_all(engine, volume, z, starts, opts,
-                             on_slice=lambda i, zz, m: self._pending.append((i, zz, m)),
-                             progress=progress, cancel=cancel)
 
     def _drain(self) -> None:
         d = self.dock
-        if not self._pending or d.labels_layer is None:
-            return
-        labels = d.labels_layer.data
-        while self._pending:
-            i, z, mask = self._pending.popleft()
-            d.committer.commit_slice(labels, z, mask, self._ids[i])
-        d.labels_layer.refresh()
+        layer = None if d._layers is None else d._layers.labels
+        if d.session.take_propagated() and layer is not None:
+            layer.refresh()
 
     def _done(self, results) -> None:
         self._drain()

@@ -1,42 +1,38 @@
 """SAM annotator dock: click or box objects, see the mask at once, commit labels.
 
-All network work runs in the shared inference worker; this dock only reads prompts from
-layers, submits jobs, and shows results that still match what the user is looking at.
-A prompt's decode is interactive work: it embeds just the view it needs and runs before
-the rest of the image's tiles, which are embedded in the background ("5/12 tiles"), those
-at the canvas centre first (then those near the last prompt). When a preview's decode
-ends, the worker holds that background work (``hold_after``) until the window has
-repainted with the mask, so the repaint does not share the cores with the encoder.
+A view over an :class:`~napari_gpuseg.engine.annotate.session.AnnotationSession`: the dock
+maps layer events to session calls (the image layer it follows, the plane on display, the
+prompts in SAM positive / SAM negative / SAM boxes, the buttons) and paints what the session
+reports (the current object in SAM preview, commits in ``<image> SAM labels``, the status
+line). The session schedules the work on the shared inference worker; its callbacks come
+back on the GUI thread (``_bridge``). What stays here is the window's side of latency: a
+prompt and its mask are painted in one repaint (``RedrawHold``), background embedding waits
+until the mask is on screen (``AfterRepaint``), a first look is reported shown once painted,
+and SAM negative and the labels layer are made once the prompts rest.
 """
 from __future__ import annotations
 
 import logging
-import threading
-import time
 
-import numpy as np
 from napari.layers import Image
+from napari.utils.notifications import show_info
+from qtpy.QtCore import Qt, QTimer
 from qtpy.QtWidgets import (
-    QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
+    QApplication, QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
 
-from ..engine.sam.annotation import LabelCommitter
+from ..engine.annotate import region as regions
+from ..engine.annotate.session import AnnotationSession
 from ..engine.runtime.device import get_policy
-from ..engine.sam.cache import EmbeddingCache
-from ..engine.sam.encoder_slot import EncoderSlot
-from ..engine.runtime.worker import BACKGROUND, IDLE, INTERACTIVE, InferenceWorker, default_worker
+from ..engine.runtime.worker import InferenceWorker, default_worker
+from ._annotation_layers import (add_rest, ensure_layers, remove_on_plane, select_prompt_tool, spatial_shape,
+                                 toggle_click_sign)
+from ._annotator_region import REGION_BUTTON, add_region, region_in_view, too_big
 from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
 from ._dock import DockWidget, auto_spin, scrollable
-from ._annotation_layers import ensure_layers, select_prompt_tool, spatial_shape
 from ._first_layer import warm_up
-from ._prompts import current_prompt, plane, plane_index, prompt_focus, view_focus
+from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
-from ._annotator_commit import CommitActions
-from ._annotator_jobs import AnnotatorJobs
-from ._annotator_later import LaterLayers
-from ._annotator_handover import HANDOVER_WAIT_S, FirstTileHandover
-from ._annotator_preview import PreviewDisplay
-from ._annotator_region import RegionActions
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +40,13 @@ BACKGROUND_HOLD_S = 0.3
 """At most this long after a preview's decode, background embedding waits for the window
 to show the mask (it is released as soon as the repaint is done)."""
 
-class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDisplay, FirstTileHandover,
-                         RegionActions, DockWidget):
+REST_IDLE_MS = 600
+"""How long the prompts rest before a later layer (SAM negative, the labels layer) is made
+(making one freezes the window for a moment: never while the user edits a prompt, a decode
+runs or a mouse button is down)."""
+
+
+class SamAnnotatorWidget(DockWidget):
     TITLE = "SAM annotator"
 
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
@@ -53,45 +54,38 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         self.viewer = napari_viewer
         self.worker = worker or default_worker()
         self.policy = get_policy()
-        self.committer = LabelCommitter()
+        self.session = AnnotationSession(None, worker=self.worker, submit=self._submit_job)
         self.image_layer: Image | None = None
+        self._layers = None  # the AnnotationLayers of the followed image
         self.pos_layer = self.box_layer = self.preview_layer = None
-        self._layers, self._generation = None, 0  # layers: the AnnotationLayers of the followed image
-        self._plane: tuple | None = None  # the plane of the image on display
-        self._prepared: dict[tuple, object] = {}  # plane key -> image with every tile embedded
-        self._early: dict[tuple, object] = {}  # plane key -> prepared image, tiles still coming
-        self._tiles: dict[tuple, tuple[int, int]] = {}  # plane key -> (tiles ready, tiles)
-        self._focus, self._focus_on_view = None, True  # (x, y) the tiles start from: view, then prompt
-        self._status_text, self._preview = "idle", None  # preview: (layer, index, generation, MaskResult)
-        self._preview_prompt = None  # the prompt that gave the shown mask
-        self._cache = EmbeddingCache()
-        self._encoder_slot = EncoderSlot()  # a second process for a new image's first tile (CPU)
-        self._embed_job = self._stack_job = self._preview_job = None
-        self.stack_order: list[tuple] = []  # planes in the order the last precompute took them
-        self._embed_started, self.last_embed_seconds, self._jobs = 0.0, None, []  # seconds: last embedding
+        self._status_text = "idle"
+        self._focus_on_view = True  # the tiles start from the canvas centre until a prompt
+        self._region_only = False  # the followed image is too big: no work is started for it
+        self._removing = False  # prompts being removed by the dock itself
+        self._embed_job = self._stack_job = None
         self.redraw = RedrawHold(self)  # a prompt and its mask appear in one redraw
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
-        self.handover_wait_s = HANDOVER_WAIT_S  # 0: no wait
-        self._after_repaint = AfterRepaint(self.worker.release_background, self)
-        self._looks_waiting, self._look_painted = [], AfterRepaint(self._on_look_painted, self)
+        self._after_repaint = AfterRepaint(self.session.release_background, self)
+        self._looks_waiting: list = []  # ``shown`` callbacks of first looks painted next
+        self._look_painted = AfterRepaint(self._on_look_painted, self)
         self._follow = PostedCall(self._follow_active, self)
-        self._drop_noticed: float | None = None  # when a new layer became the active one
-        self._followed: tuple | None = None  # (noticed, waited, tile elsewhere) until painted
-        self._painted = AfterRepaint(self._on_followed_painted, self)
-        self._init_later_layers()
+        self._rest_timer = QTimer(self)  # SAM negative and the labels layer, after a first prompt
+        self._rest_timer.setSingleShot(True)
+        self._rest_timer.timeout.connect(self._rest_when_idle)
+        self._rest_pending = False  # following the image left them for later
         self._build_ui()
-        worker, slot = self.worker, self._encoder_slot
-        self.destroyed.connect(lambda *_: (self.redraw.release(), self._cancel_own_jobs(),
-                                           worker.release_background(), slot.close()))
+        session = self.session
+        self.destroyed.connect(lambda *_: (self.redraw.release(), session.close()))
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
         self.viewer.camera.events.center.connect(self._on_camera)
         for key, fn in (("Shift-C", self.commit), ("Shift-X", self.clear_prompts), ("Shift-Z", self.undo),
                         ("Shift-N", self._toggle_click_sign)):
             self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
+        self.session.set_model(self.model_name)
         self._preload_model()
-        warm_up(self, self._submit)  # napari's one-off work for its first layers, before the first drop
+        warm_up(self, self.session.schedule)  # napari's one-off work for its first layers, before the first drop
         take_sam_models(self)
         active = self.viewer.layers.selection.active
         if isinstance(active, Image):
@@ -101,7 +95,7 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
             if images:
                 self.set_image_layer(images[-1])
 
-    # -- UI ---------------------------------------------------------------------
+    # -- UI ---------------------------------------------------------------------------
     def _build_ui(self) -> None:
         self.model_combo = QComboBox()
         self.model_combo.addItems(sam_model_names() + [BROWSE])
@@ -114,6 +108,11 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         self._make_status_parts()
         self.multimask = QCheckBox("best of the candidate masks for a first click")
         self.multimask.setChecked(True)
+        self.region_btn = QPushButton(REGION_BUTTON)  # shown for an image too big to annotate whole
+        self.region_btn.setToolTip("Annotate the part of this image on the canvas as an image layer of its "
+                                   "own, placed over it (at most %d px a side)" % regions.REGION_SIDE)
+        self.region_btn.clicked.connect(self.annotate_region)
+        self.region_btn.setVisible(False)
 
         self.commit_btn = QPushButton("Commit [Shift-C]")
         self.clear_btn = QPushButton("Clear [Shift-X]")
@@ -153,11 +152,12 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         layout.addWidget(self.status)
         layout.addWidget(self.progress)
         layout.addWidget(self.hint_label)
-        layout.addWidget(self._make_region_button())  # shown for an image too big to annotate whole
+        layout.addWidget(self.region_btn)
         layout.addWidget(self.multimask)
         for row in rows:
             layout.addLayout(row)
         from ._propagate import PropagatePanel  # Propagate / Segment all objects in 3D
+
         self.propagate_panel = PropagatePanel(self)
         layout.addWidget(self.propagate_panel)
         layout.addStretch(1)
@@ -166,6 +166,15 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
     @property
     def model_name(self) -> str:
         return self.model_combo.currentText()
+
+    @property
+    def stack_order(self) -> list[tuple]:
+        """Planes in the order the last stack precompute took them."""
+        return self.session.stack_order
+
+    @property
+    def last_embed_seconds(self) -> float | None:
+        return self.session.last_embed_seconds
 
     def _update_hint(self) -> None:
         box_model = is_box_trained(self.model_name)
@@ -188,43 +197,31 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
             return
         self._update_hint()
         select_prompt_tool(self.viewer, self._layers, is_box_trained(self.model_name))  # the model's tool
-        self._prepared.clear()
+        self.session.set_model(self.model_name)  # the current object goes: decoded again below
+        self._clear_preview()
         self._preload_model()
         self._embed_current()
+        self._on_prompts_changed()
 
     def _preload_model(self) -> None:
         """Load the model in the worker as soon as it is chosen (the dock opens before the
         user drops an image, usually): the first embedding then starts at once, and loading
         (a one-off GUI hiccup in torch's unpickler and Python's collector) is over
         before any interaction. A missing model is reported now, not at the first prompt."""
-        model = self.model_name
-
         def done(seconds):
             if self.image_layer is None:
                 self._set_status(f"model {self.model_name} ready ({seconds:.1f} s)")
-            slot = self._encoder_slot  # cancelled (the Cancel button): started when next idle
-            self._submit(self._job_second_process, model, tag="encoder-process", priority=IDLE,
-                         on_cancelled=lambda: setattr(slot, "deferred", model))
 
-        self._submit(self._job_load, model, tag="load", replace=True,
-                     on_result=done, on_error=self._on_error)
+        self.session.load_async(on_done=done, on_error=self._on_error)
 
     def _set_status(self, text: str) -> None:
         self._status_text = text
-        tiles = self._tiles.get(self._plane_key()) if self._image_alive() else None
+        tiles = self.session.tiles() if self._image_alive() else None
         if tiles is not None and tiles[0] < tiles[1]:
             text = f"{text} · {tiles[0]}/{tiles[1]} tiles"
         self.status.setText(text)
 
-    def _on_tiles(self, key: tuple, done: int, total: int) -> None:
-        self._tiles[key] = (done, total)
-        if done and self._image_alive() and key == self._plane_key():
-            self._rest_soon()
-        if key == self._plane_key():
-            self._on_progress(done, total)
-            self._set_status(self._status_text)
-
-    # -- layers -----------------------------------------------------------------------
+    # -- the image followed -----------------------------------------------------------------
     def _on_active_layer(self, event=None) -> None:
         # follow the active image once napari has finished the change that made it active:
         # adding our prompt layers from inside a layer-list event (a drop, a deletion)
@@ -232,31 +229,72 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
         # posted event (not a zero-delay timer) runs before napari's first repaint, so the
         # new image is never drawn alone first: on software OpenGL, napari 0.9 crashed on
         # the third "delete every layer, add an image" round when it was (README)
-        if self._drop_noticed is None and isinstance(self.viewer.layers.selection.active, Image):
-            self._drop_noticed = time.perf_counter()
         self._follow.post()
 
     def _follow_active(self) -> None:
         layer = self.viewer.layers.selection.active
         if isinstance(layer, Image) and layer is not self.image_layer and layer in self.viewer.layers:
             self.set_image_layer(layer)
-        self._drop_noticed = None  # measured by set_image_layer, or no new image to follow
 
     def set_image_layer(self, layer: Image) -> None:
         self.image_layer = layer
         self.image_label.setText(layer.name)
-        self._plane = plane_index(layer, self.viewer)
-        self._generation += 1
-        if self._offer_region(layer):  # too big to annotate whole: a region of it, on request
+        data = layer.data[0] if getattr(layer, "multiscale", False) else layer.data
+        whole = self.session.set_image(data, rgb=bool(layer.rgb))
+        self._offer_region(layer, whole)
+        if self._region_only:
             self._clear_preview()
             return
-        self._embed_then_layers()
+        self.session.set_plane(plane_index(layer, self.viewer))
+        self._embed_current()  # the tiles first, then the layers (napari's part, the slow one)
+        self._ensure_layers(rest=False)  # the others once a first prompt has its mask
         self._rest_pending = bool(self._missing())
         self._clear_preview()
 
-    def _spatial_shape(self) -> tuple:
-        return spatial_shape(self.image_layer)
+    def _offer_region(self, layer, whole: bool) -> None:
+        """Too big to annotate whole: say so and offer the region in view."""
+        self._region_only = not whole
+        self.region_btn.setVisible(self._region_only)
+        if whole:
+            self._update_hint()
+            return
+        h, w = spatial_shape(layer)[-2:]
+        self.hint_label.setText(
+            f"{h} x {w} px is more than the annotator embeds whole ({regions.MAX_PLANE_PX / 2**20:.0f} Mpx). "
+            f"Pan and zoom to the part to annotate, then press '{REGION_BUTTON}' (at most "
+            f"{regions.REGION_SIDE} px a side). SAM automatic and U-Net predict run the whole image in blocks.")
+        self._set_status(f"{layer.name}: {h} x {w} px, too big to annotate whole")
 
+    def annotate_region(self):
+        """Add the region in view as an image layer; the dock follows it (it is active)."""
+        layer = self.image_layer
+        if layer is None or layer not in self.viewer.layers or not too_big(layer):
+            return None
+        return add_region(self.viewer, layer, region_in_view(self.viewer, layer))
+
+    def _image_alive(self) -> bool:
+        """False before an image is chosen and once the user (or closing the viewer)
+        removed it: no work is started for an image that is gone."""
+        return self.image_layer is not None and self.image_layer in self.viewer.layers and not self._region_only
+
+    def _on_step(self, event=None) -> None:
+        if not self._image_alive():
+            return
+        index = plane_index(self.image_layer, self.viewer)
+        if index == self.session.plane:
+            # the viewer's dims also move when another layer's extent changes (the first box
+            # drawn into an empty box layer, say): same plane, nothing to redo
+            return
+        self.session.set_plane(index)
+        self._clear_preview()
+        self._embed_current()
+        self._on_prompts_changed()
+
+    def _on_camera(self, event=None) -> None:
+        if self._focus_on_view and self._image_alive():  # panned or zoomed before a prompt
+            self.session.focus = view_focus(self.viewer, self.image_layer)
+
+    # -- layers -------------------------------------------------------------------------------
     def _ensure_layers(self, rest: bool = True) -> None:
         lay = self._layers = ensure_layers(self.viewer, self.image_layer, rest=rest)
         self.pos_layer, self.box_layer, self.preview_layer = lay.pos, lay.boxes, lay.preview
@@ -273,127 +311,254 @@ class SamAnnotatorWidget(AnnotatorJobs, CommitActions, LaterLayers, PreviewDispl
                 logger.debug("prompt layer %r was not connected yet", ly.name)
             ly.events.data.connect(self._on_prompts_changed)
 
-    # -- embedding --------------------------------------------------------------------
-    def _plane_key(self, index=None) -> tuple:
-        index = plane_index(self.image_layer, self.viewer) if index is None else index
-        return (id(self.image_layer), self.model_name, index)
+    @property
+    def neg_layer(self):
+        """SAM negative (made now if following the image left it for later)."""
+        self._make_rest(labels=False)
+        return None if self._layers is None else self._layers.neg
 
+    @property
+    def labels_layer(self):
+        """``<image> SAM labels`` (made now if following the image left it for later); the
+        session writes into its data."""
+        self._make_rest(neg=False)
+        layer = None if self._layers is None else self._layers.labels
+        if layer is not None and self._image_alive():
+            self.session.use_labels(layer.data)
+        return layer
+
+    def _missing(self) -> list[str]:
+        """Which of SAM negative and the labels layer the followed image still lacks."""
+        lay = self._layers
+        if lay is None or not self._image_alive():
+            return []
+        return [k for k in ("neg", "labels")
+                if getattr(lay, k) is None or getattr(lay, k) not in self.viewer.layers]
+
+    def _make_rest(self, neg: bool = True, labels: bool = True) -> None:
+        missing = self._missing()
+        if not (neg and "neg" in missing or labels and "labels" in missing):
+            return
+        self._layers = add_rest(self.viewer, self.image_layer, self._layers, neg=neg, labels=labels)
+        self._connect_prompts(self._layers)
+        if neg:
+            self._layers.neg.mode = "add"
+
+    def _postpone_rest(self) -> None:
+        if self._rest_timer.isActive():
+            self._rest_timer.start(REST_IDLE_MS)
+
+    def _rest_soon(self) -> None:
+        """Make the rest once the prompts are left alone for :data:`REST_IDLE_MS` (only what
+        following the image left for later: a layer the user deleted since stays deleted
+        until something needs it)."""
+        if self._rest_pending and self._missing() and not self._rest_timer.isActive():
+            self._rest_timer.start(REST_IDLE_MS)
+
+    def _rest_when_idle(self) -> None:
+        """One layer of the rest per call (each is a short freeze of the window, not one
+        long one), never while a prompt decodes or is being drawn."""
+        missing = self._missing()
+        if not (missing and self._rest_pending):
+            self._rest_pending = False
+            return
+        if not self.session.busy("preview") and QApplication.mouseButtons() == Qt.MouseButton.NoButton:
+            self._make_rest(neg=missing[0] == "neg", labels=missing[0] == "labels")
+        if self._missing():
+            self._rest_timer.start(REST_IDLE_MS)
+        else:
+            self._rest_pending = False
+
+    def _toggle_click_sign(self) -> None:
+        self._make_rest(labels=False)
+        toggle_click_sign(self.viewer, self._layers)
+
+    # -- embedding ------------------------------------------------------------------------------
     def _embed_current(self) -> bool:
         """Embed the plane on display in the background; True when its tiles are started."""
         if not self._image_alive():
             return False
-        index = plane_index(self.image_layer, self.viewer)
-        key = self._plane_key(index)
-        self._focus, self._focus_on_view = view_focus(self.viewer, self.image_layer), True
-        if key in self._prepared:
+        self.session.focus, self._focus_on_view = view_focus(self.viewer, self.image_layer), True
+        if self.session.is_embedded():
             self._set_status("embedding cached")
-            self._submit(self._job_warm, self.model_name, self._prepared[key], tag="warm",
-                         replace=True, priority=BACKGROUND)
+            self.session.embed_async()  # only the decoder's warm-up
             return False
-        img = np.array(plane(self.image_layer, index), copy=True)
-        self._embed_started = time.perf_counter()
+        index = self.session.plane
         self._set_status(f"embedding {self.image_layer.name} {index or ''} (prompts need not wait)")
         # the image's tiles in the background: a new image or slice replaces this job, and a
         # prompt meanwhile embeds only its own view, ahead of it
-        self._embed_job = self._submit(
-            self._job_tiles, self.model_name, img, self.batch_spin.value() or None, key,
-            tag="embed", replace=True, priority=BACKGROUND,
-            on_result=lambda r, key=key: self._on_embedded(key, r),
-            on_error=self._on_error, on_progress=lambda d, t, key=key: self._on_tiles(key, d, t),
-            on_cancelled=lambda key=key: self._on_tiles_cancelled(key))
+        key = self.session.key()
+        self._embed_job = self.session.embed_async(
+            self.batch_spin.value() or None, on_done=lambda s, key=key: self._on_embedded(key, s),
+            on_progress=lambda d, t, key=key: self._on_tiles(key, d, t),
+            on_cancelled=lambda key=key: self._on_tiles_cancelled(key), on_error=self._on_error)
         return True
 
+    def _on_tiles(self, key: tuple, done: int, total: int) -> None:
+        if key != self.session.key():
+            return
+        if done and self._image_alive():
+            self._rest_soon()
+        self._on_progress(done, total)
+        self._set_status(self._status_text)
+
     def _on_tiles_cancelled(self, key: tuple) -> None:
-        self._early.pop(key, None)
-        if self._image_alive() and key == self._plane_key():  # not replaced: the user cancelled
+        if self._image_alive() and key == self.session.key():  # not replaced: the user cancelled
             self._set_status("embedding cancelled")
 
-    def _on_embedded(self, key: tuple, result) -> None:
-        prepared, seconds = result
-        self._prepared[key] = prepared[0]
-        self._early.pop(key, None)
-        self.last_embed_seconds = seconds
-        if key == self._plane_key():
-            n = self._tiles.get(key, (0, 0))[1]
-            self._set_status(f"embedding ready ({seconds:.2f} s, {n}/{n} tiles)")
-            # the decoder's image-only work, in the background rather than in the user's
-            # first prompt (a prompt meanwhile goes first; the warm-up reuses its work)
-            self._submit(self._job_warm, self.model_name, prepared[0], tag="warm", replace=True,
-                         priority=BACKGROUND)
-            idle = self._preview_job is None or self._preview_job.wait(0)
-            if not self.has_preview() and idle:
-                self._on_prompts_changed()  # a prompt whose decode did not come through
+    def _on_embedded(self, key: tuple, seconds: float) -> None:
+        if key != self.session.key():
+            return
+        n = (self.session.tiles() or (0, 0))[1]
+        self._set_status(f"embedding ready ({seconds:.2f} s, {n}/{n} tiles)")
+        if not self.has_preview() and not self.session.busy("preview"):
+            self._on_prompts_changed()  # a prompt whose decode did not come through
 
-    def _image_alive(self) -> bool:
-        """False before an image is chosen and once the user (or closing the viewer)
-        removed it: no work is started for an image that is gone."""
-        return self.image_layer is not None and self.image_layer in self.viewer.layers and not self._region_only
-
-    def _on_step(self, event=None) -> None:
+    def precompute_stack(self) -> None:
         if not self._image_alive():
             return
-        index = plane_index(self.image_layer, self.viewer)
-        if index == self._plane:
-            # the viewer's dims also move when another layer's extent changes (the first box
-            # drawn into an empty box layer, say): same plane, nothing to redo
+        if len(self.session.shape) <= 2:
+            self._embed_current()
             return
-        self._plane = index
-        self._generation += 1
-        self._clear_preview()
-        self._embed_current()
-        self._on_prompts_changed()
+        from time import perf_counter
 
-    def _on_camera(self, event=None) -> None:
-        if self._focus_on_view and self._image_alive():  # panned or zoomed before a prompt
-            self._focus = view_focus(self.viewer, self.image_layer)
+        t0 = perf_counter()
+        self._set_status("precomputing the stack's slices…")
+
+        def done(n):
+            self._set_status(f"stack ready: {n} slices in {perf_counter() - t0:.1f} s")
+
+        self._stack_job = self.session.embed_stack_async(
+            self.batch_spin.value() or None, on_done=done, on_progress=self._on_progress,
+            on_cancelled=lambda: self._set_status("precompute cancelled"), on_error=self._on_error)
 
     def cancel(self) -> None:
-        n = self._cancel_own_jobs()
+        n = self.session.cancel()
         self._set_status(f"cancelled {n} job(s)")
 
-    # -- prompts and preview ------------------------------------------------------------
+    # -- prompts and the current object ---------------------------------------------------------
     def _on_prompts_changed(self, event=None) -> None:
         self._postpone_rest()  # the user is at work: the later layers wait
+        if self._removing:
+            return
         action = str(getattr(event, "action", "") or "")
         if action.endswith("ing"):  # "adding"/"changing"/"removing": wait for the final event
             if self.hold_background_s > 0 and self._image_alive():
                 # the encoder parks at its next pause point while napari applies the edit,
                 # so the decode submitted at the final event starts at once
-                self.worker.hold_background(self.hold_background_s)
+                self.session.hold_background(self.hold_background_s)
             return
         if not self._image_alive() or self.pos_layer is None:
             return
-        self._generation += 1
-        index = plane_index(self.image_layer, self.viewer)
+        index = self.session.plane
         try:
             prompt = current_prompt(self.pos_layer, self._layers.neg, self.box_layer, index)
         except ValueError:
             prompt = None
         if prompt is None:
+            self.session.clear()
             self._clear_preview()
             return
-        key = self._plane_key(index)
-        image = self._prepared.get(key) or self._early.get(key)
-        if image is None:
-            image = np.array(plane(self.image_layer, index), copy=True)
-        self._focus, self._focus_on_view = prompt_focus(prompt), False  # its tiles come next
-        gen, layer = self._generation, self.image_layer
-        prompt, multimask = self._follow_up(prompt, index)
-        first_click = multimask and prompt.box is None and prompt.mask_input is None
-        first_box = prompt.box is not None and prompt.points is None and prompt.mask_input is None
-        first_look = first_click or first_box
-        look = threading.Event() if first_look else None  # set once the first look is painted
-        if first_look:  # a quick mask first (from a small crop, or a click's native tile)
-            self._submit(
-                self._job_first_look, self.model_name, image, prompt, look, tag="preview", replace=True,
-                priority=INTERACTIVE, hold_after=self.hold_background_s,
-                defer=self._defer_for(self.model_name, image, prompt),
-                on_result=lambda res: self._show_first_look(layer, index, gen, res, prompt, look),
-                on_error=self._on_preview_error)  # the job set ``look`` itself
-        self._preview_job = self._submit(
-            self._job_predict, self.model_name, image, [prompt], multimask, look,
-            tag="preview", replace=not first_look, priority=INTERACTIVE, hold_after=self.hold_background_s,
-            defer=self._defer_for(self.model_name, image, prompt),
-            on_result=lambda res: self._show_preview(layer, index, gen, res[0], prompt),
-            on_error=self._on_preview_error)
+        self._focus_on_view = False  # the tiles near the prompt come next
+        self.session.multimask = self.multimask.isChecked()
+        self.session.request(prompt, on_mask=self._show_mask, on_look=self._show_look,
+                             on_error=self._on_preview_error, hold_after=self.hold_background_s)
         self.redraw.hold()
+
+    def _show_mask(self, result, final: bool = True) -> None:
+        """Paint the current object (the session checked it is not stale)."""
+        if not self._image_alive() or self.preview_layer is None:
+            return
+        data = self.preview_layer.data
+        index = self.session.plane
+        target = data[index] if index else data
+        if index:
+            data[...] = 0
+        target[...] = result.full(target.shape)
+        self.preview_layer.refresh()
+        what = "preview" if final else "first look"  # a first look: the full mask follows
+        self._set_status(f"{what}: {result.area} px, predicted IoU {result.score:.2f}")
+        self.redraw.release()
+        self._after_repaint.post()  # background embedding goes on once the mask is drawn
+        self._rest_soon()
+
+    def _show_look(self, result, shown) -> None:
+        """A first look (a box's or a first click's mask from a small crop, or a first click's
+        from its native tile): ``shown()`` once the window has painted it; the full decode
+        waits for that."""
+        self._show_mask(result, final=False)
+        self._looks_waiting.append(shown)
+        self._look_painted.post()  # after the repaint _show_mask asked for
+
+    def _on_look_painted(self) -> None:
+        waiting, self._looks_waiting = self._looks_waiting, []
+        for shown in waiting:
+            shown()
+
+    def _on_preview_error(self, exc: BaseException) -> None:
+        self.redraw.release()
+        self.session.release_background()
+        self._on_error(exc)
+
+    def _clear_preview(self) -> None:
+        self.redraw.release()
+        self.session.release_background()
+        if self.preview_layer is not None and self.preview_layer.data.any():
+            self.preview_layer.data[...] = 0
+            self.preview_layer.refresh()
+
+    def has_preview(self) -> bool:
+        return self.session.result is not None
+
+    # -- commit, clear, undo ---------------------------------------------------------------------
+    def commit(self) -> list[int]:
+        if not self.has_preview() or not self._image_alive():
+            self._set_status("nothing to commit: add a prompt and wait for the preview")
+            return []
+        labels = self.labels_layer
+        obj = self.session.commit()
+        labels.refresh()
+        self.clear_prompts()
+        self._set_status(f"committed object {obj if obj else '(empty)'}")
+        return [obj] if obj else []
+
+    def clear_prompts(self) -> None:
+        if self.image_layer is None:
+            return
+        lay, index = self._layers, self.session.plane
+        self._removing = True  # one clear below, not one per layer
+        try:
+            for ly in () if lay is None else (lay.pos, lay.neg, lay.boxes):
+                remove_on_plane(ly, index)
+        finally:
+            self._removing = False
+        self.session.clear()
+        self._clear_preview()
+
+    def undo(self) -> None:
+        if self._layers is None or self._layers.labels is None:  # nothing committed yet
+            self._set_status("nothing to undo")
+            return
+        labels = self.labels_layer
+        ids = self.session.undo()
+        labels.refresh()
+        self._set_status(f"undid object(s) {ids}" if ids else "nothing to undo")
+
+    def segment_all_boxes(self) -> None:
+        if not self._image_alive():
+            return
+        boxes = boxes_xyxy(self.box_layer, self.session.plane)
+        if len(boxes) == 0:
+            show_info("Draw one or more boxes in the 'SAM boxes' layer first.")
+            return
+        from time import perf_counter
+
+        labels, t0 = self.labels_layer, perf_counter()
+        self._set_status(f"segmenting {len(boxes)} boxes…")
+
+        def done(ids):
+            labels.refresh()
+            self.clear_prompts()
+            self._set_status(f"committed {len(ids)} objects from {len(boxes)} boxes in {perf_counter() - t0:.2f} s")
+
+        self.session.segment_boxes_async(boxes, on_done=done, on_error=self._on_error)

@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable, ContextManager, Hashable
+from typing import Any, Callable, Hashable
 
 import torch
 
@@ -53,19 +53,17 @@ _local = threading.local()
 _live: "weakref.WeakSet[InferenceWorker]" = weakref.WeakSet()  # every started worker, for exit
 
 
-def pause_point(while_serving: Callable[[], ContextManager] | None = None) -> None:
+def pause_point() -> None:
     """Call inside long work (the SAM encoder calls it between blocks): in a worker thread,
     queued jobs of higher priority than the running one run here and now, a cancelled
     job stops here, and background work waits here while the worker's background hold
-    lasts (:meth:`InferenceWorker.hold_background`). Elsewhere it does nothing.
-    ``while_serving()``: a context entered around each job served here (the running work
-    can make way for it, as the second encoder process does)."""
+    lasts (:meth:`InferenceWorker.hold_background`). Elsewhere it does nothing."""
     worker = getattr(_local, "worker", None)
     if worker is None or not worker._stack:
         return
     job = worker._stack[-1]
     job.token.check()
-    worker._serve_above(job.priority, while_serving)
+    worker._serve_above(job.priority)
     worker._wait_hold(job)
 
 
@@ -283,13 +281,12 @@ class InferenceWorker(ModelSlots):
                     return entry[2]
         return None
 
-    def _serve_above(self, priority: int, around: Callable[[], ContextManager] | None = None) -> None:
+    def _serve_above(self, priority: int) -> None:
         while True:
             job = self._pop_ready(priority)
             if job is None:
                 return
-            with around() if around is not None else contextlib.nullcontext():
-                self._execute(job)
+            self._execute(job)
 
     def _execute(self, job: Job) -> None:
         with self._cond:

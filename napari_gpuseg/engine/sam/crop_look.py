@@ -18,14 +18,10 @@ follows and replaces it (the annotator's first look).
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import torch
 
-from ..runtime.device import all_finite
 from .decode_call import keep_best, module_outputs, prompt_tensors, render_masks
-from .inputs import view_input
 from .prompt_types import MaskResult, Prompt
 from .views import View, prompt_box
 
@@ -69,26 +65,19 @@ def supports_look(engine) -> bool:
             and engine.input_size <= MAX_INPUT)
 
 
-def crop_look(engine, image, prompt: Prompt, multimask: bool = False,
-              encode: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> MaskResult | None:
+def crop_look(engine, image, prompt: Prompt, multimask: bool = False) -> MaskResult | None:
     """The mask of ``prompt`` (a box, or points: a first click; no mask input) from
     :func:`look_view`'s crop around it (embedded and cached like any view), or None where no
     crop serves it. ``image``: a prepared image. ``multimask``: the best of the decoder's
     candidates (a first click), as :meth:`.predictor.SamEngine.predict` takes it.
-    ``encode``: where the crop is embedded first (the second encoder process while it
-    embeds a tile, :meth:`.encoder_slot.EncoderSlot.look_encoder`); None from it, the
-    engine embeds it here. The result keeps no logits (``low_res`` None): a click added
-    while it is on display starts over rather than refine a mask of another view size."""
+    The result keeps no logits (``low_res`` None): a click added while it is on display
+    starts over rather than refine a mask of another view size."""
     if prompt.mask_input is not None or (prompt.box is None) == (prompt.points is None):
         return None
     prompt.check_inside(image.shape)  # what SamEngine.predict refuses, refused here too
     view = look_view(prompt_box(prompt.points, prompt.box), image.shape, engine.input_size)
     if view is None:
         return None
-    if encode is not None and not engine.is_embedded(image, [view]):
-        out = encode(view_input(image, view, engine.info.normalization)[None])
-        if out is not None and all_finite(out):
-            engine.keep_embedding(image, view, out[0])
     emb = engine.embedding(image, view)
     side = emb.shape[-1]
     dev = engine.policy.device

@@ -68,7 +68,6 @@ class SamEngine(ViewSets):
         self._memos: OrderedDict[tuple, dict] = OrderedDict()
         self._nonfinite: set = set()  # keys of views whose embedding was not finite (never cached)
         self._encoding: frozenset = frozenset()  # keys of the views the encoder is computing
-        self._offload: Callable[[torch.Tensor], torch.Tensor | None] | None = None  # see embed_steps
         self._factored = supports_factored(self.sam)
         encoder = getattr(self.sam, "image_encoder", None)
         if isinstance(encoder, torch.nn.Module):  # stand-in models in tests may have none
@@ -135,19 +134,13 @@ class SamEngine(ViewSets):
         """True while the encoder computes one of ``views`` (in a call a pause point interrupted)."""
         return any(self._key(image, v) in self._encoding for v in views)
 
-    def keep_embedding(self, image: PreparedImage, view: View, embedding: torch.Tensor) -> None:
-        """Cache ``view``'s embedding computed elsewhere (the second encoder process)."""
-        self.cache.put(self._key(image, view), embedding)
-
     def views_ready(self, image: PreparedImage, views: Sequence[View] | None = None) -> int:
         """How many of ``views`` (default: the image's grid views) are embedded."""
         return sum(self._key(image, v) in self.cache for v in (views or self.views(image)))
 
     def embed_steps(self, image: np.ndarray | PreparedImage, views: Sequence[View] | None = None,
                     step: int | None = None, focus: Callable[[], tuple[float, float] | None] | None = None,
-                    progress: ProgressFn = None, cancel: CancelToken | None = None,
-                    offload_first: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
-                    ) -> Iterator[int]:
+                    progress: ProgressFn = None, cancel: CancelToken | None = None) -> Iterator[int]:
         """Embed the missing ``views`` of one image (default: its grid) one encoder batch at
         a time, yielding the number of views ready after each batch; returns the prepared
         image. Run it as a worker job and queued prompts are served between batches.
@@ -157,9 +150,7 @@ class SamEngine(ViewSets):
         first. ``step`` is the views per batch (default: one on CPU, where a batch is no
         faster per view and a shorter step answers a prompt sooner; :data:`GPU_EMBED_STEP` on
         a GPU, where a prompt's decode queues behind the step's kernels on the same stream
-        and pause points cannot cut that wait short). ``offload_first(batch)`` computes the
-        first step's encoder output elsewhere (:meth:`.encoder_process.EncoderProcess.encode`;
-        None from it: here, as the other steps)."""
+        and pause points cannot cut that wait short)."""
         image = self.prepare(image)
         views = list(views) if views is not None else self.views(image)
         total = len(views)
@@ -176,11 +167,7 @@ class SamEngine(ViewSets):
             if where is not None:
                 x, y = where
                 todo.sort(key=lambda v: (v.x0 + v.w / 2 - x) ** 2 + (v.y0 + v.h / 2 - y) ** 2)
-            self._offload, offload_first = offload_first, None
-            try:
-                self.embed([image], [todo[:max(1, step)]], batch_size=max(1, step), cancel=cancel)
-            finally:
-                self._offload = None
+            self.embed([image], [todo[:max(1, step)]], batch_size=max(1, step), cancel=cancel)
             yield total - len(todo) + min(len(todo), max(1, step))
 
     # -- encoder --------------------------------------------------------------
@@ -189,11 +176,6 @@ class SamEngine(ViewSets):
         non-finite result under autocast re-runs in fp32). cuDNN autotunes only inputs of the
         model's own size (views), never the field map's blocks, whose shapes change with
         every image size (each new shape would be tuned again)."""
-        offload = self._offload
-        if offload is not None and batch.device.type == "cpu" and self.policy.device.type == "cpu":
-            out = offload(batch)
-            if out is not None:
-                return out
         x = to_device(batch, self.policy.device)
         benchmark = tuple(x.shape[-2:]) == (self.input_size, self.input_size)
 
