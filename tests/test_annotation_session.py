@@ -209,3 +209,24 @@ def test_cancel_stops_the_background_tiles(shared_data, engine):
         assert job.status == CANCELLED and not s.is_embedded() and not s.busy()
     finally:
         worker.shutdown()
+
+
+def test_a_multichannel_image_is_taken_as_folder_jobs_take_it(field, engine):
+    """A two-channel YXC image needs channel=N, as in folder jobs and the other entry points;
+    with it, the session annotates that channel (the same mask as the gray image)."""
+    from napari_gpuseg.io import ChannelError
+
+    img, gt = field
+    two = np.stack([np.zeros_like(img), img], axis=-1)
+    s = AnnotationSession(engine)
+    with pytest.raises(ChannelError, match="channel=N"):
+        s.set_image(two)
+    with pytest.raises(ChannelError, match="does not exist"):
+        s.set_image(two, channel=2)
+    s.set_image(two, channel=1)
+    assert s.shape == img.shape and not s.rgb
+    x, y = centre(inner_objects(gt, 1)[0])
+    picked = s.click(x, y)
+    gray = AnnotationSession(engine)
+    gray.set_image(img)
+    assert np.array_equal(picked, gray.click(x, y))

@@ -40,6 +40,13 @@ from . import steps
 from .refine import follow_up, is_first_look_prompt, prompt_focus
 
 
+def _channels_last(image, rgb: bool | None) -> bool:
+    """Whether a YXC numpy image may hold channels rather than colour (a last axis of 2, or of 4
+    with no ``rgb`` said): such an image goes through the folder jobs' channel choice."""
+    return (rgb is None and isinstance(image, np.ndarray) and image.ndim == 3
+            and image.shape[-1] in (2, 4))
+
+
 class AnnotationSession:
     """One image annotated object by object with a SAM model.
 
@@ -142,11 +149,21 @@ class AnnotationSession:
         return lambda: self.engine(model)
 
     # -- the image --------------------------------------------------------------------------
-    def set_image(self, image, rgb: bool | None = None, labels: np.ndarray | None = None) -> bool:
+    def set_image(self, image, rgb: bool | None = None, labels: np.ndarray | None = None,
+                  channel: int | None = None) -> bool:
         """Annotate ``image``: YX, YXC with ``rgb`` (default: a last axis of 3 or 4), or a
         stack (..., Y, X) annotated a plane at a time (:meth:`set_plane`). ``labels``: the label
         image to write into (default: zeros, made when first needed). False when a plane is too
-        big to annotate whole (:meth:`set_region` then picks the part to annotate)."""
+        big to annotate whole (:meth:`set_region` then picks the part to annotate).
+
+        An in-memory YXC array is taken as folder jobs and the other entry points take it
+        (:func:`~napari_gpuseg.engine.normalize.image_input`): ``channel=N`` picks one channel
+        of a multichannel (or colour) image, and a multichannel image (a last axis of 2, or 4
+        with a varying 4th) without it is refused with the folder jobs' one-line message."""
+        if channel is not None or _channels_last(image, rgb):
+            from ..normalize import image_input
+
+            image, rgb = image_input(image, channel, rgb)
         shape = tuple(getattr(image, "shape", ()))
         if rgb is None:
             rgb = len(shape) == 3 and shape[-1] in (3, 4)
