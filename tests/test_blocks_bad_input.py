@@ -254,3 +254,16 @@ def test_labels_keep_the_image_geometry_and_ngff_05_dimension_names(files, tmp_p
         if fmt == 3:
             assert tuple(arr.metadata.dimension_names) == ("y", "x")
         assert arr.shape == FIELD and rep.objects > 50
+
+
+def test_the_terminal_prints_a_block_runs_notes(capsys, tmp_path):
+    """The NaN/inf note of a block run reaches the terminal, as a folder job's notes do."""
+    from types import SimpleNamespace
+
+    from napari_gpuseg.cli.batch import print_blocks
+
+    rep = SimpleNamespace(cancelled=False, objects=31, blocks=4, resumed=0, seam_merges=2, seconds=1.0,
+                          labels=tmp_path / "l", table=tmp_path / "t.csv",
+                          notes=["400 NaN/inf pixels replaced by the image minimum (120)"])
+    assert print_blocks(rep) == 0
+    assert "note: 400 NaN/inf pixels replaced by the image minimum (120)" in capsys.readouterr().out

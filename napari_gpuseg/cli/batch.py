@@ -168,6 +168,8 @@ def print_blocks(rep) -> int:
         return 130
     print(f"done: {rep.objects} objects in {rep.blocks} blocks ({rep.resumed} resumed, "
           f"{rep.seam_merges} seam matches) in {rep.seconds:.1f} s")
+    for note in getattr(rep, "notes", None) or []:
+        print(f"note: {note}")
     print(f"labels: {rep.labels}")
     print(f"objects: {rep.table}")
     return 0
