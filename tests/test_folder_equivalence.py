@@ -18,6 +18,9 @@ from napari_gpuseg.io import label_files  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 HE_FIELD = "b83d1d77935b6cfd.tif"  # 524 x 348 x 3 H&E, dsb2018_more (training part)
+# the gray crop of bbbc039_more image 0: three of the four prompts of points_per_side=2 fall on
+# nuclei, so the smallest sam-everything grid finds an object
+GRAY_AT = (100, 224)
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +30,28 @@ def cluster():
         yield handle
     finally:
         handle.close()
+
+
+@pytest.fixture(scope="module")
+def one_sam_here():
+    """One SAM engine per model and policy in this process (the test's side: the in-process
+    runs of both SAM methods and the entry points), so the weights load and an image is
+    encoded once here; every cluster worker still loads and encodes on its own."""
+    from napari_gpuseg.engine.runtime.device import resolve_policy
+    from napari_gpuseg.engine.sam import loader
+
+    load, engines = loader.load_engine, {}
+
+    def shared(model=loader.DEFAULT_MODEL, policy=None, **kwargs):
+        policy = resolve_policy(policy)
+        key = (str(model), str(policy.device), policy.precision, tuple(sorted(kwargs.items())))
+        if key not in engines:
+            engines[key] = load(model, policy=policy, **kwargs)
+        return engines[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loader, "load_engine", shared)
+        yield shared
 
 
 def _crop(path, size=96, at=(0, 0)):
@@ -43,7 +68,7 @@ def inputs(shared_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
     bb = sorted((shared_data / "bbbc039_more" / "images").glob("*.tif"))
     he = shared_data / "dsb2018_more" / "images" / HE_FIELD
-    gray_a, gray_b = _crop(bb[0], 96, (100, 200)), _crop(bb[1], 96, (200, 300))
+    gray_a, gray_b = _crop(bb[0], 96, GRAY_AT), _crop(bb[1], 96, (200, 300))
     rgb = _crop(he, 96, (200, 100))
     plain, chan, boxed, boxes, two = (root / n for n in ("plain", "chan", "boxed", "boxes", "two"))
     for d in (plain, chan, boxed, boxes, two):
@@ -58,7 +83,7 @@ def inputs(shared_data, tmp_path_factory):
     tifffile.imwrite(chan / "two.tif", np.stack([gray_b, gray_a], -1), metadata={"axes": "YXC"})
     tifffile.imwrite(chan / "rgb.tif", rgb, photometric="rgb")
     tifffile.imwrite(two / "two.tif", np.stack([gray_b, gray_a], -1), metadata={"axes": "YXC"})
-    mask = tifffile.imread(shared_data / "bbbc039_more" / "masks" / bb[0].name)[100:196, 200:296]
+    mask = tifffile.imread(shared_data / "bbbc039_more" / "masks" / bb[0].name)[GRAY_AT[0]:GRAY_AT[0] + 96, GRAY_AT[1]:GRAY_AT[1] + 96]
     tifffile.imwrite(boxed / "gray.tif", gray_a)
     rows = ["x0,y0,x1,y1"] + [",".join(str(int(v)) for v in b) for b in boxes_from_labels(mask)[:6]]
     (boxes / "gray.csv").write_text("\n".join(rows) + "\n")
@@ -104,14 +129,20 @@ def test_two_channel_with_channel_1_in_process_and_on_the_cluster(cluster, input
         assert labels.shape == (96, 96)
 
 
-def test_sam_methods_in_process_and_on_the_cluster(cluster, inputs, tmp_path):
-    """One file each (a SAM model loads in every process): box files, and a two-channel image."""
+def test_sam_methods_in_process_and_on_the_cluster(cluster, inputs, one_sam_here, tmp_path):
+    """One file each (a SAM model loads in every process): box files, and a two-channel image
+    whose channel 1 is the boxed image (in this process its embedding is reused)."""
     rep = _same_everywhere(cluster, inputs["boxed"], tmp_path / "boxes", "sam-boxes",
                            {"boxes": str(inputs["boxes"])})
     assert rep.ok == 1 and rep.rows[0].objects > 0
     rep = _same_everywhere(cluster, inputs["two"], tmp_path / "everything", "sam-everything",
-                           {"channel": 1, "points_per_side": 4})
-    assert rep.ok == 1 and "channel 1 of 2 segmented" in rep.rows[0].notes
+                           {"channel": 1, "points_per_side": 2})
+    assert rep.ok == 1 and "channel 1 of 2 segmented" in rep.rows[0].notes and rep.rows[0].objects > 0
+    # every worker loaded the model once for both methods (each kept its own copy before)
+    from napari_gpuseg.engine.jobs import worker_cache
+
+    kept = cluster.client.run(worker_cache.loaded_keys)
+    assert len(kept) == 2 and all(sum(k[0] == "sam-engine" for k in keys) == 1 for keys in kept.values()), kept
 
 
 def test_predict_labels_and_batch_agree_on_an_rgb_field(shared_data, tmp_path):
@@ -137,25 +168,26 @@ def test_predict_labels_and_batch_agree_on_an_rgb_field(shared_data, tmp_path):
     np.testing.assert_array_equal(predict_probabilities(model, image[..., 1]), green)
 
 
-def test_entry_points_take_channel_and_refuse_multichannel_without_it(shared_data):
-    from napari_gpuseg.engine import load_engine, load_unet, predict_labels, segment_boxes, segment_everything
+def test_entry_points_take_channel_and_refuse_multichannel_without_it(shared_data, one_sam_here):
+    from napari_gpuseg.engine import load_unet, predict_labels, segment_boxes, segment_everything
     from napari_gpuseg.engine.sam.everything import AutomaticParams
     from napari_gpuseg.io import ChannelError
 
-    a = _crop(sorted((shared_data / "bbbc039_more" / "images").glob("*.tif"))[0], 96, (100, 200))
+    a = _crop(sorted((shared_data / "bbbc039_more" / "images").glob("*.tif"))[0], 96, GRAY_AT)
     two = np.stack([np.zeros_like(a), a], -1)
     model = load_unet()
     with pytest.raises(ChannelError, match="2 channels .*channel=N"):
         predict_labels(model, two)
     np.testing.assert_array_equal(predict_labels(model, two, channel=1), predict_labels(model, a))
-    engine = load_engine()
+    engine = one_sam_here()
     with pytest.raises(ChannelError, match="2 channels"):
         segment_everything(engine, two)
     with pytest.raises(ChannelError, match="channel 2 does not exist"):
         segment_boxes(engine, two, [10, 10, 40, 40], channel=2)
-    params = AutomaticParams.for_model(engine.info.box_trained, engine.info.decoder_tuned, points_per_side=4)
-    np.testing.assert_array_equal(segment_everything(engine, two, params, channel=1).labels,
-                                  segment_everything(engine, a, params).labels)
+    params = AutomaticParams.for_model(engine.info.box_trained, engine.info.decoder_tuned, points_per_side=2)
+    everything = segment_everything(engine, a, params).labels
+    assert everything.max() > 0
+    np.testing.assert_array_equal(segment_everything(engine, two, params, channel=1).labels, everything)
     np.testing.assert_array_equal(segment_boxes(engine, two, [10, 10, 40, 40], channel=1).labels,
                                   segment_boxes(engine, a, [10, 10, 40, 40]).labels)
 

@@ -16,7 +16,7 @@ import numpy as np
 from ...io import label_files
 from .file_step import FileStep, Item, shape_str
 from .report import ImageStatus
-from .worker_cache import cached_method, worker_device
+from .worker_cache import cached_method, shared_sam_engine, worker_device
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,8 @@ def worker_method(job: FileJob):
     def make():
         try:
             seg = method_factory(job.method, **json.loads(job.options_json))()
+            if hasattr(seg, "engine_source"):  # SAM methods: one engine per model in this worker
+                seg.engine_source = shared_sam_engine
             seg.load(make_policy(worker_device(job.device), job.precision))
         except Exception as exc:  # noqa: BLE001 - e.g. the model file is not on this worker
             raise MethodLoadError(f"the {job.method} method cannot load: {type(exc).__name__}: {exc}") from exc

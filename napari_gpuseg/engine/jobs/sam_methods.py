@@ -54,11 +54,18 @@ class _SamSegmenter(Segmenter, metaclass=abc.ABCMeta):
         super().__init__(model=model or default_sam_model(), batch_size=batch_size, **options)
         self.engine = None
 
+    # (model, policy) -> SamEngine; None loads one for this segmenter. Dask workers share one
+    # engine per model between methods and option sets (worker_cache.shared_sam_engine).
+    engine_source = None
+
     def load(self, policy) -> None:
         from ..sam.loader import load_engine
 
         super().load(policy)
-        self.engine = load_engine(self.model, policy=policy)
+        if self.engine_source is not None:
+            self.engine = self.engine_source(self.model, policy)
+        else:
+            self.engine = load_engine(self.model, policy=policy)
 
     def unload(self) -> None:
         self.engine = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # a method's load may ask for a shared engine (shared_sam_engine)
 _local: dict = {}
 
 
@@ -41,6 +41,22 @@ def cached_method(key: tuple, make: Callable[[], object]):
         if key not in _local:
             _local[key] = make()
         return _local[key]
+
+
+def shared_sam_engine(model, policy):
+    """One SAM engine per model, device and precision in this worker process: every SAM
+    method and option set the worker serves shares its weights and embeddings (each used to
+    load its own copy and keep it)."""
+    from ..sam.loader import load_engine
+
+    key = ("sam-engine", str(model), str(policy.device), policy.precision)
+    return cached_method(key, lambda: load_engine(model, policy=policy))
+
+
+def loaded_keys() -> list:
+    """The keys of what this process keeps (tests, diagnostics)."""
+    with _lock:
+        return list(_local)
 
 
 def clear() -> None:
