@@ -58,23 +58,24 @@ def scratch_validation(kind: str = "cells") -> list[tuple]:
     return [(d / "images" / f"t{t:02d}.tif", d / "masks" / f"t{t:02d}.tif") for t in (7, 8, 9)]
 
 
-def datasets(per_field: int, which=("cells", "bbbc039", "dsb2018")):
+def datasets(per_field: int, which=("cells", "bbbc039", "dsb2018"), n_fields: int = 8, cap: int | None = None):
     out = {}
     if "cells" in which:
-        out["scratch cells t07-t09"] = [(tifffile.imread(a), tifffile.imread(b), None)
+        out["scratch cells t07-t09"] = [(tifffile.imread(a), tifffile.imread(b), cap)
                                         for a, b in scratch_validation("cells")]
     if "scratch-nuclei" in which:
-        out["scratch nuclei t07-t09"] = [(tifffile.imread(a), tifffile.imread(b), None)
+        out["scratch nuclei t07-t09"] = [(tifffile.imread(a), tifffile.imread(b), cap)
                                          for a, b in scratch_validation("nuclei")]
     if "heldback" in which:
         out["stage-3 held back (13)"] = [(tifffile.imread(a), tifffile.imread(b), per_field)
                                          for a, b in stage3_held_back()]
-    if "bbbc039" in which:
-        out["BBBC039 val (8 fields)"] = [(tifffile.imread(a), tifffile.imread(b), per_field)
-                                         for a, b in bbbc039_validation()]
     if "dsb2018" in which:
         d = shared_data() / "dsb2018"
-        out["dsb2018/ (1 field)"] = [(tifffile.imread(d / "image.tif"), tifffile.imread(d / "mask.tif"), None)]
+        out["dsb2018/ (1 field)"] = [(tifffile.imread(d / "image.tif"), tifffile.imread(d / "mask.tif"), cap)]
+    if "bbbc039" in which:
+        fields = bbbc039_validation()[:n_fields]
+        out[f"BBBC039 val ({len(fields)} fields)"] = [(tifffile.imread(a), tifffile.imread(b), per_field)
+                                                     for a, b in fields]
     return out
 
 
@@ -83,6 +84,10 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["nuclei_sam", "cells_nuclei_sam"],
                     help="registry names or decoder files (default: the previous and the current default)")
     ap.add_argument("--per-field", type=int, default=20)
+    ap.add_argument("--fields", type=int, default=8,
+                    help="the first N of the 8 BBBC039 validation fields (sorted by name)")
+    ap.add_argument("--cap", type=int, default=None,
+                    help="at most N objects per scratch_assay frame and of dsb2018/ (drawn with seed 0; default: all)")
     ap.add_argument("--clicks", type=int, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--cache-dir", default=None, help="keep the embeddings in this folder across runs")
@@ -102,7 +107,7 @@ def main(argv=None) -> int:
                 kept._into_click_view = lambda _image, prompt: prompt  # the previous rule
                 engines[m + " (kept)"] = kept
     rows = []
-    for name, items in datasets(args.per_field, args.data).items():
+    for name, items in datasets(args.per_field, args.data, args.fields, args.cap).items():
         for model, engine in engines.items():
             t0 = time.perf_counter()
             clicks, boxes = [], []
