@@ -1,6 +1,6 @@
 """Iterative prompting: mean IoU per object after 1, 3 and 5 clicks and with a box.
 
-    python benchmarks/clicks.py [--models nuclei_sam cells_nuclei_sam] [--per-field 20] [--json out.json]
+    python benchmarks/clicks.py [--models nuclei_sam decoder.pt] [--per-field 20] [--json out.json]
                                 [--cache-dir DIR] [--compare-carry]
                                 [--data cells bbbc039 dsb2018 scratch-nuclei heldback]
 
@@ -9,7 +9,9 @@ validation frames t07-t09 (transmitted light, every object), the last 8 BBBC039 
 (``--per-field`` objects drawn per field, seed 0) and the DSB2018 field in
 ``shared/data/dsb2018`` (every object); ``scratch-nuclei`` adds the nuclei of t07-t09.
 ``--models`` takes registry names and decoder files alike, so an old and a new decoder
-are measured on the same objects in one run. Every model runs on the same objects in the same run, through the public engine
+are measured on the same objects in one run (``--cap N``: at most N objects per
+``scratch_assay`` frame and of ``dsb2018/``; ``--fields N``: the first N BBBC039 validation
+fields; for a quick look on a busy CPU). Every model runs through the public engine
 API (``engine.sam.click_eval.click_ious``): a first click at the object's most interior
 pixel (best of the multimask outputs), corrective clicks at the most interior pixel of
 the larger error with the previous logits as mask input, and a tight box on its own.
@@ -81,8 +83,8 @@ def datasets(per_field: int, which=("cells", "bbbc039", "dsb2018"), n_fields: in
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["nuclei_sam", "cells_nuclei_sam"],
-                    help="registry names or decoder files (default: the previous and the current default)")
+    ap.add_argument("--models", nargs="+", default=["lite_medsam", "nuclei_sam"],
+                    help="registry names or decoder files")
     ap.add_argument("--per-field", type=int, default=20)
     ap.add_argument("--fields", type=int, default=8,
                     help="the first N of the 8 BBBC039 validation fields (sorted by name)")
