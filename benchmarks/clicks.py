@@ -1,11 +1,17 @@
 """Iterative prompting: mean IoU per object after 1, 3 and 5 clicks and with a box.
 
-    python benchmarks/clicks.py [--models lite_medsam nuclei_sam] [--per-field 20] [--json out.json]
-                                [--cache-dir DIR] [--compare-carry] [--data bbbc039 dsb2018 heldback]
+    python benchmarks/clicks.py [--models nuclei_sam decoder.pt] [--per-field 20] [--json out.json]
+                                [--cache-dir DIR] [--compare-carry]
+                                [--data cells bbbc039 dsb2018 scratch-nuclei heldback]
 
-Validation data no model here trained on: the last 8 BBBC039 fields (``--per-field``
-objects drawn per field, seed 0) and the DSB2018 field in ``shared/data/dsb2018`` (every
-object). Every model runs on the same objects in the same run, through the public engine
+Validation data no model here trained on: the whole cells of the ``scratch_assay``
+validation frames t07-t09 (transmitted light, every object), the last 8 BBBC039 fields
+(``--per-field`` objects drawn per field, seed 0) and the DSB2018 field in
+``shared/data/dsb2018`` (every object); ``scratch-nuclei`` adds the nuclei of t07-t09.
+``--models`` takes registry names and decoder files alike, so an old and a new decoder
+are measured on the same objects in one run (``--cap N``: at most N objects per
+``scratch_assay`` frame and of ``dsb2018/``; ``--fields N``: the first N BBBC039 validation
+fields; for a quick look on a busy CPU). Every model runs through the public engine
 API (``engine.sam.click_eval.click_ious``): a first click at the object's most interior
 pixel (best of the multimask outputs), corrective clicks at the most interior pixel of
 the larger error with the previous logits as mask input, and a tight box on its own.
@@ -48,30 +54,49 @@ def stage3_held_back() -> list[tuple]:
     return [(files[i], files[i].parent.parent / "masks" / files[i].name) for i in sorted(held)]
 
 
-def datasets(per_field: int, which=("bbbc039", "dsb2018")):
+def scratch_validation(kind: str = "cells") -> list[tuple]:
+    """(image path, mask path) of the ``scratch_assay`` validation frames t07-t09."""
+    d = shared_data() / "scratch_assay" / kind
+    return [(d / "images" / f"t{t:02d}.tif", d / "masks" / f"t{t:02d}.tif") for t in (7, 8, 9)]
+
+
+def datasets(per_field: int, which=("cells", "bbbc039", "dsb2018"), n_fields: int = 8, cap: int | None = None):
     out = {}
+    if "cells" in which:
+        out["scratch cells t07-t09"] = [(tifffile.imread(a), tifffile.imread(b), cap)
+                                        for a, b in scratch_validation("cells")]
+    if "scratch-nuclei" in which:
+        out["scratch nuclei t07-t09"] = [(tifffile.imread(a), tifffile.imread(b), cap)
+                                         for a, b in scratch_validation("nuclei")]
     if "heldback" in which:
         out["stage-3 held back (13)"] = [(tifffile.imread(a), tifffile.imread(b), per_field)
                                          for a, b in stage3_held_back()]
-    if "bbbc039" in which:
-        out["BBBC039 val (8 fields)"] = [(tifffile.imread(a), tifffile.imread(b), per_field)
-                                         for a, b in bbbc039_validation()]
     if "dsb2018" in which:
         d = shared_data() / "dsb2018"
-        out["dsb2018/ (1 field)"] = [(tifffile.imread(d / "image.tif"), tifffile.imread(d / "mask.tif"), None)]
+        out["dsb2018/ (1 field)"] = [(tifffile.imread(d / "image.tif"), tifffile.imread(d / "mask.tif"), cap)]
+    if "bbbc039" in which:
+        fields = bbbc039_validation()[:n_fields]
+        out[f"BBBC039 val ({len(fields)} fields)"] = [(tifffile.imread(a), tifffile.imread(b), per_field)
+                                                     for a, b in fields]
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["lite_medsam", "nuclei_sam"])
+    ap.add_argument("--models", nargs="+", default=["lite_medsam", "nuclei_sam"],
+                    help="registry names or decoder files")
     ap.add_argument("--per-field", type=int, default=20)
+    ap.add_argument("--fields", type=int, default=8,
+                    help="the first N of the 8 BBBC039 validation fields (sorted by name)")
+    ap.add_argument("--cap", type=int, default=None,
+                    help="at most N objects per scratch_assay frame and of dsb2018/ (drawn with seed 0; default: all)")
     ap.add_argument("--clicks", type=int, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--cache-dir", default=None, help="keep the embeddings in this folder across runs")
     ap.add_argument("--compare-carry", action="store_true",
                     help="also run each zoomed-click model with corrective clicks kept in their mask input's view")
-    ap.add_argument("--data", nargs="+", choices=("bbbc039", "dsb2018", "heldback"), default=["bbbc039", "dsb2018"])
+    ap.add_argument("--data", nargs="+", choices=("cells", "bbbc039", "dsb2018", "scratch-nuclei", "heldback"),
+                    default=["cells", "bbbc039", "dsb2018"])
     args = ap.parse_args(argv)
     print(f"{cpu_name()} ({cpu_flags()}), {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
@@ -84,7 +109,7 @@ def main(argv=None) -> int:
                 kept._into_click_view = lambda _image, prompt: prompt  # the previous rule
                 engines[m + " (kept)"] = kept
     rows = []
-    for name, items in datasets(args.per_field, args.data).items():
+    for name, items in datasets(args.per_field, args.data, args.fields, args.cap).items():
         for model, engine in engines.items():
             t0 = time.perf_counter()
             clicks, boxes = [], []
@@ -97,9 +122,15 @@ def main(argv=None) -> int:
                    **{f"click_{k}": round(float(c[:, k - 1].mean()), 3) for k in range(1, args.clicks + 1)},
                    "box": round(float(b.mean()), 3)}
             rows.append(row)
-            print(f"{name:24s} {model:19s} n={row['objects']:4d}  1 click {row['click_1']:.3f}  "
+            print(f"{name:24s} {model[-24:]:24s} n={row['objects']:4d}  1 click {row['click_1']:.3f}  "
                   f"3 clicks {row.get('click_3', float('nan')):.3f}  5 clicks {row.get('click_5', float('nan')):.3f}  "
                   f"box {row['box']:.3f}  ({row['seconds']} s)", flush=True)
+    print()
+    print("| data | model | objects | 1 click | 3 clicks | 5 clicks | box |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['data']} | {r['model']} | {r['objects']} | {r['click_1']:.3f} | "
+              f"{r.get('click_3', float('nan')):.3f} | {r.get('click_5', float('nan')):.3f} | {r['box']:.3f} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

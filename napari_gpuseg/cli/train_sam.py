@@ -40,6 +40,12 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
                         "decodes clicks at)")
     p.add_argument("--click-zoom", type=float, default=None,
                    help="scale the saved model decodes clicks at (default: the starting model's)")
+    p.add_argument("--polarity", action="append", default=None,
+                   choices=("as-is", "both", "invert", "random"),
+                   help="pictures of each image to train on: as-is, invert (dark and light swapped), both "
+                        "(twice the views), random (one of the two per image); one, or one per folder pair")
+    p.add_argument("--contrast-jitter", type=float, default=1.0,
+                   help="G > 1: each embedded picture gets a random gamma in [1/G, G] (default 1: off)")
     p.add_argument("--views-per-step", type=int, default=4)
     p.add_argument("--objects-per-view", type=int, default=6)
     p.add_argument("--lr", type=float, default=2e-4)
@@ -104,14 +110,21 @@ def collect_pairs(args) -> list:
         views = views * len(args.images)
     if len(views) != len(args.images) or min(views) < 0:
         raise TrainInputError("--views-per-image: give one number >= 0, or one per --images folder")
-    pairs, per_image = [], []
-    for img_dir, lab_dir, lim, nv in zip(args.images, args.labels, limits, views):
+    pols = getattr(args, "polarity", None) or ["as-is"]
+    if len(pols) == 1:
+        pols = pols * len(args.images)
+    if len(pols) != len(args.images):
+        raise TrainInputError(f"--polarity: give one value, or one per --images folder ({len(args.images)})")
+    pairs, per_image, per_pol = [], [], []
+    for img_dir, lab_dir, lim, nv, pol in zip(args.images, args.labels, limits, views, pols):
         if lim < 0:
             raise TrainInputError(f"--limit must be >= 0, got {lim}")
         found = find_pairs(img_dir, lab_dir, limit=lim or None)
         pairs += found
         per_image += [nv or None] * len(found)
+        per_pol += [pol] * len(found)
     args.per_image_views = per_image
+    args.per_image_polarity = per_pol
     return pairs
 
 
@@ -124,7 +137,8 @@ def config_from(args):
                         views_per_image=None,
                         val_fraction=args.val_fraction, val_objects=args.val_objects,
                         eval_every=args.eval_every, patience=args.patience, max_time=args.max_time,
-                        seed=args.seed, view_zooms=tuple(args.zoom) if args.zoom else None, click_zoom=args.click_zoom)
+                        seed=args.seed, contrast_jitter=getattr(args, "contrast_jitter", 1.0),
+                        view_zooms=tuple(args.zoom) if args.zoom else None, click_zoom=args.click_zoom)
     try:
         cfg.check()
     except ValueError as exc:
@@ -135,7 +149,8 @@ def config_from(args):
 def run_train_sam(args) -> int:
     configure_allocator()
     from ..engine.runtime.device import make_policy
-    from ..engine.sam.finetune import finetune_sam
+    from ..engine.sam.finetune import TuneInterrupted, finetune_sam
+    from ..engine.unet.train_output import check_output_path
     from ..models.registry import cache_dir
 
     def say(text: str) -> None:
@@ -147,8 +162,11 @@ def run_train_sam(args) -> int:
         out = Path(args.out)
         if out.exists() and out.is_dir():
             raise TrainInputError(f"--out {out} is a folder; give a file name such as decoder.pt")
+        check_output_path(out)  # a read-only folder fails now, not after the training
         pairs = collect_pairs(args)
         cfg.views_per_image = args.per_image_views
+        cfg.polarity = (args.per_image_polarity[0] if len(set(args.per_image_polarity)) == 1
+                        else args.per_image_polarity)
         images, labels = _read(pairs)
         policy = make_policy(args.device, args.precision)
         cache = Path(args.cache) if args.cache else cache_dir() / "embeddings"
@@ -168,6 +186,16 @@ def run_train_sam(args) -> int:
         data = {"pairs": [[str(a), str(b)] for a, b in pairs]}
         result = finetune_sam(images, labels, model=args.model, config=cfg, out_path=out, on_event=on_event,
                               progress=progress, policy=policy, cache_dir=cache, meta={"data": data})
+    except TuneInterrupted as exc:
+        r = exc.result
+        saved = (f"best decoder so far (validation score {r.best_score:.3f} at step {r.best_step}) saved to {r.path}"
+                 if r.path and r.best_score is not None else
+                 f"decoder saved to {r.path}" if r.path else "nothing saved")
+        print(f"napari-gpuseg train-sam: interrupted; {saved}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("napari-gpuseg train-sam: interrupted before training; nothing saved", file=sys.stderr)
+        return 130
     except (TrainInputError, OSError, ValueError, RuntimeError) as exc:
         print(f"napari-gpuseg train-sam: {exc}", file=sys.stderr)
         return 2

@@ -60,7 +60,8 @@ def click_ious(engine, image: np.ndarray, labels: np.ndarray, clicks: int = 5,
     out = {"clicks": np.zeros((n, clicks)), "box": np.zeros(n) if box else None, "n": n}
     if n == 0:
         return out
-    engine.embed([prepared], [engine.prompt_views(prepared)], cancel=cancel)
+    if max_objects is None:  # every object: every view, in one batch; else only the views used (lazily)
+        engine.embed([prepared], [engine.prompt_views(prepared)], cancel=cancel)
     shape = labels.shape
     pts = [interior_point(labels[s] == oid) + [s[1].start, s[0].start] for oid, s in objs]
     points = [p[None] for p in pts]

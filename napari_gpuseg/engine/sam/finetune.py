@@ -58,6 +58,9 @@ class SamTuneConfig:
     view_zooms: tuple | None = None  # scales of the training views (train_views.candidate_views);
     # None: native and the scale the model decodes clicks at (SamEngine.click_zoom)
     click_zoom: float | None = None  # saved with the decoder for the engine; None: the model's own
+    polarity: str | list = "as-is"  # "as-is" | "invert" | "both" | "random" (one, or one per image):
+    # the pictures of an image that are embedded (train_views.intensity_variants)
+    contrast_jitter: float = 1.0  # > 1: each picture gets a random gamma in [1/g, g]
     val_fraction: float = 0.1  # of the images, for early stopping
     val_objects: int = 96
     eval_every: int = 25
@@ -79,8 +82,24 @@ class SamTuneConfig:
             raise ValueError(f"view_zooms must be one or more scales >= 1, got {self.view_zooms}")
         if self.click_zoom is not None and not 1 <= self.click_zoom <= 4:
             raise ValueError(f"click_zoom must be between 1 and 4, got {self.click_zoom}")
+        from .train_views import POLARITIES
+
+        pols = [self.polarity] if isinstance(self.polarity, str) else list(self.polarity)
+        if any(p not in POLARITIES for p in pols):
+            raise ValueError(f"polarity must be one of {', '.join(POLARITIES)}, got {self.polarity!r}")
+        if not 1 <= self.contrast_jitter <= 4:
+            raise ValueError(f"contrast_jitter must be between 1 and 4, got {self.contrast_jitter}")
         if self.max_time is not None and self.max_time <= 0:
             raise ValueError(f"max_time must be positive, got {self.max_time}")
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: the best decoder so far was saved first. ``result`` is the
+    :class:`SamTuneResult` (``stopped == "interrupted"``, ``path`` where it was saved)."""
+
+    def __init__(self, result: "SamTuneResult") -> None:
+        super().__init__(f"interrupted at step {result.best_step}")
+        self.result = result
 
 
 @dataclass
@@ -101,7 +120,7 @@ class SamTuneResult:
     best_score: float | None
     best_step: int
     history: list = field(default_factory=list)
-    stopped: str = "done"  # "done" | "early" | "time" | "cancelled"
+    stopped: str = "done"  # "done" | "early" | "time" | "cancelled" | "interrupted"
     seconds: float = 0.0
     n_train_views: int = 0
     n_val_views: int = 0
@@ -133,17 +152,27 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     """Fine-tune the decoder of ``model`` (a registry name, a checkpoint or decoder file, or
     a loaded :class:`SamEngine`) on 2D ``images`` with instance ``labels``; save the best
     decoder (by validation score) to ``out_path``. ``progress(done, total)`` reports the
-    embedding of the training views; ``on_event`` every training step."""
+    embedding of the training views; ``on_event`` every training step.
+
+    ``out_path`` is checked before anything is embedded (``OSError``, one line: a folder, a
+    folder that cannot be written). Ctrl-C during the training steps saves the best decoder
+    so far to ``out_path`` and raises :class:`TuneInterrupted` (a ``KeyboardInterrupt``)
+    holding the result."""
     cfg = config or SamTuneConfig()
     cfg.check()
     if len(images) == 0:
         raise ValueError("no training images")
+    if out_path is not None:
+        from ..unet.train_output import check_output_path
+
+        check_output_path(out_path)
     engine = _engine(model, policy, cache_dir)
     sam, device = engine.sam, engine.policy.device
     rng = np.random.default_rng(cfg.seed)
     zooms = cfg.view_zooms or (1.0, cfg.click_zoom or engine.click_zoom)
     views = collect_views(engine, images, labels, cfg.views_per_image, rng, progress, cancel,
-                          zooms=tuple(dict.fromkeys(float(z) for z in zooms)))
+                          zooms=tuple(dict.fromkeys(float(z) for z in zooms)), polarity=cfg.polarity,
+                          contrast_jitter=cfg.contrast_jitter)
     train_imgs, val_imgs = _split(len(images), cfg)
     train = [i for i, v in enumerate(views) if v.source in train_imgs]
     val = [i for i, v in enumerate(views) if v.source in val_imgs]
@@ -193,6 +222,8 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
                 break
     except Cancelled:
         stopped = "cancelled"
+    except KeyboardInterrupt:
+        stopped = "interrupted"  # no evaluation now: save the best so far at once
     if stopped == "time" and step % cfg.eval_every != 0:
         best.evaluate(step)
     best.restore()
@@ -203,7 +234,10 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
         path = str(_save(out_path, engine, cfg, history, best.step, best.score, seconds, stopped,
                          len(train), len(val), meta or {}))
     engine.forget_decoder_work()
-    return SamTuneResult(engine, path, best.score, best.step, history, stopped, seconds, len(train), len(val))
+    result = SamTuneResult(engine, path, best.score, best.step, history, stopped, seconds, len(train), len(val))
+    if stopped == "interrupted":
+        raise TuneInterrupted(result)
+    return result
 
 
 def _optimizer(engine, cfg: SamTuneConfig):

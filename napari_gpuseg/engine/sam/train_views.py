@@ -89,6 +89,57 @@ def whole_objects(labels: np.ndarray, view: View, image_shape: tuple[int, int],
     return np.array([i for i in ids[keep] if i not in cut], dtype=np.int64)
 
 
+POLARITIES = ("as-is", "both", "invert", "random")
+
+
+def invert_image(image: np.ndarray) -> np.ndarray:
+    """The image with dark and light swapped over its own range (``lo + hi - x``; 255 - x
+    for uint8, which the engine divides by 255), in its dtype: the engine's min-max
+    normalisation then sees exactly the inverted picture. NaNs stay NaN."""
+    a = np.asarray(image)
+    if a.dtype == bool:
+        return ~a
+    if a.dtype == np.uint8:
+        return 255 - a
+    if a.dtype.kind == "f":
+        lo, hi = np.nanmin(a), np.nanmax(a)
+        return (lo + hi - a).astype(a.dtype)
+    lo, hi = int(a.min()), int(a.max())
+    return (lo + hi - a.astype(np.int64)).astype(a.dtype)
+
+
+def gamma_image(image: np.ndarray, gamma: float) -> np.ndarray:
+    """Contrast changed by ``gamma`` on the image's own range (uint8 stays uint8 on 0-255,
+    every other dtype becomes float32 in [0, 1], which the engine reads the same way)."""
+    a = np.asarray(image)
+    if a.dtype == np.uint8:
+        return np.clip(np.round(255.0 * (a / 255.0) ** gamma), 0, 255).astype(np.uint8)
+    f = a.astype(np.float32)
+    lo, hi = np.nanmin(f), np.nanmax(f)
+    n = np.clip((f - lo) / max(float(hi - lo), 1e-12), 0, 1)
+    return (n ** gamma).astype(np.float32)
+
+
+def intensity_variants(image: np.ndarray, polarity: str, contrast_jitter: float,
+                       rng: np.random.Generator) -> list[np.ndarray]:
+    """The pictures of one training image that are embedded: ``polarity`` "as-is" (the
+    image), "invert" (dark and light swapped), "both" (the two) or "random" (one of the
+    two, evenly); with ``contrast_jitter`` g > 1 each gets a random gamma in [1/g, g]
+    (log-uniform). The encoder stays frozen, so a variant is one more embedded picture."""
+    if polarity not in POLARITIES:
+        raise ValueError(f"polarity must be one of {', '.join(POLARITIES)}, got {polarity!r}")
+    flip = rng.random() < 0.5  # drawn always, so the draws do not depend on the option
+    out = []
+    if polarity in ("as-is", "both") or (polarity == "random" and not flip):
+        out.append(image)
+    if polarity in ("invert", "both") or (polarity == "random" and flip):
+        out.append(invert_image(image))
+    if contrast_jitter and contrast_jitter > 1:
+        gammas = np.exp(rng.uniform(-1, 1, size=len(out)) * np.log(contrast_jitter))
+        out = [gamma_image(im, float(g)) for im, g in zip(out, gammas)]
+    return out
+
+
 def candidate_views(engine, prepared, zoom: float) -> list[View]:
     """The views of one image at ``zoom`` (model input px per image px): the engine's grid
     at 1, else a grid of tiles ``input_size / zoom`` px a side, upscaled to the input (the
@@ -101,11 +152,14 @@ def candidate_views(engine, prepared, zoom: float) -> list[View]:
 def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndarray],
                   views_per_image: int | Sequence[int | None] | None = None, rng: np.random.Generator | None = None,
                   progress: ProgressFn = None, cancel: CancelToken | None = None,
-                  zooms: Sequence[float] = (1.0,)) -> list[TrainView]:
+                  zooms: Sequence[float] = (1.0,), polarity: str | Sequence[str] = "as-is",
+                  contrast_jitter: float = 1.0) -> list[TrainView]:
     """Embedded training views of every image (at most ``views_per_image`` each per zoom,
     chosen at random among the views that hold at least one whole object; None = all; a
     sequence gives one number per image), at every scale in ``zooms`` (see
-    :func:`candidate_views`)."""
+    :func:`candidate_views`), of each picture :func:`intensity_variants` makes of it
+    (``polarity``: one value, or one per image). All pictures of an image share its
+    ``source`` index, so a validation split by image keeps them together."""
     if len(images) != len(labels):
         raise ValueError(f"{len(images)} images but {len(labels)} label images")
     rng = rng or np.random.default_rng(0)
@@ -113,30 +167,47 @@ def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndar
            else [views_per_image] * len(images))
     if len(per) != len(images):
         raise ValueError(f"{len(per)} views-per-image numbers for {len(images)} images")
+    pol = [polarity] * len(images) if isinstance(polarity, str) else list(polarity)
+    if len(pol) != len(images):
+        raise ValueError(f"{len(pol)} polarity values for {len(images)} images")
     for i, (image, lab) in enumerate(zip(images, labels)):  # every pair before any embedding
         check_pair(image, lab, f"image {i}")
+        if pol[i] not in POLARITIES:
+            raise ValueError(f"polarity must be one of {', '.join(POLARITIES)}, got {pol[i]!r}")
+    variant_rng = np.random.default_rng(int(rng.integers(1 << 31)) if pol.count("as-is") < len(pol)
+                                        or contrast_jitter > 1 else 0)
     out: list[TrainView] = []
     for i, (image, lab) in enumerate(zip(images, labels)):
         check(cancel)
         lab = check_pair(image, lab, f"image {i}")
-        prepared = engine.prepare(image)
-        picked = []
-        for zoom in zooms:
-            found = []
-            for view in candidate_views(engine, prepared, float(zoom)):
-                vl = view_labels(lab, view)
-                ids = whole_objects(lab, view, prepared.shape, vl)
-                if len(ids):
-                    found.append((view, vl, ids))
-            if per[i] and len(found) > per[i]:
-                order = rng.permutation(len(found))[:per[i]]
-                found = [found[k] for k in sorted(order)]
-            picked += found
-        if picked:
-            engine.embed([prepared], [[v for v, _, _ in picked]], cancel=cancel)
-        for view, vl, ids in picked:
-            emb = engine.embedding(prepared, view).to("cpu", torch.float16)
-            out.append(TrainView(emb, vl, ids, i, view))
+        pictures = ([image] if pol[i] == "as-is" and not contrast_jitter > 1
+                    else intensity_variants(image, pol[i], contrast_jitter, variant_rng))
+        for picture in pictures:
+            out += _embed_picture(engine, picture, lab, i, per[i], rng, zooms, cancel)
         if progress:
             progress(i + 1, len(images))
+    return out
+
+
+def _embed_picture(engine, image, lab, i, n_views, rng, zooms, cancel) -> list[TrainView]:
+    """The embedded views of one picture of image ``i`` (see :func:`collect_views`)."""
+    out: list[TrainView] = []
+    prepared = engine.prepare(image)
+    picked = []
+    for zoom in zooms:
+        found = []
+        for view in candidate_views(engine, prepared, float(zoom)):
+            vl = view_labels(lab, view)
+            ids = whole_objects(lab, view, prepared.shape, vl)
+            if len(ids):
+                found.append((view, vl, ids))
+        if n_views and len(found) > n_views:
+            order = rng.permutation(len(found))[:n_views]
+            found = [found[k] for k in sorted(order)]
+        picked += found
+    if picked:
+        engine.embed([prepared], [[v for v, _, _ in picked]], cancel=cancel)
+    for view, vl, ids in picked:
+        emb = engine.embedding(prepared, view).to("cpu", torch.float16)
+        out.append(TrainView(emb, vl, ids, i, view))
     return out

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Train a SAM decoder on whole cells as well as nuclei (written to
+# napari_gpuseg/weights/cells_nuclei_sam_decoder.pt by default; not a registry model): one
+# `napari-gpuseg train-sam` stage that continues from the shipped nuclei decoder (`nuclei_sam`,
+# scripts/build_nuclei_sam.sh) on LiteMedSAM's encoder, on the training parts of ../shared/data
+# (or $NAPARI_GPUSEG_SHARED_DATA): whole cells in transmitted light (scratch_assay t00-t06, as is
+# or inverted), their nuclei, 8 BBBC039 fields and the DSB2018 fields so that nuclei are kept.
+# Native views and views 1.5x finer, a random gamma in [1/1.5, 1.5] per picture. Time-bound
+# (--max-time, embedding excluded): the weights depend on the machine's speed. Embeddings are
+# cached on disk ($EMB_CACHE, default: the model cache): a rerun skipped the encoder (54 images
+# read back in 26 s instead of embedded in 19 min). NAPARI_GPUSEG_CMD overrides the command.
+#
+# Run on 2026-11-28 (AMD EPYC, 2 cores, avx2 only, fp32, the cores shared with other jobs: load
+# 10-14): embedding 19 min, then 20 steps in 1,185 s (about 50 s a step), stopped with Ctrl-C at
+# step 24 (the best held-back score, at step 20, saved). Held-back images (48 objects): 1 click
+# 0.583 -> 0.568, 3 clicks 0.668 -> 0.691, box 0.669 -> 0.702. Validation (benchmarks/clicks.py
+# --clicks 1 --cap 15): scratch_assay t07-t09 cells (45) 1 click 0.340 -> 0.379, box 0.590 ->
+# 0.613; dsb2018/ (15 nuclei) 1 click 0.798 -> 0.779, box 0.803 -> 0.830. Far from the cells
+# targets (0.65 / 0.75) and nuclei not shown to hold, so the decoder was not shipped: it needs
+# the full --max-time (hundreds of steps) on a machine whose cores are its own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA="${NAPARI_GPUSEG_SHARED_DATA:-../shared/data}"
+OUT="${1:-napari_gpuseg/weights/cells_nuclei_sam_decoder.pt}"
+CMD="${NAPARI_GPUSEG_CMD:-napari-gpuseg}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+
+$CMD train-sam \
+  --images "$DATA/scratch_assay/cells/images" --labels "$DATA/scratch_assay/cells/masks" --limit 7 \
+    --views-per-image 3 --polarity random \
+  --images "$DATA/scratch_assay/nuclei/images" --labels "$DATA/scratch_assay/nuclei/masks" --limit 7 \
+    --views-per-image 1 --polarity random \
+  --images "$DATA/bbbc039/images" --labels "$DATA/bbbc039/masks" --limit 8 \
+    --views-per-image 1 --polarity as-is \
+  --images "$DATA/dsb2018_more/images" --labels "$DATA/dsb2018_more/masks" --limit 0 \
+    --views-per-image 1 --polarity random \
+  --zoom 1 --zoom 1.5 --click-zoom 1.5 --contrast-jitter 1.5 \
+  --model nuclei_sam --out "$OUT" ${EMB_CACHE:+--cache "$EMB_CACHE"} \
+  --max-steps 5000 --max-time "${MAX_TIME:-2700}" --views-per-step 4 --objects-per-view 3 --lr 3e-4 \
+  --box-fraction 0.25 --corrections 2 --eval-every 20 --val-objects 48 --val-fraction 0.1 --patience 8 --seed 4
+
+sha256sum "$OUT"

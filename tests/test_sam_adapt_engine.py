@@ -1,0 +1,75 @@
+"""Adapt SAM at engine level: a few objects in, a decoder in the user's list out; the unsure hint."""
+import json
+
+import numpy as np
+import pytest
+import tifffile
+
+from napari_gpuseg.engine import load_engine
+from napari_gpuseg.engine.runtime.cancel import CancelToken
+from napari_gpuseg.engine.sam.adapt import (adapt_to_objects, adapted_dir, adapted_models, few_object_config,
+                                            unsure_hint)
+from napari_gpuseg.engine.sam.cache import EmbeddingCache
+
+from sam_fixtures import require_lite_medsam
+
+
+@pytest.fixture(scope="module")
+def cells(shared_data):
+    """A 256 px crop of a training frame of the scratch assay with 6 of its cells annotated."""
+    d = shared_data / "scratch_assay" / "cells"
+    img = tifffile.imread(d / "images" / "t02.tif")[:, 100:356]
+    lab = tifffile.imread(d / "masks" / "t02.tif")[:, 100:356]
+    inner = set(np.unique(lab[20:-20, 20:-20])) - set(np.unique(lab[[0, -1]])) - set(np.unique(lab[:, [0, -1]]))
+    ids = sorted(i for i in inner if i and np.count_nonzero(lab == i) >= 100)[:6]
+    return img, np.where(np.isin(lab, ids), lab, 0)
+
+
+def test_adapt_saves_into_the_users_list_with_the_image_name(cells, tmp_path, monkeypatch):
+    require_lite_medsam()
+    monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(tmp_path / "cache"))
+    img, ann = cells
+    cfg = few_object_config(6, minutes=1)
+    cfg.max_steps, cfg.max_time, cfg.view_zooms = 2, None, (1.0,)
+    engine = load_engine("nuclei_sam", cache=EmbeddingCache())
+    steps = []
+    res = adapt_to_objects(img, ann, model=engine, image_name="/data/my cells.tif", config=cfg,
+                           on_event=lambda ev: steps.append(ev.step))
+    assert res.objects == 6 and res.steps == 2 and steps == [1, 2] and res.stopped == "done"
+    assert res.name == "my_cells_adapted" and adapted_dir() == tmp_path / "cache" / "adapted_sam"
+    listed = adapted_models()
+    assert [m["name"] for m in listed] == ["my_cells_adapted"]
+    assert listed[0]["image"] == "/data/my cells.tif" and listed[0]["objects"] == 6
+    assert load_engine(listed[0]["path"], cache=engine.cache).info.decoder_tuned
+    # a second adaptation of the same image gets its own name; a vanished file drops out
+    cfg.max_steps = 1
+    res2 = adapt_to_objects(img, ann, model=engine, image_name="/data/my cells.tif", config=cfg)
+    assert res2.name == "my_cells_adapted_2" and len(adapted_models()) == 2
+    (adapted_dir() / "my_cells_adapted.pt").unlink()
+    assert [m["name"] for m in adapted_models()] == ["my_cells_adapted_2"]
+
+
+def test_adapt_refuses_empty_labels_and_cancel_saves_nothing(cells, tmp_path):
+    img, ann = cells
+    with pytest.raises(ValueError, match="no annotated object"):
+        adapt_to_objects(img, np.zeros_like(ann), folder=tmp_path)
+    require_lite_medsam()
+    token = CancelToken()
+    cfg = few_object_config(6, minutes=1)
+    cfg.view_zooms = (1.0,)
+    res = adapt_to_objects(img, ann, model=load_engine("nuclei_sam", cache=EmbeddingCache()), folder=tmp_path,
+                           config=cfg, cancel=token, on_event=lambda ev: token.cancel())
+    assert res.path is None and res.stopped == "cancelled" and adapted_models(tmp_path) == []
+
+
+def test_a_broken_index_lists_nothing(tmp_path):
+    (tmp_path / "index.json").write_text("{not json")
+    assert adapted_models(tmp_path) == []
+    (tmp_path / "index.json").write_text(json.dumps([{"name": "x", "path": str(tmp_path / "gone.pt")}, 3]))
+    assert adapted_models(tmp_path) == []
+
+
+def test_unsure_hint_speaks_only_below_the_threshold():
+    assert unsure_hint(0.95) is None and unsure_hint(float("nan")) is None
+    hint = unsure_hint(0.42)
+    assert "0.42" in hint and "box" in hint and "adapt" in hint
