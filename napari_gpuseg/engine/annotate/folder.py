@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -98,6 +99,8 @@ class FolderAnnotation:
         self.image: np.ndarray | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="napari-gpuseg-folder")
         self._ahead: _Ahead | None = None
+        self._embed_job = None  # the current image's embedding (the prefetch waits for it)
+        self._lock = threading.RLock()  # _ahead: the caller's thread and the worker's callbacks
         self.listeners: list[Callable[[], None]] = []  # called after every change of state
         if open_first:
             self.goto(self.resume_index())
@@ -170,9 +173,14 @@ class FolderAnnotation:
         if state is not None and im.state in (NOT_STARTED, PRESEGMENTED):
             im.state = state
         im.objects = count_objects(labels)
+        job = self._embed_job = None
         if self.embed and not self.session.too_big:
-            self.session.embed_async()
-        self._prefetch(index + 1)
+            # the next image once this one is embedded: its read and encoder work would
+            # otherwise slow this image's first prompt down
+            then = lambda *_a, i=index: self._prefetch_after(i)  # noqa: E731
+            job = self._embed_job = self.session.embed_async(on_done=then, on_cancelled=then)
+        if job is None:
+            self._prefetch(index + 1)
         self._changed()
         return im
 
@@ -251,7 +259,15 @@ class FolderAnnotation:
             return image, np.asarray(self.presegment(image)).astype(np.int32), PRESEGMENTED
         return image, np.zeros(shape, np.int32), None
 
+    def _prefetch_after(self, index: int) -> None:
+        if self.index == index:
+            self._prefetch(index + 1)
+
     def _prefetch(self, index: int) -> None:
+        with self._lock:
+            self._prefetch_locked(index)
+
+    def _prefetch_locked(self, index: int) -> None:
         old = self._ahead
         if old is not None and old.index != index:
             self._drop_ahead()
@@ -274,10 +290,14 @@ class FolderAnnotation:
 
         # the worker's own submit (thread-safe; this runs in the reading thread); the job is
         # cancelled here when the folder moves elsewhere or closes
-        ahead.job = session.worker.submit(steps.tiles, engine_of, image, None, lambda: None, lambda _p: None,
-                                          tag=("prefetch", id(self)), replace=True, priority=IDLE)
+        ahead.job = session.worker.submit(_embed_and_warm, engine_of, image, tag=("prefetch", id(self)),
+                                          replace=True, priority=IDLE)
 
     def _take_ahead(self, index: int):
+        with self._lock:
+            return self._take_ahead_locked(index)
+
+    def _take_ahead_locked(self, index: int):
         ahead = self._ahead
         if ahead is not None and ahead.index == index:
             self._ahead = None
@@ -299,6 +319,10 @@ class FolderAnnotation:
     def wait_prefetched(self, timeout: float | None = None) -> bool:
         """Wait until the next image is read and embedded (tests, benchmarks); False when
         nothing is being prefetched."""
+        if self._embed_job is not None:
+            self._embed_job.wait(timeout)
+            if self.index is not None:
+                self._prefetch(self.index + 1)  # as the embedding's callback does (idempotent)
         ahead = self._ahead
         if ahead is None:
             return False
@@ -311,6 +335,15 @@ class FolderAnnotation:
         """Stop reading ahead (the labels are saved as they change)."""
         self._drop_ahead()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _embed_and_warm(engine_of, img, progress=None, cancel=None):
+    """Every view of an image (as the session's background embedding), then the decoder's
+    image-only work for them, so that the first prompt after Next only decodes."""
+    image, _seconds = yield from steps.tiles(engine_of, img, None, lambda: None, lambda _p: None,
+                                             progress=progress, cancel=cancel)
+    steps.warm(engine_of, image, cancel=cancel)
+    return image
 
 
 def _rgb(image: np.ndarray) -> bool:
