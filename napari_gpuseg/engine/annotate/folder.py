@@ -100,6 +100,7 @@ class FolderAnnotation:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="napari-gpuseg-folder")
         self._ahead: _Ahead | None = None
         self._embed_job = None  # the current image's embedding (the prefetch waits for it)
+        self._closed = False
         self._lock = threading.RLock()  # _ahead: the caller's thread and the worker's callbacks
         self.listeners: list[Callable[[], None]] = []  # called after every change of state
         if open_first:
@@ -268,6 +269,8 @@ class FolderAnnotation:
             self._prefetch_locked(index)
 
     def _prefetch_locked(self, index: int) -> None:
+        if self._closed:
+            return
         old = self._ahead
         if old is not None and old.index != index:
             self._drop_ahead()
@@ -333,7 +336,9 @@ class FolderAnnotation:
 
     def close(self) -> None:
         """Stop reading ahead (the labels are saved as they change)."""
-        self._drop_ahead()
+        with self._lock:
+            self._closed = True
+            self._drop_ahead()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
