@@ -143,6 +143,21 @@ def test_presegmentation_shown_then_accepted_by_next(shared_data, tmp_path):
     assert g.finished and [im.state for im in g.images] == [ANNOTATED, SKIPPED]
 
 
+def test_unet_presegmentation_finds_the_nuclei(shared_data, tmp_path):
+    from napari_gpuseg.engine.annotate.folder import unet_presegmenter
+
+    images = tmp_path / "images"
+    gts = copy_fields(shared_data, images, 1)
+    f = FolderAnnotation(AnnotationSession(None), images, tmp_path / "out", presegment=unet_presegmenter(),
+                         prefetch=False, embed=False)
+    gt = next(iter(gts.values()))
+    n_gt = len(np.unique(gt)) - 1
+    assert f.current.state == PRESEGMENTED and abs(f.current.objects - n_gt) <= max(2, n_gt // 5)
+    hit = (f.session.labels > 0) == (gt > 0)
+    assert hit.mean() > 0.9  # foreground where the ground truth has nuclei
+    f.close()
+
+
 def test_bad_folders_say_why(tmp_path):
     (tmp_path / "images").mkdir()
     (tmp_path / "images" / "a.jpg").write_bytes(b"x")

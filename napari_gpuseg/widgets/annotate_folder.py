@@ -25,20 +25,6 @@ PRESEGMENT = ("none", "U-Net (bundled)")
 KEYS = {"next": "Shift-Right", "previous": "Shift-Left", "skip": "Shift-K"}
 
 
-def _unet_presegment():
-    """Image -> labels with the bundled U-Net (loaded on first use, in the reading thread)."""
-    from ..engine import load_unet, predict_labels
-
-    model = []
-
-    def presegment(image: np.ndarray) -> np.ndarray:
-        if not model:
-            model.append(load_unet())
-        return predict_labels(model[0], gio.to_gray(image))
-
-    return presegment
-
-
 class AnnotateFolderWidget(DockWidget):
     """Image and output folders, pattern, pre-segmentation; Open; Previous / Skip / Next; the
     images with their state and object count (double-click one to open it)."""
@@ -118,6 +104,7 @@ class AnnotateFolderWidget(DockWidget):
     def open(self, in_dir=None, out_dir=None) -> bool:
         """Open the folders (the fields', or those given) at the resume point."""
         from ..engine import AnnotationSession, FolderAnnotation
+        from ..engine.annotate.folder import unet_presegmenter
 
         if in_dir is not None:
             self.in_edit.setText(str(in_dir))
@@ -136,7 +123,7 @@ class AnnotateFolderWidget(DockWidget):
             session = self.annotator.session
         else:
             session = AnnotationSession(None, worker=self.worker, submit=self._submit_job)
-        presegment = _unet_presegment() if self.presegment_box.currentIndex() == 1 else None
+        presegment = unet_presegmenter() if self.presegment_box.currentIndex() == 1 else None
         try:
             # the annotator embeds each image as it follows it; alone, the folder does
             folder = FolderAnnotation(session, Path(src), Path(dst), self.pattern_edit.text().strip()
@@ -243,7 +230,7 @@ class AnnotateFolderWidget(DockWidget):
         n = len(folder)
         self.where.setText(f"image {folder.index + 1} of {n}: {folder.current.name}")
         self.prev_button.setEnabled(bool(folder.index))
-        self.next_button.setEnabled(folder.index + 1 < n or folder.current.state != "skipped")
+        self.next_button.setEnabled(True)  # on the last image: marks it done
         self.skip_button.setEnabled(True)
         rows = [f"{im.name}  —  {im.state}, {im.objects} object{'s' * (im.objects != 1)}"
                 + ("  ✓" if im.done and im.state != "skipped" else "") for im in folder.images]

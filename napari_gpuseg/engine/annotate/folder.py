@@ -61,6 +61,22 @@ class _Ahead:
     job: object = None  # the worker job embedding it
 
 
+def unet_presegmenter(path=None) -> Callable[[np.ndarray], np.ndarray]:
+    """A ``presegment`` callable: image -> labels with a U-Net checkpoint (None: the bundled
+    nuclei model), loaded on first use (in the reading thread); RGB images as luminance."""
+    model = []
+
+    def presegment(image: np.ndarray) -> np.ndarray:
+        from ..unet.checkpoint import load_unet
+        from ..unet.predict import predict_labels
+
+        if not model:
+            model.append(load_unet(path))
+        return predict_labels(model[0], gio.to_gray(image))
+
+    return presegment
+
+
 def count_objects(labels: np.ndarray) -> int:
     ids = np.unique(labels)
     return int(np.count_nonzero(ids))
