@@ -15,7 +15,7 @@ import tifffile
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "images"
-DATA = HERE.parents[1] / "shared" / "data"
+DATA = Path(os.environ.get("NAPARI_GPUSEG_SHARED_DATA") or HERE.parents[1] / "shared" / "data")
 
 
 def pump(app, until=None, seconds=None):
@@ -57,6 +57,37 @@ def annotator(viewer, app):
     viewer.scene.camera.zoom = 1.6
     viewer.scene.camera.center = (180, 230)
     pump(app)
+
+
+def annotate_folder(viewer, app):
+    """Annotate folder in the middle of a folder of held-out BBBC039 cuts: the first image
+    annotated with clicks, one skipped, the third open."""
+    import tempfile
+
+    from skimage.measure import regionprops
+
+    root = Path(tempfile.mkdtemp(prefix="annotate-folder-"))
+    (root / "images").mkdir()
+    gts = []
+    for f in sorted((DATA / "bbbc039" / "images").glob("*.tif"))[-6:]:
+        tifffile.imwrite(root / "images" / f.name, tifffile.imread(f)[130:386, 220:476])
+        gts.append(tifffile.imread(DATA / "bbbc039" / "masks" / f.name)[130:386, 220:476])
+    _d, dock = viewer.window.add_plugin_dock_widget("napari-gpuseg", "Annotate folder")
+    dock.open(root / "images", root / "labels")
+    w = dock.annotator
+    pump(app, lambda: w.image_layer is not None and w.session.is_embedded())
+    props = [p for p in regionprops(gts[0]) if 20 < p.centroid[0] < 236 and 20 < p.centroid[1] < 236]
+    for p in props[:6]:
+        r, c = p.coords[len(p.coords) // 2]
+        w.pos_layer.add(np.array([[r, c]], float))
+        pump(app, w.has_preview, 120)
+        w.commit()
+    pump(app, seconds=1.5)  # the labels saved
+    dock.next()
+    pump(app, lambda: w.image_layer is not None and w.image_layer.name == dock.image_layer.name)
+    dock.skip()
+    pump(app, lambda: w.image_layer is not None and w.image_layer.name == dock.image_layer.name)
+    pump(app, lambda: w.session.is_embedded())
 
 
 def propagate(viewer, app):
@@ -133,7 +164,7 @@ def sam_everything_nuclei(viewer, app):
 
 
 SHOTS = {"annotator": annotator, "gpu_monitor": gpu_monitor, "unet_predict": unet_predict,
-         "sam_automatic": sam_automatic, "sam_everything_nuclei": sam_everything_nuclei,
+         "annotate_folder": annotate_folder, "sam_automatic": sam_automatic, "sam_everything_nuclei": sam_everything_nuclei,
          "propagate": propagate}
 AT_DEFAULT_SIZE = {"annotator"}  # shown at napari's default window size (no clipped dock rows)
 

@@ -230,3 +230,21 @@ def test_a_multichannel_image_is_taken_as_folder_jobs_take_it(field, engine):
     gray = AnnotationSession(engine)
     gray.set_image(img)
     assert np.array_equal(picked, gray.click(x, y))
+
+
+def test_a_first_click_the_model_rates_low_says_so(engine):
+    """A first click whose predicted IoU is under 0.75 gets the unsure hint (draw a box, or
+    adapt); a confident click, a box and a refined object do not."""
+    from napari_gpuseg.engine.sam.prompt_types import MaskResult
+
+    s = AnnotationSession(engine)
+    s.prompt = Prompt(points=np.array([[5.0, 5.0]]), labels=np.array([1]))
+    s.result = MaskResult(mask=np.ones((4, 4), bool), y0=0, x0=0, score=0.41, low_res=None, view=None)
+    assert "unsure (predicted IoU 0.41): draw a box" in s.unsure()
+    s.result.score = 0.9
+    assert s.unsure() is None
+    s.result.score = 0.41
+    s.prompt = Prompt(box=np.array([1.0, 1.0, 8.0, 8.0]))
+    assert s.unsure() is None
+    s.prompt = Prompt(points=np.array([[5.0, 5.0], [7.0, 7.0]]), labels=np.array([1, 0]))
+    assert s.unsure() is None

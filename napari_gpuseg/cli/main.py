@@ -17,6 +17,7 @@ from ..engine.runtime.device import PRECISIONS
 
 # (module, add-parser function, run function) for each optional subcommand
 _SUBCOMMANDS = {
+    "annotate": ("napari_gpuseg.cli.annotate", "add_annotate_parser", "run_annotate"),
     "batch": ("napari_gpuseg.cli.batch", "add_batch_parser", "run_batch"),
     "train": ("napari_gpuseg.cli.train", "add_train_parser", "run_train"),
     "train-sam": ("napari_gpuseg.cli.train_sam", "add_train_sam_parser", "run_train_sam"),

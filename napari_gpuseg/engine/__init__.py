@@ -14,6 +14,10 @@ SAM (Segment Anything):
 - ``AnnotationSession(engine)``: annotate an image object by object without a window:
   ``set_image``, ``click(x, y)``, ``box(x0, y0, x1, y1)``, ``commit()``, ``undo()``,
   ``set_plane(z)``, ``labels``; asynchronous forms for a GUI (the SAM annotator dock is one).
+- ``FolderAnnotation(session, in_dir, out_dir)``: go through a folder of images with a session:
+  ``next()``, ``previous()``, ``skip()``, ``goto(i)``, ``commit()``, ``undo()``; labels saved to
+  ``OUT/<name>_labels.tif`` as they change, progress kept in ``OUT``, reopening resumes; the next
+  image is read and embedded in the background.
 - ``segment_everything(engine, image, channel=None)``: instance labels of everything SAM
   finds from a grid of point prompts.
 - ``segment_boxes(engine, image, boxes, channel=None)``: instance labels from box prompts ``(N, 4)``.
@@ -83,6 +87,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "segment_everything": (".sam_api", "segment_everything"),
     "segment_boxes": (".sam_api", "segment_boxes"),
     "AnnotationSession": (".annotate.session", "AnnotationSession"),
+    "FolderAnnotation": (".annotate.folder", "FolderAnnotation"),
     "finetune_sam": (".sam.finetune", "finetune_sam"),
     "SamTuneConfig": (".sam.finetune", "SamTuneConfig"),
     "load_unet": (".unet.checkpoint", "load_unet"),

@@ -477,7 +477,8 @@ class SamAnnotatorWidget(DockWidget):
         target[...] = result.full(target.shape)
         self.preview_layer.refresh()
         what = "preview" if final else "first look"  # a first look: the full mask follows
-        self._set_status(f"{what}: {result.area} px, predicted IoU {result.score:.2f}")
+        hint = self.session.unsure() if final else None
+        self._set_status(f"{what}: {result.area} px, " + (hint or f"predicted IoU {result.score:.2f}"))
         self.redraw.release()
         self._after_repaint.post()  # background embedding goes on once the mask is drawn
         self._rest_soon()

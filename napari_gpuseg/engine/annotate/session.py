@@ -436,6 +436,19 @@ class AnnotationSession:
         if on_mask is not None:
             on_mask(result)
 
+    def unsure(self) -> str | None:
+        """The status-line hint when the current object is a first click (one positive point,
+        no box) whose mask the model itself rates low (:func:`~napari_gpuseg.engine.sam.adapt.unsure_hint`:
+        predicted IoU under 0.75); None otherwise. Boxes and refined objects get no hint."""
+        from ..sam.adapt import unsure_hint
+
+        p, r = self.prompt, self.result
+        if p is None or r is None or p.box is not None or p.points is None or len(p.points) != 1:
+            return None
+        if p.labels is not None and int(np.asarray(p.labels).ravel()[0]) != 1:
+            return None
+        return unsure_hint(float(r.score))
+
     def _looked(self, gen: int, result, prompt: Prompt, look: threading.Event, on_look) -> None:
         if result is None or gen != self._generation or self.final and self.prompt is prompt:
             look.set()  # nothing to show, stale, or the full mask came first
