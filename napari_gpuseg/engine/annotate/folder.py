@@ -1,6 +1,6 @@
-"""Going through a folder of images with an :class:`~.session.AnnotationSession`, without a window.
+"""Going through a folder of images with an :class:`~.session.AnnotationSession`, without a window
+(the names below are in ``napari_gpuseg.engine``):
 
-    from napari_gpuseg.engine import AnnotationSession, FolderAnnotation, load_engine
     f = FolderAnnotation(AnnotationSession(load_engine()), "images/", "labels/")
     f.session.click(x, y); f.commit()     # labels/<name>_labels.tif written at once
     f.next()                              # the next image (read and embedded in the background)

@@ -2,7 +2,7 @@
 
 The annotator prepares and embeds the whole plane it works on: for a 16384 x 16384 image that
 is 3 GiB of normalised pixels, about 23,000 tiles, and 42 s before a first mask on a 2-core
-CPU (``benchmarks/big_image.py``). Above :data:`MAX_PLANE_PX` a session does not start that:
+CPU (``benchmarks/big_image.py``). Above :data:`MAX_PLANE_PX` the annotator does not start that:
 it annotates a region of the image (at most :data:`REGION_SIDE` pixels a side, at least
 :data:`MIN_REGION_SIDE`), read lazily (dask, zarr, a pyramid's full-resolution level stay
 lazy; a region is read a plane at a time when it is needed).

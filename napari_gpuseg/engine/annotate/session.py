@@ -1,6 +1,6 @@
-"""Interactive SAM annotation of one image, without a window.
+"""Interactive SAM annotation of one image, without a window (both names below are in
+``napari_gpuseg.engine``):
 
-    from napari_gpuseg.engine import AnnotationSession, load_engine
     s = AnnotationSession(load_engine())      # the default model
     s.set_image(image)                        # YX, YXC (RGB) or a stack; s.set_plane(z) for stacks
     mask = s.click(x, y)                      # bool (H, W): the current object
@@ -9,7 +9,7 @@
     obj = s.commit()                          # id written into s.labels (same spatial shape as the image)
     s.undo()                                  # removes the last committed object
 
-A session owns the image (a plane at a time for stacks), its embeddings (the prepared planes,
+An ``AnnotationSession`` owns the image (a plane at a time for stacks), its embeddings (the prepared planes,
 the background tiles), the current object (its prompt, and its mask with the logits a next
 click refines), the label image and its undo history, and the work it schedules on an
 :class:`~napari_gpuseg.engine.runtime.worker.InferenceWorker`: a prompt's decode is
@@ -612,12 +612,12 @@ class AnnotationSession:
         return job
 
     def busy(self, tag: str | None = None) -> bool:
-        """Whether work of this session (with ``tag``: "embed", "preview", "stack", ...) is
+        """Whether work of this annotator (with ``tag``: "embed", "preview", "stack", ...) is
         queued or running."""
         return any(not j.wait(0) and (tag is None or j.tag == tag) for j in self._jobs)
 
     def cancel(self) -> int:
-        """Cancel this session's queued and running work; how many jobs."""
+        """Cancel this annotator's queued and running work; how many jobs."""
         n = 0
         for job in self._jobs:
             if not job.wait(0):
