@@ -115,7 +115,7 @@ def test_corrective_clicks_are_counted_and_the_offer_speaks_when_objects_are_har
         s.commit()
     assert list(s.effort._recent) == [(False, 2)] * 3
     offer = adapt_offer(s)
-    assert "3 needed 2+ corrections" in offer and "Adapt to these objects" in offer
+    assert offer == "3 of the last 3 needed 2+ corrections: try 'Adapt to these objects'"
     s.set_model("nuclei_sam")  # another model (the adapted one): its own effort counts
     assert adapt_offer(s) is None
 
@@ -128,8 +128,11 @@ def test_commit_effort_speaks_only_when_most_recent_commits_were_hard():
     e.record(False, 1)
     assert e.struggling() is None  # one hard in three
     e.record(True, 0)
-    assert e.struggling() is None  # (0, 1), (1, 0): one hard in the last three
+    assert e.struggling() is None  # (False, 0), (False, 1), (True, 0): one hard in the last three
     e.record(False, 3)
-    assert e.struggling() == "of the last 3 objects, 1 began unsure and 1 needed 2+ corrections"
+    assert e.struggling() == "2 of the last 3 began unsure or needed 2+ corrections"
+    for _ in range(3):
+        e.record(True, 1)
+    assert e.struggling() == "3 of the last 3 began unsure"
     e.clear()
     assert e.struggling() is None and len(e) == 0

@@ -1,7 +1,7 @@
 """'Adapt to these objects' in the SAM annotator dock on a real viewer: the button waits for
-three committed cells (its tooltip says why), a click trains in the background with a live
-loss (a 2-step schedule here), the dock switches to the adapted decoder and lists it, a new
-dock lists it too; Cancel leaves the model as it was and saves nothing."""
+three committed cells (its tooltip says why); Cancel while it trains leaves the model as it
+was and saves nothing; a click trains in the background with a live loss (a 2-step schedule
+here), the dock switches to the adapted decoder and lists it, a new dock lists it too."""
 import numpy as np
 import pytest
 import tifffile
@@ -54,16 +54,20 @@ def commit_box(qtbot, w, box):
     assert w.commit()
 
 
-def open_annotator(make_napari_viewer, qtbot, img):
+def open_annotator(make_napari_viewer, qtbot, monkeypatch, img):
+    """The dock following a t00 cut, without embedding the image's tiles in the background
+    (the adapt wiring is tested here: each box embeds its own view first)."""
     viewer = make_napari_viewer()
-    viewer.add_image(img, name="t00")
     _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
-    return viewer, w  # boxes need not wait for the image's tiles (they embed their own view first)
+    monkeypatch.setattr(w, "_embed_current", lambda: False)
+    viewer.add_image(img, name="t00")
+    qtbot.waitUntil(lambda: w.box_layer is not None, timeout=WAIT)
+    return viewer, w
 
 
-def test_adapt_to_these_objects_switches_to_the_adapted_decoder(make_napari_viewer, qtbot, frame):
-    img, gt, _steps = frame
-    viewer, w = open_annotator(make_napari_viewer, qtbot, img)
+def test_cancel_then_adapt_to_these_objects(make_napari_viewer, qtbot, monkeypatch, frame):
+    img, gt, steps = frame
+    viewer, w = open_annotator(make_napari_viewer, qtbot, monkeypatch, img)
     panel = w.adapt_panel
     assert w.model_name == "nuclei_sam" and not panel.adapt_btn.isEnabled()
     assert "at least 3 objects" in panel.adapt_btn.toolTip()
@@ -73,8 +77,30 @@ def test_adapt_to_these_objects_switches_to_the_adapted_decoder(make_napari_view
     assert not panel.adapt_btn.isEnabled() and "(2 committed)" in panel.adapt_btn.toolTip()
     commit_box(qtbot, w, boxes[2])
     assert panel.adapt_btn.isEnabled() and "Train SAM's decoder" in panel.adapt_btn.toolTip()
+
+    # Cancel while it trains: the model stays as it was, nothing is saved
+    steps["n"] = 500
+    losses, on_event = [], panel._on_event
+
+    def cancel_at_first_step(ev):
+        on_event(ev)
+        losses.append(ev.loss)
+        if len(losses) == 1:
+            qtbot.mouseClick(panel.cancel_btn, Qt.MouseButton.LeftButton)
+
+    panel._on_event = cancel_at_first_step
     qtbot.mouseClick(panel.adapt_btn, Qt.MouseButton.LeftButton)
     assert panel.running and panel.cancel_btn.isEnabled() and not panel.adapt_btn.isEnabled()
+    qtbot.waitUntil(lambda: not panel.running, timeout=WAIT)
+    assert losses and panel.result is None
+    assert "adapting cancelled: the model is unchanged, nothing was saved" in w.status.text()
+    assert w.model_name == "nuclei_sam" and w.session.model == "nuclei_sam" and adapted_models() == []
+    assert panel.adapt_btn.isEnabled() and not panel.cancel_btn.isEnabled()
+
+    # Adapt (2 steps): the dock switches to the adapted decoder and lists it
+    steps["n"] = 2
+    panel._on_event = on_event
+    qtbot.mouseClick(panel.adapt_btn, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: panel.result is not None, timeout=WAIT)
     path = panel.result.path
     assert panel.result.objects == 3 and panel.result.steps == 2
@@ -102,28 +128,3 @@ def test_adapt_to_these_objects_switches_to_the_adapted_decoder(make_napari_view
     other.model_combo.setCurrentIndex(i)
     assert other.model_name == path
     other.close()
-
-
-def test_cancel_keeps_the_model_and_saves_nothing(make_napari_viewer, qtbot, frame):
-    img, gt, steps = frame
-    steps["n"] = 500  # long enough to be cancelled while it trains
-    viewer, w = open_annotator(make_napari_viewer, qtbot, img)
-    panel = w.adapt_panel
-    for box in cell_boxes(gt, 3):
-        commit_box(qtbot, w, box)
-    losses = []
-    on_event = panel._on_event
-
-    def cancel_at_first_step(ev):
-        on_event(ev)
-        losses.append(ev.loss)
-        if len(losses) == 1:
-            qtbot.mouseClick(panel.cancel_btn, Qt.MouseButton.LeftButton)
-
-    panel._on_event = cancel_at_first_step
-    qtbot.mouseClick(panel.adapt_btn, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: not panel.running, timeout=WAIT)
-    assert losses and panel.result is None
-    assert "adapting cancelled: the model is unchanged, nothing was saved" in w.status.text()
-    assert w.model_name == "nuclei_sam" and w.session.model == "nuclei_sam"
-    assert adapted_models() == [] and panel.adapt_btn.isEnabled()

@@ -17,6 +17,7 @@ from ._unet_jobs import train_worker
 
 LOSS = "train loss"
 DEFAULT_MINUTES = 4.0
+PLOT_STEPS = 120  # the plot spans the last this many steps (a CPU makes tens in a few minutes)
 READY_TIP = ("Train SAM's decoder on the objects committed on this image (a copy of the model: "
              "annotating goes on meanwhile), then annotate with it. Kept in the model list.")
 
@@ -43,7 +44,7 @@ class AdaptPanel(QGroupBox):
         self.cancel_btn.setEnabled(False)
         self.adapt_btn.clicked.connect(self.adapt)
         self.cancel_btn.clicked.connect(self.cancel)
-        self.plot = HistoryPlot((LOSS,), maxlen=1000)
+        self.plot = HistoryPlot((LOSS,), maxlen=PLOT_STEPS)
         self.plot.setVisible(False)  # shown from the first run on
         form = QFormLayout(self)
         form.addRow("Time budget", self.minutes)

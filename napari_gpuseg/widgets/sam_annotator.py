@@ -264,6 +264,7 @@ class SamAnnotatorWidget(DockWidget):
 
     def set_image_layer(self, layer: Image) -> None:
         self.image_layer = layer
+        self._keep_status = False  # another image: its embedding's messages are its own
         self.image_label.setText(layer.name)
         data = layer.data[0] if getattr(layer, "multiscale", False) else layer.data
         whole = self.session.set_image(data, rgb=bool(layer.rgb))

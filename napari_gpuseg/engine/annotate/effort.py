@@ -33,14 +33,11 @@ class CommitEffort:
         """Why the recent commits look hard (a few words), or None."""
         if len(self._recent) < self.RECENT:
             return None
-        unsure = sum(u for u, _c in self._recent)
-        corrected = sum(c >= self.CORRECTIONS for _u, c in self._recent)
+        unsure = any(u for u, _c in self._recent)
+        corrected = any(c >= self.CORRECTIONS for _u, c in self._recent)
         hard = sum(u or c >= self.CORRECTIONS for u, c in self._recent)
         if hard < self.HARD:
             return None
-        parts = []
-        if unsure:
-            parts.append(f"{unsure} began unsure")
-        if corrected:
-            parts.append(f"{corrected} needed {self.CORRECTIONS}+ corrections")
-        return f"of the last {self.RECENT} objects, {' and '.join(parts)}"
+        what = " or ".join(w for w, on in (("began unsure", unsure),
+                                            (f"needed {self.CORRECTIONS}+ corrections", corrected)) if on)
+        return f"{hard} of the last {self.RECENT} {what}"
