@@ -136,7 +136,7 @@ def annotator_adapted_cells(viewer, app):
         pump(app, lambda: w.has_preview() and w.session.final, 300)  # the full mask, not a first look
         w.commit()
     panel = w.adapt_panel
-    panel.minutes.setValue(1.0)
+    panel.minutes.setValue(2.5)
     panel.adapt()
     pump(app, lambda: not panel.running, 900)
     r = panel.result
