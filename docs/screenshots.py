@@ -113,6 +113,47 @@ def propagate(viewer, app):
     pump(app)
 
 
+def annotator_adapted_cells(viewer, app):
+    """Whole cells of a scratch-assay training frame: ten committed with boxes (from the ground
+    truth, as a user draws them), the decoder adapted to them (a short budget for the picture),
+    then a few more cells clicked with the adapted decoder."""
+    from skimage.measure import regionprops
+
+    d = DATA / "scratch_assay" / "cells"
+    img = tifffile.imread(d / "images" / "t00.tif")
+    gt = tifffile.imread(d / "masks" / "t00.tif")
+    viewer.add_image(img, name="t00 cells", contrast_limits=tuple(np.percentile(img, (0.5, 99.8))))
+    _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    pump(app)  # boxes need not wait for the tiles: each embeds its own view first
+    h, wd = gt.shape
+    props = [p for p in regionprops(gt) if p.area >= 150 and min(p.bbox[:2]) > 3
+             and p.bbox[2] < h - 3 and p.bbox[3] < wd - 3]
+    props.sort(key=lambda p: np.hypot(p.centroid[0] - h / 2, p.centroid[1] - wd / 4))  # one region
+    for p in props[:10]:
+        r0, c0, r1, c1 = p.bbox
+        x0, y0, x1, y1 = c0 - 3, r0 - 3, c1 + 3, r1 + 3
+        w.box_layer.add_rectangles(np.array([[y0, x0], [y0, x1], [y1, x1], [y1, x0]], float))
+        pump(app, lambda: w.has_preview() and w.session.final, 300)  # the full mask, not a first look
+        w.commit()
+    panel = w.adapt_panel
+    panel.minutes.setValue(2.5)
+    panel.adapt()
+    pump(app, lambda: not panel.running, 900)
+    r = panel.result
+    print(f"adapted: {r.objects} cells, {r.steps} steps, {r.seconds:.0f} s" if r else "not adapted", flush=True)
+    for p in props[10:13]:  # a click on each of a few more cells, committed with the adapted decoder
+        r, c = (int(v) for v in p.coords[len(p.coords) // 2])
+        w.pos_layer.add(np.array([[r, c]], float))
+        pump(app, lambda: w.has_preview() and w.session.final, 300)  # the full mask, not a first look
+        print(w.status.text(), flush=True)
+        w.commit()
+    viewer.layers.selection.active = w.labels_layer
+    viewer.camera.zoom = 2.6
+    viewer.camera.center = (105, 140)
+    w.content.parentWidget().parentWidget().ensureWidgetVisible(panel)  # the adapt controls in view
+    pump(app)
+
+
 def gpu_monitor(viewer, app):
     viewer.open_sample("napari-gpuseg", "bbbc039")
     viewer.window.add_plugin_dock_widget("napari-gpuseg", "GPU monitor")
@@ -165,7 +206,7 @@ def sam_everything_nuclei(viewer, app):
 
 SHOTS = {"annotator": annotator, "gpu_monitor": gpu_monitor, "unet_predict": unet_predict,
          "annotate_folder": annotate_folder, "sam_automatic": sam_automatic, "sam_everything_nuclei": sam_everything_nuclei,
-         "propagate": propagate}
+         "propagate": propagate, "annotator_adapted_cells": annotator_adapted_cells}
 AT_DEFAULT_SIZE = {"annotator"}  # shown at napari's default window size (no clipped dock rows)
 
 

@@ -56,6 +56,12 @@ def _on_gui(fn: Callable | None, owner: QObject | None) -> Callable | None:
     return forward
 
 
+def on_gui(fn: Callable, owner: QObject | None = None) -> Callable:
+    """``fn`` called from any thread runs on the GUI thread, and only while ``owner`` exists
+    (a training job's per-step events, say)."""
+    return _on_gui(fn, owner)
+
+
 def submit(fn: Callable, *args, worker: InferenceWorker | None = None, owner: QObject | None = None,
            on_result=None, on_error=None, on_progress=None, on_cancelled=None, **kwargs) -> Job:
     """Submit to the worker; every callback runs on the GUI thread, and only while ``owner``

@@ -44,6 +44,25 @@ def sam_model_names(default: str = DEFAULT_MODEL) -> list[str]:
     return [default] + names
 
 
+def adapted_label(entry: dict) -> str:
+    """How the model lists show an adapted decoder: its name and the image it came from."""
+    image = entry.get("image")
+    return f"{entry['name']} (from {Path(str(image)).name})" if image else str(entry["name"])
+
+
+def adapted_sam_choices(folder=None) -> list[tuple[str, str]]:
+    """``(label, path)`` of the user's adapted decoders (``engine.sam.adapt.adapted_models``),
+    newest first."""
+    try:
+        from ..engine.sam.adapt import adapted_models
+
+        entries = adapted_models(folder)
+    except Exception:  # an unreadable list must not break the dock
+        logger.exception("could not list the adapted SAM decoders")
+        return []
+    return [(adapted_label(e), e["path"]) for e in entries]
+
+
 def model_kind(model: str) -> str:
     """How a SAM model name or file takes prompts, judged without building the network:
     ``"boxes"`` (LiteMedSAM as published), ``"tuned"`` (a decoder tuned to clicks on

@@ -8,7 +8,9 @@ line). The session schedules the work on the shared inference worker; its callba
 back on the GUI thread (``_bridge``). What stays here is the window's side of latency: a
 prompt and its mask are painted in one repaint (``RedrawHold``), background embedding waits
 until the mask is on screen (``AfterRepaint``), a first look is reported shown once painted,
-and SAM negative and the labels layer are made once the prompts rest.
+and SAM negative and the labels layer are made once the prompts rest. The Adapt panel
+(``_adapt_panel``) adapts the model to the objects committed; the model list holds the user's
+adapted decoders (named with the image each came from).
 """
 from __future__ import annotations
 
@@ -22,13 +24,15 @@ from qtpy.QtWidgets import (
 )
 
 from ..engine.annotate import region as regions
+from ..engine.annotate.adapting import adapt_offer
 from ..engine.annotate.session import AnnotationSession
 from ..engine.runtime.device import get_policy
 from ..engine.runtime.worker import InferenceWorker, default_worker
 from ._annotation_layers import (add_rest, ensure_layers, remove_on_plane, select_prompt_tool, spatial_shape,
                                  toggle_click_sign)
 from ._annotator_region import REGION_BUTTON, add_region, region_in_view, too_big
-from ._choices import BROWSE, browse_checkpoint, is_box_trained, sam_model_names, take_sam_models
+from ._choices import (BROWSE, adapted_sam_choices, browse_checkpoint, is_box_trained, sam_model_names,
+                       take_sam_models)
 from ._dock import DockWidget, auto_spin, scrollable
 from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
@@ -74,6 +78,7 @@ class SamAnnotatorWidget(DockWidget):
         self._rest_timer.setSingleShot(True)
         self._rest_timer.timeout.connect(self._rest_when_idle)
         self._rest_pending = False  # following the image left them for later
+        self._keep_status = False  # a model switch's message outlives the embedding it starts
         self._build_ui()
         session = self.session
         self.destroyed.connect(lambda *_: (self.redraw.release(), session.close()))
@@ -98,7 +103,10 @@ class SamAnnotatorWidget(DockWidget):
     # -- UI ---------------------------------------------------------------------------
     def _build_ui(self) -> None:
         self.model_combo = QComboBox()
-        self.model_combo.addItems(sam_model_names() + [BROWSE])
+        self.model_combo.addItems(sam_model_names())
+        for label, path in adapted_sam_choices():  # the user's adapted decoders, newest first
+            self.model_combo.addItem(label, path)
+        self.model_combo.addItem(BROWSE)
         self.model_combo.activated.connect(self._on_model_chosen)
         self.device_label = QLabel(self.policy.describe())
         self.device_label.setWordWrap(True)
@@ -158,6 +166,10 @@ class SamAnnotatorWidget(DockWidget):
             layout.addLayout(row)
         from ._propagate import PropagatePanel  # Propagate / Segment all objects in 3D
 
+        from ._adapt_panel import AdaptPanel  # Adapt to these objects
+
+        self.adapt_panel = AdaptPanel(self)
+        layout.addWidget(self.adapt_panel)
         self.propagate_panel = PropagatePanel(self)
         layout.addWidget(self.propagate_panel)
         layout.addStretch(1)
@@ -165,7 +177,8 @@ class SamAnnotatorWidget(DockWidget):
 
     @property
     def model_name(self) -> str:
-        return self.model_combo.currentText()
+        """The model chosen: a name, or a file (an adapted decoder's entry shows its name)."""
+        return self.model_combo.currentData() or self.model_combo.currentText()
 
     @property
     def stack_order(self) -> list[tuple]:
@@ -186,11 +199,24 @@ class SamAnnotatorWidget(DockWidget):
 
     def use_sam_model(self, path: str) -> None:
         """Switch to a checkpoint made elsewhere (Adapt SAM): it joins the model list."""
-        if self.model_combo.findText(path) < 0:
+        index = self.model_combo.findData(path)
+        if index < 0 and self.model_combo.findText(path) < 0:
             self.model_combo.insertItem(0, path)
-        self.model_combo.setCurrentText(path)
+        self.model_combo.setCurrentIndex(index if index >= 0 else self.model_combo.findText(path))
         self._on_model_chosen(0)
         self._set_status(f"model {path}")
+
+    def use_adapted(self, path: str, label: str, note: str) -> None:
+        """Switch to a decoder adapted here: it joins the list (``label``, first of the adapted
+        ones) and the status line says ``note`` until the next message of the user's work."""
+        combo = self.model_combo
+        if combo.findData(path) < 0:
+            first = next((i for i in range(combo.count()) if combo.itemData(i)), combo.findText(BROWSE))
+            combo.insertItem(first if first >= 0 else combo.count(), label, path)
+        combo.setCurrentIndex(combo.findData(path))
+        self._on_model_chosen(combo.currentIndex())
+        self._keep_status = True
+        self._set_status(note)
 
     def _on_model_chosen(self, _index: int) -> None:
         if not browse_checkpoint(self.model_combo, self):
@@ -238,10 +264,12 @@ class SamAnnotatorWidget(DockWidget):
 
     def set_image_layer(self, layer: Image) -> None:
         self.image_layer = layer
+        self._keep_status = False  # another image: its embedding's messages are its own
         self.image_label.setText(layer.name)
         data = layer.data[0] if getattr(layer, "multiscale", False) else layer.data
         whole = self.session.set_image(data, rgb=bool(layer.rgb))
         self._offer_region(layer, whole)
+        self.adapt_panel.refresh()
         if self._region_only:
             self._clear_preview()
             return
@@ -289,6 +317,7 @@ class SamAnnotatorWidget(DockWidget):
         self._clear_preview()
         self._embed_current()
         self._on_prompts_changed()
+        self.adapt_panel.refresh()
 
     def _on_camera(self, event=None) -> None:
         if self._focus_on_view and self._image_alive():  # panned or zoomed before a prompt
@@ -410,7 +439,11 @@ class SamAnnotatorWidget(DockWidget):
         if key != self.session.key():
             return
         n = (self.session.tiles() or (0, 0))[1]
-        self._set_status(f"embedding ready ({seconds:.2f} s, {n}/{n} tiles)")
+        if self._keep_status:  # say what the switch did, not that its embedding is ready
+            self._keep_status = False
+            self._set_status(self._status_text)
+        else:
+            self._set_status(f"embedding ready ({seconds:.2f} s, {n}/{n} tiles)")
         if not self.has_preview() and not self.session.busy("preview"):
             self._on_prompts_changed()  # a prompt whose decode did not come through
 
@@ -520,7 +553,9 @@ class SamAnnotatorWidget(DockWidget):
         obj = self.session.commit()
         labels.refresh()
         self.clear_prompts()
-        self._set_status(f"committed object {obj if obj else '(empty)'}")
+        self.adapt_panel.refresh()
+        offer = adapt_offer(self.session)  # the recent objects were hard work: suggest adapting
+        self._set_status(f"committed object {obj if obj else '(empty)'}" + (f"; {offer}" if offer else ""))
         return [obj] if obj else []
 
     def clear_prompts(self) -> None:
@@ -543,6 +578,7 @@ class SamAnnotatorWidget(DockWidget):
         labels = self.labels_layer
         ids = self.session.undo()
         labels.refresh()
+        self.adapt_panel.refresh()
         self._set_status(f"undid object(s) {ids}" if ids else "nothing to undo")
 
     def segment_all_boxes(self) -> None:
@@ -560,6 +596,7 @@ class SamAnnotatorWidget(DockWidget):
         def done(ids):
             labels.refresh()
             self.clear_prompts()
+            self.adapt_panel.refresh()
             self._set_status(f"committed {len(ids)} objects from {len(boxes)} boxes in {perf_counter() - t0:.2f} s")
 
         self.session.segment_boxes_async(boxes, on_done=done, on_error=self._on_error)

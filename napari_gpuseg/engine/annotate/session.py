@@ -8,6 +8,7 @@
     mask = s.box(x0, y0, x1, y1)              # a new current object from a box
     obj = s.commit()                          # id written into s.labels (same spatial shape as the image)
     s.undo()                                  # removes the last committed object
+    s.adapt(minutes=3, image_name="cells.tif")  # adapt the decoder to the objects committed, use it
 
 An ``AnnotationSession`` owns the image (a plane at a time for stacks), its embeddings (the prepared planes,
 the background tiles), the current object (its prompt, and its mask with the logits a next
@@ -37,6 +38,7 @@ from ..sam.encoder_pauses import waits_for_encoder
 from ..sam.prompt_types import MaskResult, Prompt
 from . import region as regions
 from . import steps
+from .effort import CommitEffort
 from .refine import follow_up, is_first_look_prompt, prompt_focus
 
 
@@ -85,6 +87,8 @@ class AnnotationSession:
         self.result: MaskResult | None = None  # its mask, with logits for the next click
         self.final = False  # False while :attr:`result` is a first look (the full mask follows)
         self.decode_job = None
+        self.effort = CommitEffort()  # how hard this image's last commits were (adapting.adapt_offer)
+        self._first_unsure = False  # the current object's first mask was rated unsure
         self._model = None
         self.set_model(model)
 
@@ -112,6 +116,7 @@ class AnnotationSession:
         self._prepared.clear()
         self._early.clear()
         self._tiles.clear()
+        self.effort.clear()  # the new model's own effort counts from here
         self.clear()
 
     @property
@@ -179,6 +184,7 @@ class AnnotationSession:
             self.region = None
             self._labels = None
             self.committer = LabelCommitter()
+            self.effort.clear()
         self._plane = (0,) * (len(self.shape) - 2)
         self.clear()
         if labels is not None:
@@ -218,6 +224,7 @@ class AnnotationSession:
         self.region = (y0, y1, x0, x1)
         self._labels = None
         self.committer = LabelCommitter()
+        self.effort.clear()
         self.clear()
 
     @property
@@ -275,6 +282,11 @@ class AnnotationSession:
             self._check_image()
             self._labels = np.zeros(self.shape, np.int32)
         return self._labels
+
+    @property
+    def has_labels(self) -> bool:
+        """Whether the label image exists yet (:attr:`labels` makes it on first use)."""
+        return self._labels is not None
 
     def use_labels(self, labels: np.ndarray) -> None:
         """Write into ``labels`` (an array of :attr:`shape`, such as a viewer's labels layer's
@@ -433,6 +445,8 @@ class AnnotationSession:
         if gen != self._generation:
             return  # stale: the image, plane or prompt changed since
         self.prompt, self.result, self.final = prompt, result, True
+        if prompt.points is None or len(prompt.points) + (prompt.box is not None) == 1:
+            self._first_unsure = self.unsure() is not None  # an object's first prompt
         if on_mask is not None:
             on_mask(result)
 
@@ -492,6 +506,7 @@ class AnnotationSession:
         self._generation += 1
         self.prompt = self.result = None
         self.final = False
+        self._first_unsure = False
 
     # -- commit and undo ---------------------------------------------------------------------
     def commit(self) -> int | None:
@@ -499,6 +514,9 @@ class AnnotationSession:
         pixels only) and drop it; the id, or None when there was nothing to write."""
         if self.result is None:
             return None
+        p = self.prompt
+        prompts = (0 if p.points is None else len(p.points)) + (p.box is not None)
+        self.effort.record(self._first_unsure, prompts - 1)
         ids = self.committer.commit(self.labels, [self.mask], self._plane)
         self.clear()
         return ids[0] if ids else None
@@ -508,6 +526,21 @@ class AnnotationSession:
         if self._labels is None:
             return []
         return self.committer.undo(self._labels)
+
+    # -- adapting the model ---------------------------------------------------------------
+    def adapt(self, minutes: float = 4.0, image_name: str | None = None, folder=None, config=None,
+              on_event=None, cancel=None):
+        """Adapt the model's decoder to the objects committed on the current plane (at least
+        :data:`~.adapting.MIN_OBJECTS`) for at most ``minutes`` of training, save it into the
+        user's adapted decoders (with ``image_name``) and annotate on with it; waits. Returns
+        the :class:`~napari_gpuseg.engine.sam.adapt.AdaptResult` (``path`` None when
+        ``cancel`` stopped it: the model is unchanged). See :mod:`.adapting`."""
+        from .adapting import SessionAdaptation
+
+        job = SessionAdaptation(self, minutes, image_name=image_name, folder=folder, config=config)
+        result = job.run(on_event=on_event, cancel=cancel)
+        job.finish(result)
+        return result
 
     def segment_boxes_async(self, xyxy, on_done=None, on_error=None, _sync: bool = False):
         """One object per box (N, 4) on the current plane, committed together (one undo);

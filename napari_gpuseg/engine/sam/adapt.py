@@ -56,7 +56,7 @@ class AdaptResult:
     steps: int
     seconds: float
     stopped: str
-    tune: SamTuneResult
+    tune: SamTuneResult | None  # None when cancelled before training began
 
 
 def adapted_dir(folder: str | os.PathLike | None = None) -> Path:

@@ -1,0 +1,134 @@
+"""Adapt panel of the SAM annotator: "Adapt to these objects" adapts the model's decoder to
+the objects committed on the image (``engine.annotate.adapting.SessionAdaptation``) in the
+training thread, with a live loss, Cancel and a time budget; once done the annotator
+annotates on with the adapted decoder, which joins its model list. The panel only wires the
+button, the plot and Cancel: what is learnt from, the training and the saving are the
+engine's."""
+from __future__ import annotations
+
+from qtpy.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QPushButton
+
+from ..engine.annotate.adapting import MIN_OBJECTS, SessionAdaptation, adapt_blocker
+from ..engine.runtime.cancel import CancelToken
+from ._bridge import on_gui, submit
+from ._choices import adapted_label, image_file
+from ._plot import HistoryPlot
+from ._unet_jobs import train_worker
+
+LOSS = "train loss"
+DEFAULT_MINUTES = 4.0
+PLOT_STEPS = 120  # the plot spans the last this many steps (a CPU makes tens in a few minutes)
+READY_TIP = ("Train SAM's decoder on the objects committed on this image (a copy of the model: "
+             "annotating goes on meanwhile), then annotate with it. Kept in the model list.")
+
+
+class AdaptPanel(QGroupBox):
+    def __init__(self, dock, parent=None):
+        super().__init__("Adapt to these objects", parent)
+        self.dock = dock
+        self.job = None
+        self._token: CancelToken | None = None
+        self.adaptation: SessionAdaptation | None = None
+        self.result = None  # the last AdaptResult that saved a decoder
+        self.minutes = QDoubleSpinBox()
+        self.minutes.setRange(0.5, 60.0)
+        self.minutes.setSingleStep(0.5)
+        self.minutes.setDecimals(1)
+        self.minutes.setValue(DEFAULT_MINUTES)
+        self.minutes.setSuffix(" min")
+        self.minutes.setToolTip("Training time (embedding the image is not counted); the best decoder "
+                                "so far is kept when it runs out")
+        self.adapt_btn = QPushButton("Adapt to these objects")
+        self.cancel_btn = QPushButton("Cancel")
+        self.cancel_btn.setToolTip("Stop adapting: the model stays as it was, nothing is saved")
+        self.cancel_btn.setEnabled(False)
+        self.adapt_btn.clicked.connect(self.adapt)
+        self.cancel_btn.clicked.connect(self.cancel)
+        self.plot = HistoryPlot((LOSS,), maxlen=PLOT_STEPS)
+        self.plot.setVisible(False)  # shown from the first run on
+        form = QFormLayout(self)
+        form.addRow("Time budget", self.minutes)
+        row = QHBoxLayout()
+        row.addWidget(self.adapt_btn)
+        row.addWidget(self.cancel_btn)
+        form.addRow(row)
+        form.addRow(self.plot)
+        self.refresh()
+
+    @property
+    def running(self) -> bool:
+        return self.job is not None
+
+    def refresh(self) -> None:
+        """Enable the button when the image has enough committed objects; the tooltip says why not."""
+        d = self.dock
+        why = "adapting now" if self.running else (
+            adapt_blocker(d.session, MIN_OBJECTS) if d._image_alive() else "open an image first")
+        self.adapt_btn.setEnabled(why is None)
+        self.adapt_btn.setToolTip(READY_TIP if why is None else f"Not now: {why}.")
+        self.cancel_btn.setEnabled(self.running)
+        self.minutes.setEnabled(not self.running)
+
+    # -- the job ------------------------------------------------------------------------------
+    def adapt(self):
+        """Start adapting to the objects committed on the image on display; the job, or None
+        (with the reason in the status line)."""
+        d = self.dock
+        if self.running or not d._image_alive():
+            return None
+        layer = d.image_layer
+        try:
+            self.adaptation = SessionAdaptation(d.session, self.minutes.value(),
+                                                image_name=image_file(layer) or layer.name)
+        except ValueError as exc:
+            d._set_status(str(exc))
+            return None
+        self.plot.clear()
+        self.plot.setVisible(True)
+        d._on_progress(0, 1)
+        d._set_status(f"adapting to {self.adaptation.objects} objects: embedding the image…")
+        worker = train_worker()
+        # a token of its own, not the job's: a cancel that comes as training ends still gets
+        # the job's result (saved, or not), never a "cancelled" for a decoder that was saved
+        self._token = CancelToken()
+        self.job = submit(self.adaptation.run, worker=worker, inference=False, owner=self,
+                          on_result=self._done, on_error=self._failed, on_progress=d._on_progress,
+                          on_cancelled=self._cancelled, on_event=on_gui(self._on_event, self),
+                          cancel=self._token, policy=worker.policy)
+        self.refresh()
+        return self.job
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self._token.cancel()
+            self.dock._set_status("cancelling the adaptation…")
+
+    def _on_event(self, ev) -> None:
+        if self.job is None:
+            return
+        self.plot.append(**{LOSS: ev.loss})
+        budget = 60.0 * self.adaptation.minutes
+        self.dock._set_status(f"adapting: step {ev.step}, loss {ev.loss:.3f} "
+                              f"({ev.seconds:.0f} s of at most {budget:.0f} s)")
+
+    def _done(self, result) -> None:
+        self.job = None
+        if result.path is None:
+            self._cancelled()
+            return
+        self.result = result
+        label = adapted_label({"name": result.name, "image": self.adaptation.image_name})
+        self.dock.use_adapted(result.path, label,
+                              f"adapted to {result.objects} objects ({result.steps} steps, "
+                              f"{result.seconds:.0f} s): annotating with {result.name} now")
+        self.refresh()
+
+    def _cancelled(self) -> None:
+        self.job = None
+        self.dock._set_status("adapting cancelled: the model is unchanged, nothing was saved")
+        self.refresh()
+
+    def _failed(self, exc: BaseException) -> None:
+        self.job = None
+        self.refresh()
+        self.dock._on_error(exc)
