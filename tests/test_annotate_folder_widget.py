@@ -128,7 +128,9 @@ def test_train_segment_rest_and_cancel_buttons(make_napari_viewer, qtbot, shared
     assert dock.train_unet_button.isEnabled() and not dock.cancel_button.isEnabled()
     gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f"{names[0]}.tif")[100:356, 200:456]
     dock.labels_layer.data[:] = gt
-    dock.labels_layer.paint((0, 0), int(gt[0, 0]))  # an edit: saved
+    dock.labels_layer.brush_size = 1
+    y, x = np.argwhere(gt == 0)[0]
+    dock.labels_layer.paint((y, x), int(gt.max()) + 1)  # a painted stroke: everything saved
     first = out / f"{names[0]}_labels.tif"
     qtbot.waitUntil(first.exists, timeout=5000)
     kept = first.read_bytes()
