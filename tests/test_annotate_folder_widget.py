@@ -45,7 +45,6 @@ def test_open_edit_next_writes_labels_and_follows(make_napari_viewer, qtbot, sha
     qtbot.mouseClick(dock.prev_button, Qt.MouseButton.LeftButton)
     qtbot.mouseClick(dock.prev_button, Qt.MouseButton.LeftButton)
     np.testing.assert_array_equal(dock.labels_layer.data, saved)  # the saved labels shown again
-    dock.timer.stop()
     dock.folder.close()
 
 
@@ -65,6 +64,127 @@ def test_sam_annotator_follows_each_image(make_napari_viewer, qtbot, shared_data
         # its commits land in the labels the folder saves and the layer shows
         assert annotator.session.labels is dock.labels_layer.data
         dock.next()
-    dock.timer.stop()
     annotator.session.close()
+    dock.folder.close()
+
+
+def _key(viewer, qtbot, key):
+    """A key press on the viewer's canvas, as the user types it (Shift + key)."""
+    from qtpy.QtCore import Qt as _Qt
+
+    canvas = viewer.window._qt_viewer.canvas.native
+    canvas.setFocus()
+    qtbot.keyClick(canvas, key, _Qt.KeyboardModifier.ShiftModifier)
+
+
+def test_next_previous_skip_keys(make_napari_viewer, qtbot, shared_data, tmp_path):
+    images, out = small_folder(shared_data, tmp_path), tmp_path / "out"
+    viewer = make_napari_viewer(show=True)
+    dock = AnnotateFolderWidget(viewer)
+    qtbot.addWidget(dock)
+    dock.with_annotator.setChecked(False)
+    assert dock.open(images, out)
+    _key(viewer, qtbot, Qt.Key.Key_Right)  # Shift-Right: Next
+    assert dock.folder.index == 1 and dock.where.text().startswith("image 2 of 3")
+    _key(viewer, qtbot, Qt.Key.Key_K)  # Shift-K: Skip
+    assert dock.folder.index == 2 and dock.folder.images[1].state == SKIPPED
+    _key(viewer, qtbot, Qt.Key.Key_Left)  # Shift-Left: Previous
+    assert dock.folder.index == 1 and dock.where.text().startswith("image 2 of 3")
+    dock.folder.close()
+
+
+def test_status_line_follows_the_image(make_napari_viewer, qtbot, shared_data, tmp_path):
+    images, out = small_folder(shared_data, tmp_path, 2), tmp_path / "out"
+    viewer = make_napari_viewer()
+    dock = AnnotateFolderWidget(viewer)
+    qtbot.addWidget(dock)
+    dock.with_annotator.setChecked(False)
+    assert dock.open(images, out)
+    dock.labels_layer.paint((100, 100), 3)  # saved as the stroke ends: the layer's paint event, no polling
+    qtbot.waitUntil(lambda: (out / f"{sorted(p.stem for p in images.glob('*.tif'))[0]}_labels.tif").exists(),
+                    timeout=5000)
+    assert dock.status.text().startswith("saved ")
+    dock.next()
+    assert "saved" not in dock.status.text() and "not started" in dock.status.text()
+    dock.folder.close()
+
+
+def test_train_segment_rest_and_cancel_buttons(make_napari_viewer, qtbot, shared_data, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    import napari_gpuseg.engine.unet.finetune as finetune
+    from napari_gpuseg.engine.annotate.folder import PRESEGMENTED
+
+    tiny = replace(finetune.default_schedule(), epochs=1, iters_per_epoch=2, batch_size=2, crop_size=64,
+                   warmup_iters=1)
+    monkeypatch.setattr(finetune, "default_schedule", lambda: tiny)
+    images, out = small_folder(shared_data, tmp_path, 4), tmp_path / "out"
+    names = sorted(p.stem for p in images.glob("*.tif"))
+    viewer = make_napari_viewer()
+    dock = AnnotateFolderWidget(viewer)
+    qtbot.addWidget(dock)
+    dock.with_annotator.setChecked(False)
+    assert dock.open(images, out)
+    assert dock.train_unet_button.isEnabled() and not dock.cancel_button.isEnabled()
+    gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f"{names[0]}.tif")[100:356, 200:456]
+    dock.labels_layer.data[:] = gt
+    dock.labels_layer.brush_size = 1
+    y, x = np.argwhere(gt == 0)[0]
+    dock.labels_layer.paint((y, x), int(gt.max()) + 1)  # a painted stroke: everything saved
+    first = out / f"{names[0]}_labels.tif"
+    qtbot.waitUntil(first.exists, timeout=5000)
+    kept = first.read_bytes()
+    dock.next()
+    # Train U-Net on annotated: in the background with a live loss; then it pre-segments the rest
+    qtbot.mouseClick(dock.train_unet_button, Qt.MouseButton.LeftButton)
+    assert dock.cancel_button.isEnabled() and not dock.rest_button.isEnabled()
+    qtbot.waitUntil(lambda: dock.job is None, timeout=120000)
+    model = dock.folder.presegment.model
+    assert dock.folder.presegment.method == "unet" and model and (out / "models" / "unet_1.pt").exists()
+    assert len(dock.plot.series["train loss"]) == 2 and "pre-segments" in dock.status.text()
+    assert dock.folder.current.state == PRESEGMENTED  # the open image, untouched: pre-segmented again
+    # Cancel: no model written
+    dock.train_unet()
+    dock.cancel()
+    qtbot.waitUntil(lambda: dock.job is None, timeout=120000)
+    assert not (out / "models" / "unet_2.pt").exists() and dock.folder.presegment.model == model
+    # Segment the rest: the two images not opened yet, the annotated file byte for byte as it was
+    qtbot.mouseClick(dock.rest_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: dock.job is None, timeout=120000)
+    assert [im.state for im in dock.folder.images] == [ANNOTATED, PRESEGMENTED, PRESEGMENTED, PRESEGMENTED]
+    assert (out / f"{names[2]}_labels.tif").exists() and (out / f"{names[3]}_labels.tif").exists()
+    assert not (out / f"{names[1]}_labels.tif").exists()  # open: left to the user
+    assert first.read_bytes() == kept and "pre-segmented" in dock.list.item(3).text()
+    assert "Segmented 2 of 2 images" in dock.status.text()
+    dock.folder.close()
+
+
+def test_adapt_sam_button_switches_the_annotator_model(make_napari_viewer, qtbot, shared_data, tmp_path,
+                                                       monkeypatch):
+    import napari_gpuseg.engine.annotate.folder_train as folder_train
+
+    made = tmp_path / "adapted.pt"
+    made.write_bytes(b"")
+
+    def fake(images, labels, model, **kw):  # the engine's adaptation is tested in test_folder_training
+        kw["on_event"](type("Ev", (), {"loss": 0.5})())
+        return folder_train.FolderTrainResult(str(made), len(images), 3, 1, 0.1, "done", [0.5])
+
+    monkeypatch.setattr(folder_train, "adapt_sam_on_pairs", fake)
+    images, out = small_folder(shared_data, tmp_path, 2), tmp_path / "out"
+    viewer = make_napari_viewer()
+    dock = AnnotateFolderWidget(viewer)
+    qtbot.addWidget(dock)
+    dock.with_annotator.setChecked(False)
+    assert dock.open(images, out)
+    qtbot.mouseClick(dock.adapt_sam_button, Qt.MouseButton.LeftButton)  # nothing annotated yet
+    assert dock.job is None and "no annotated image" in dock.status.text()
+    dock.labels_layer.paint((100, 100), 2)
+    dock.next()
+    dock.labels_layer.paint((50, 50), 1)  # the open image is the user's: not pre-segmented again
+    qtbot.mouseClick(dock.adapt_sam_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: dock.job is None, timeout=60000)
+    assert dock.folder.session.model == str(made)
+    assert dock.folder.presegment.method == "sam-everything" and dock.folder.presegment.model == str(made)
+    assert list(dock.plot.series["train loss"]) == [0.5]
     dock.folder.close()

@@ -1,6 +1,6 @@
 """``napari-gpuseg annotate``: napari with the Annotate folder dock open on two folders.
 
-    napari-gpuseg annotate IN_DIR OUT_DIR [--pattern "*.tif*,*.png"] [--presegment none|unet]
+    napari-gpuseg annotate IN_DIR OUT_DIR [--pattern "*.tif*,*.png"] [--presegment none|unet|sam]
 
 Images of ``IN_DIR`` come one by one with the SAM annotator; labels are saved to
 ``OUT_DIR/<name>_labels.tif`` as they change, and reopening the same folders resumes where it
@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import io as gio
 from ..engine.runtime.device import PRECISIONS
 
-PRESEGMENT = {"none": 0, "unet": 1}  # -> the dock's pre-segmentation choice
+PRESEGMENT = {"none": 0, "unet": 1, "sam": 2}  # -> the dock's pre-segmentation choice
 
 
 def add_annotate_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def add_annotate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("out_dir", help="folder for the labels (made if needed)")
     p.add_argument("--pattern", default=gio.DEFAULT_PATTERN, help="file globs, comma-separated")
     p.add_argument("--presegment", choices=sorted(PRESEGMENT), default="none",
-                   help="pre-segment each image without labels (unet: the bundled U-Net)")
+                   help="pre-segment each image without labels (unet: the bundled U-Net, sam: SAM automatic)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     p.add_argument("--precision", default="auto", choices=PRECISIONS)
     p.add_argument("--no-run", action="store_true", help=argparse.SUPPRESS)

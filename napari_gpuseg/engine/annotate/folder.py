@@ -5,11 +5,16 @@
     f.session.click(x, y); f.commit()     # labels/<name>_labels.tif written at once
     f.next()                              # the next image (read and embedded in the background)
     f.skip(); f.previous(); f.goto(3)
+    train_unet_on_annotated(f)            # folder_train: the annotated images teach the pre-segmenter
+    f.segment_rest()                      # a folder job over the images still to do
+
 
 Images are the folder job's (``io.DEFAULT_PATTERN``, sorted by name); labels go to the folder
 job's output name (``OUT/<name>_labels.tif``, :func:`~napari_gpuseg.engine.jobs.outputs.output_paths`)
 so that every other tool reads them, written atomically (temp file + rename) after each
-commit, undo or :meth:`FolderAnnotation.edited`. ``OUT/annotation_progress.json`` keeps each
+change of the session's labels (a commit, an undo, boxes: the session tells its
+``labels_listeners``) and :meth:`FolderAnnotation.edited` (a painted edit); ``label_listeners``
+hear of each save. ``OUT/annotation_progress.json`` keeps each
 image's state and object count; a new object over the same folders resumes at the first image
 not done, with its saved labels loaded. A labels file found on disk is loaded, never
 overwritten unless that image is edited.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +42,7 @@ from ...io import label_files
 from ..jobs.outputs import list_inputs, no_input_note, output_paths, rel_name
 from ..runtime.job import IDLE
 from . import steps
+from .presegment import Presegmenter
 
 logger = logging.getLogger(__name__)
 
@@ -61,20 +68,17 @@ class _Ahead:
     job: object = None  # the worker job embedding it
 
 
-def unet_presegmenter(path=None) -> Callable[[np.ndarray], np.ndarray]:
+def unet_presegmenter(path=None) -> Presegmenter:
     """A ``presegment`` callable: image -> labels with a U-Net checkpoint (None: the bundled
-    nuclei model), loaded on first use (in the reading thread); RGB images as luminance."""
-    model = []
+    nuclei model), the folder job's ``unet`` method loaded on first use (in the reading
+    thread); RGB images as luminance."""
+    return Presegmenter("unet", model=None if path is None else str(path))
 
-    def presegment(image: np.ndarray) -> np.ndarray:
-        from ..unet.checkpoint import load_unet
-        from ..unet.predict import predict_labels
 
-        if not model:
-            model.append(load_unet(path))
-        return predict_labels(model[0], gio.to_gray(image))
-
-    return presegment
+def sam_presegmenter(model=None) -> Presegmenter:
+    """A ``presegment`` callable: SAM automatic (the folder job's ``sam-everything``: a grid of
+    point prompts) with ``model`` (a name or an adapted checkpoint; None: the default model)."""
+    return Presegmenter("sam-everything", model=None if model is None else str(model))
 
 
 def count_objects(labels: np.ndarray) -> int:
@@ -119,6 +123,12 @@ class FolderAnnotation:
         self._closed = False
         self._lock = threading.RLock()  # _ahead: the caller's thread and the worker's callbacks
         self.listeners: list[Callable[[], None]] = []  # called after every change of state
+        # called with (image, None) after its labels were saved, (image, reason) when they could not be
+        self.label_listeners: list[Callable[[FolderImage, str | None], None]] = []
+        self._image_id = None  # the session's image_id while it shows the open image
+        self._saved_sum = None  # checksum of the open image's labels as loaded or last saved
+        self._rest: set[int] = set()  # images a Segment the rest job is writing
+        session.labels_listeners.append(self._session_edited)
         if open_first:
             self.goto(self.resume_index())
 
@@ -182,11 +192,17 @@ class FolderAnnotation:
         (with ``presegment``), else empty labels; the next image is prefetched."""
         if not 0 <= index < len(self.images):
             raise IndexError(f"image {index} is not in a folder of {len(self.images)} images")
+        if index in self._rest:
+            raise ValueError(f"{self.images[index].name} is being segmented (Segment the rest): "
+                             "wait until it is done or cancel it")
+        if self.index is not None and index != self.index:
+            self.flush()
         image, labels, state = self._take_ahead(index)
         im = self.images[index]
         self.session.clear()
         self.session.set_image(image, labels=labels)
         self.index, self.image = index, image
+        self._image_id, self._saved_sum = self.session.image_id, _checksum(self.session.labels)
         if state is not None and im.state in (NOT_STARTED, PRESEGMENTED):
             im.state = state
         im.objects = count_objects(labels)
@@ -206,7 +222,7 @@ class FolderAnnotation:
         the next image, or None at the end (the current one stays open)."""
         im = self.current
         if im is not None:
-            if im.state == PRESEGMENTED and not im.labels_path.exists():
+            if im.state == PRESEGMENTED:  # shown and left as it is (also a Segment the rest file)
                 self.save()
             if im.state == ANNOTATED:
                 im.done = True
@@ -230,22 +246,37 @@ class FolderAnnotation:
 
     # -- edits ----------------------------------------------------------------------------------
     def commit(self) -> int | None:
-        """Commit the session's current object and save; its id."""
-        obj = self.session.commit()
-        if obj is not None:
-            self.save()
-        return obj
+        """Commit the session's current object (saved, as every change of the session's
+        labels is); its id."""
+        return self.session.commit()
 
     def undo(self) -> list[int]:
-        ids = self.session.undo()
-        if ids:
-            self.save()
-        return ids
+        return self.session.undo()
 
     def edited(self) -> None:
-        """The labels were changed outside :meth:`commit`/:meth:`undo` (painted in a viewer, an
-        annotator dock's commit): save them."""
+        """The labels were changed outside the session (painted in a viewer): save them."""
         self.save()
+
+    def flush(self) -> bool:
+        """Save the open image's labels when they differ from those loaded or saved last (an
+        edit nobody reported, such as a viewer's own undo of a painted stroke); True if saved."""
+        if self.index is None or self.session.image_id != self._image_id:
+            return False
+        if _checksum(self.session.labels) == self._saved_sum:
+            return False
+        self.save()
+        return True
+
+    def _session_edited(self) -> None:
+        """The session changed its labels: save them when they are the open image's."""
+        if self._closed or self.index is None or self.session.image_id != self._image_id:
+            return
+        try:
+            self.save()
+        except OSError as exc:  # the edit stays in memory; the listeners say why it is not on disk
+            logger.warning("labels not saved: %s", exc)
+            for fn in list(self.label_listeners):
+                fn(self.current, f"labels not saved: {exc}")
 
     def save(self) -> Path:
         """Write the current labels to ``OUT/<name>_labels.tif`` atomically; the image is
@@ -255,10 +286,132 @@ class FolderAnnotation:
             raise ValueError("no image open")
         labels = self.session.labels
         label_files.write_labels(im.labels_path, labels, {"method": "annotation"})
+        self._saved_sum = _checksum(labels)
         im.state = ANNOTATED
         im.objects = count_objects(labels)
         self._changed()
+        for fn in list(self.label_listeners):
+            fn(im, None)
         return im.labels_path
+
+    # -- the images still to do -----------------------------------------------------------------
+    def set_presegmenter(self, presegment) -> bool:
+        """Pre-segment the images still to do with ``presegment`` from now on (a
+        :class:`Presegmenter`, a callable image -> labels, or None). Images with a labels file,
+        annotated or skipped are never touched; the image read ahead is read again, and the
+        open image is opened again when it shows an unedited pre-segmentation or nothing
+        (True then)."""
+        old, self.presegment = self.presegment, presegment
+        if isinstance(old, Presegmenter) and old is not presegment:
+            old.close()
+        with self._lock:
+            self._drop_ahead()
+        im = self.current
+        if (im is not None and im.state in (NOT_STARTED, PRESEGMENTED) and not im.labels_path.exists()
+                and self.session.image_id == self._image_id and _checksum(self.session.labels) == self._saved_sum):
+            self.goto(self.index)
+            return True
+        if self.index is not None:
+            self._prefetch(self.index + 1)
+        self._changed()
+        return False
+
+    def annotated(self) -> list[FolderImage]:
+        """The images annotated (by hand, or accepted with Next, or labels found on disk) whose
+        labels file holds objects: what training learns from."""
+        return [im for im in self.images
+                if im.state == ANNOTATED and im.objects > 0 and im.labels_path.exists()]
+
+    def training_pairs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[FolderImage]]:
+        """(images, labels, which) of :meth:`annotated`, read from disk (the open image's edits
+        saved first); ``ValueError`` (one line) when there is none."""
+        self.flush()
+        images, labels, which = [], [], []
+        for im in self.annotated():
+            lab = np.asarray(label_files.read_labels(im.labels_path))
+            if not lab.any():
+                continue
+            images.append(gio.read_image(im.path))
+            labels.append(lab)
+            which.append(im)
+        if not which:
+            raise ValueError("no annotated image with objects yet: annotate (or correct and accept) "
+                             "a few images first")
+        return images, labels, which
+
+    def rest(self) -> list[FolderImage]:
+        """The images Segment the rest runs on: neither done, skipped, annotated nor open, and
+        without a labels file unless a folder job wrote it (an earlier Segment the rest)."""
+        out = []
+        for i, im in enumerate(self.images):
+            if i == self.index or im.done or im.state in (ANNOTATED, SKIPPED) or i in self._rest:
+                continue
+            if im.labels_path.exists() or im.labels_path.is_symlink():
+                info = label_files.output_info(im.labels_path)
+                if info is None or info.get("method") in (None, "annotation") or im.state != PRESEGMENTED:
+                    continue
+            out.append(im)
+        return out
+
+    def start_rest(self) -> list[FolderImage]:
+        """Claim :meth:`rest` for a Segment the rest job (they cannot be opened until
+        :meth:`finish_rest`); ``ValueError`` (one line) when it cannot run."""
+        if not isinstance(self.presegment, Presegmenter):
+            raise ValueError("Segment the rest needs a pre-segmentation method (U-Net or SAM automatic): "
+                             "choose one, or train one on the annotated images")
+        if self._rest:
+            raise ValueError("Segment the rest is already running")
+        items = self.rest()
+        if not items:
+            raise ValueError("nothing left to segment: every image is annotated, skipped, done or open")
+        self._rest = {self.images.index(im) for im in items}
+        with self._lock:
+            if self._ahead is not None and self._ahead.index in self._rest:
+                self._drop_ahead()
+        return items
+
+    def run_rest(self, items: list[FolderImage], progress=None, cancel=None):
+        """Run the folder job on ``items`` (any thread; changes no state): the pre-segmenter's
+        method and options, the folder job's names in :attr:`out_dir`, replacing only the files
+        of these images (which :meth:`rest` chose). Returns its ``RunReport``."""
+        from ..jobs.pipeline import run_folder
+
+        pre = self.presegment
+        return run_folder(self.in_dir, self.out_dir, pre.method, pattern=self.pattern,
+                          method_options=dict(pre.options), files=[im.path for im in items], overwrite=True,
+                          progress=progress, cancel=cancel)
+
+    def finish_rest(self, items: list[FolderImage]) -> int:
+        """After :meth:`run_rest` (finished, failed or cancelled): the images it wrote are
+        pre-segmented, with their object counts; how many."""
+        n = 0
+        for im in items:
+            info = label_files.output_info(im.labels_path) if im.labels_path.exists() else None
+            if info is None or info.get("method") in (None, "annotation"):
+                continue
+            try:
+                im.objects = count_objects(label_files.read_labels(im.labels_path))
+            except Exception as exc:  # noqa: BLE001 - shown as it was; opening it says why
+                logger.warning("%s: cannot read (%s)", im.labels_path, exc)
+                continue
+            if im.state in (NOT_STARTED, PRESEGMENTED) and not im.done:
+                im.state = PRESEGMENTED
+                n += 1
+        self._rest = set()
+        if self.index is not None:
+            with self._lock:
+                self._drop_ahead()  # read before its file was written
+            self._prefetch(self.index + 1)
+        self._changed()
+        return n
+
+    def segment_rest(self, progress=None, cancel=None):
+        """:meth:`start_rest`, :meth:`run_rest`, :meth:`finish_rest` in this thread; the report."""
+        items = self.start_rest()
+        try:
+            return self.run_rest(items, progress=progress, cancel=cancel)
+        finally:
+            self.finish_rest(items)
 
     # -- reading ahead --------------------------------------------------------------------------
     def _read(self, index: int):
@@ -355,6 +508,8 @@ class FolderAnnotation:
         with self._lock:
             self._closed = True
             self._drop_ahead()
+        if self._session_edited in self.session.labels_listeners:
+            self.session.labels_listeners.remove(self._session_edited)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -365,6 +520,10 @@ def _embed_and_warm(engine_of, img, progress=None, cancel=None):
                                              progress=progress, cancel=cancel)
     steps.warm(engine_of, image, cancel=cancel)
     return image
+
+
+def _checksum(labels: np.ndarray) -> int:
+    return zlib.adler32(np.ascontiguousarray(labels).data)
 
 
 def _rgb(image: np.ndarray) -> bool:

@@ -89,6 +89,9 @@ class AnnotationSession:
         self.decode_job = None
         self.effort = CommitEffort()  # how hard this image's last commits were (adapting.adapt_offer)
         self._first_unsure = False  # the current object's first mask was rated unsure
+        # called (no argument) after every change this object makes to :attr:`labels` (a
+        # commit, an undo, boxes, propagated slices) and after :meth:`labels_edited`
+        self.labels_listeners: list[Callable[[], None]] = []
         self._model = None
         self.set_model(model)
 
@@ -190,6 +193,11 @@ class AnnotationSession:
         if labels is not None:
             self.use_labels(labels)
         return not self.too_big
+
+    @property
+    def image_id(self) -> int:
+        """A number that changes whenever :meth:`set_image` takes another image."""
+        return self._image_id
 
     @property
     def image(self):
@@ -519,13 +527,24 @@ class AnnotationSession:
         self.effort.record(self._first_unsure, prompts - 1)
         ids = self.committer.commit(self.labels, [self.mask], self._plane)
         self.clear()
+        if ids:
+            self.labels_edited()
         return ids[0] if ids else None
 
     def undo(self) -> list[int]:
         """Remove the last commit (an object, a "segment all boxes", a propagation); its ids."""
         if self._labels is None:
             return []
-        return self.committer.undo(self._labels)
+        ids = self.committer.undo(self._labels)
+        if ids:
+            self.labels_edited()
+        return ids
+
+    def labels_edited(self) -> None:
+        """Tell :attr:`labels_listeners` that :attr:`labels` changed (this object's edits call
+        it; a view calls it after an edit of its own, such as a painted stroke)."""
+        for fn in list(self.labels_listeners):
+            fn()
 
     # -- adapting the model ---------------------------------------------------------------
     def adapt(self, minutes: float = 4.0, image_name: str | None = None, folder=None, config=None,
@@ -553,6 +572,8 @@ class AnnotationSession:
             if self._image_id != image_id:
                 return []
             ids = self.committer.commit(self.labels, [r.full(self.shape[-2:]) for r in results], index)
+            if ids:
+                self.labels_edited()
             if on_done is not None:
                 on_done(ids)
             return ids
@@ -622,6 +643,8 @@ class AnnotationSession:
             i, z, mask = self._propagated.popleft()
             self.committer.commit_slice(self.labels, z, mask, self.propagate_ids[i])
             n += 1
+        if n:
+            self.labels_edited()
         return n
 
     def propagate(self, every: bool = False, options=None) -> list[int]:
