@@ -10,7 +10,7 @@ import time
 from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QPushButton, QSpinBox
 
-from ..engine.sam.propagate import PropagateOptions
+from ..engine.sam.propagation.propagate import PropagateOptions
 
 
 class PropagatePanel(QGroupBox):

@@ -67,7 +67,7 @@ def unet_presegmenter(path=None) -> Callable[[np.ndarray], np.ndarray]:
     model = []
 
     def presegment(image: np.ndarray) -> np.ndarray:
-        from ..unet.checkpoint import load_unet
+        from ..unet.unet_checkpoint import load_unet
         from ..unet.predict import predict_labels
 
         if not model:

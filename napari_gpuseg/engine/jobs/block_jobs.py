@@ -11,7 +11,7 @@ import os
 from typing import Callable
 
 from ..runtime.cancel import CancelToken
-from .methods import DEFAULT_FOLDER_METHOD
+from .method_registry import DEFAULT_FOLDER_METHOD
 
 
 def run_blocks(image, out_dir, method: str = DEFAULT_FOLDER_METHOD, method_options: dict | None = None, *,

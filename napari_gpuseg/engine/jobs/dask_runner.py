@@ -25,7 +25,7 @@ from ..runtime.cancel import CancelToken
 from .dask_tasks import FileJob, check_worker, process_file
 from .outputs import list_inputs, no_input_note, read_earlier, rel_name, skipped_row
 from .pipeline import PipelineError, plan_items
-from .methods import DEFAULT_FOLDER_METHOD, method_factory
+from .method_registry import DEFAULT_FOLDER_METHOD, method_factory
 from .report import ImageStatus, Progress, RunReport, report_names, safe_row, safe_text, write_report
 from .rows import RowCounter, close_report
 from .sharding import resolve_shard, shard_files

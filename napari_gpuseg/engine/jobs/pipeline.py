@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 from ...io import DEFAULT_PATTERN, label_files
 from ..runtime.cancel import Cancelled, CancelToken
-from .methods import DEFAULT_FOLDER_METHOD, Segmenter, method_factory
+from .method_registry import DEFAULT_FOLDER_METHOD, Segmenter, method_factory
 from .outputs import foreign_output, list_inputs, no_input_note, output_paths, read_earlier, rel_name, same_folder
 from .report import ImageStatus, Progress, RunReport, report_names, safe_row, safe_text, write_report  # noqa: F401 - re-exported
 from .rows import RowCounter, close_report

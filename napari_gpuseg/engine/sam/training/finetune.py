@@ -5,7 +5,7 @@
 
 Every training view is embedded once (:mod:`train_views`; with ``cache_dir`` the
 embeddings persist on disk and a rerun skips the encoder). The prompt encoder and mask
-decoder then learn from simulated users (:mod:`interaction`): each object starts with one
+decoder then learn from simulated users (:mod:`simulated_prompts`): each object starts with one
 positive click (multimask output, the best of the three candidates counts, as SAM trains;
 ``first_candidates="all"`` adds the single-mask output, so the IoU head learns to rank all
 four as the engine picks a tuned decoder's first click) or a jittered box, then one or more
@@ -17,7 +17,7 @@ picks bf16 for inference (a CPU with AVX512-BF16 or AMX: bf16 steps were only 1.
 faster there, and a short high-lr run that learned in fp32 diverged in bf16); on CUDA the
 policy's autocast (a GradScaler for fp16) and a halved batch on out-of-memory. The views are
 embedded, and validation decodes, in the policy's precision, as the annotator will.
-The checkpoint holds only the decoder (:mod:`...models.sam.decoder_checkpoint`).
+The checkpoint holds only the decoder (:mod:`napari_gpuseg.models.sam.decoder_checkpoint`).
 """
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..runtime.batching import is_oom
-from ..runtime.cancel import CancelToken, Cancelled, ProgressFn, check
-from ..runtime.memory import empty_cache
-from .episodes import episode, evaluate, sample_objects  # noqa: F401 - evaluate re-exported
+from ...runtime.batching import is_oom
+from ...runtime.cancel import CancelToken, Cancelled, ProgressFn, check
+from ...runtime.memory import empty_cache
+from .episode_loss import episode, evaluate, sample_objects  # noqa: F401 - evaluate re-exported
 from .train_views import TrainView, collect_views
 
 
@@ -163,7 +163,7 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     if len(images) == 0:
         raise ValueError("no training images")
     if out_path is not None:
-        from ..unet.train_output import check_output_path
+        from ...unet.train_output import check_output_path
 
         check_output_path(out_path)
     engine = _engine(model, policy, cache_dir)
@@ -263,8 +263,8 @@ def train_autocast(policy):
 
 def _engine(model, policy, cache_dir):
     """The engine whose decoder is tuned: ``model`` itself when it is a loaded engine."""
-    from .cache import EmbeddingCache
-    from .loader import load_engine
+    from ..interactive.cache import EmbeddingCache
+    from ..loader import load_engine
 
     if hasattr(model, "sam") and hasattr(model, "embed"):
         return model
@@ -339,8 +339,8 @@ class _Best:
 
 
 def _save(out_path, engine, cfg, history, best_step, best_score, seconds, stopped, n_train, n_val, meta):
-    from ...models.sam.decoder_checkpoint import save_decoder
-    from .loader import base_identity
+    from ....models.sam.decoder_checkpoint import save_decoder
+    from ..loader import base_identity
 
     base, sha = base_identity(engine)
     training = {"config": dataclasses.asdict(cfg), "best_step": best_step, "stopped": stopped,
