@@ -29,7 +29,7 @@ from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.click_eval import click_ious
 from napari_gpuseg.engine.sam.training.episode_loss import episode
-from napari_gpuseg.engine.sam.training.finetune import SamTuneConfig
+from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
 from napari_gpuseg.engine.sam.interactive.inputs import view_input
 from napari_gpuseg.engine.sam.training.train_views import candidate_views, view_labels, whole_objects
 

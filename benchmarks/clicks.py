@@ -44,7 +44,8 @@ def stage3_held_back() -> list[tuple]:
     """(image path, mask path) of the images stage 3 of ``scripts/build_nuclei_sam.sh`` held
     back: its image list (bbbc039_more, the first 16 of bbbc039, dsb2018_more; sorted) split
     as ``finetune_sam`` splits it with the stage's ``--val-fraction 0.08 --seed 2``."""
-    from napari_gpuseg.engine.sam.training.finetune import SamTuneConfig, _split
+    from napari_gpuseg.engine.sam.training.finetune import _split
+    from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
 
     data = shared_data()
     files = [*sorted((data / "bbbc039_more" / "images").glob("*.tif")),

@@ -5,7 +5,8 @@ import torch
 
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.training.finetune import SamTuneConfig, finetune_sam
+from napari_gpuseg.engine.sam.training.finetune import finetune_sam
+from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
 from napari_gpuseg.engine.sam.interactive.predictor import MaskResult, Prompt
 from napari_gpuseg.engine.sam.training.train_views import collect_views
 from napari_gpuseg.engine.sam.interactive.views import View, route_click, touches_cut, zoom_grid

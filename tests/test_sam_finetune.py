@@ -10,7 +10,8 @@ from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.runtime.cancel import CancelToken
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.click_eval import click_ious
-from napari_gpuseg.engine.sam.training.finetune import SamTuneConfig, evaluate, finetune_sam
+from napari_gpuseg.engine.sam.training.finetune import evaluate, finetune_sam
+from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
 from napari_gpuseg.engine.sam.training.train_views import check_pair, collect_views
 from napari_gpuseg.models import registry
 from napari_gpuseg.models.state_dict_loading import CheckpointError

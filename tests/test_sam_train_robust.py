@@ -6,7 +6,8 @@ import tifffile
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.training import finetune as ft
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.training.finetune import SamTuneConfig, TuneInterrupted, finetune_sam
+from napari_gpuseg.engine.sam.training.finetune import TuneInterrupted, finetune_sam
+from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
 from napari_gpuseg.engine.sam.training.train_views import collect_views, gamma_image, intensity_variants, invert_image
 
 from sam_fixtures import require_lite_medsam

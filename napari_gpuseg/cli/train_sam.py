@@ -129,7 +129,7 @@ def collect_pairs(args) -> list:
 
 
 def config_from(args):
-    from ..engine.sam.training.finetune import SamTuneConfig
+    from ..engine.sam.training.tune_config import SamTuneConfig
 
     cfg = SamTuneConfig(max_steps=args.max_steps, views_per_step=args.views_per_step,
                         objects_per_view=args.objects_per_view, lr=args.lr, box_fraction=args.box_fraction,

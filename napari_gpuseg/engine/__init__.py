@@ -89,7 +89,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "AnnotationSession": (".annotate.session", "AnnotationSession"),
     "FolderAnnotation": (".annotate.folder", "FolderAnnotation"),
     "finetune_sam": (".sam.training.finetune", "finetune_sam"),
-    "SamTuneConfig": (".sam.training.finetune", "SamTuneConfig"),
+    "SamTuneConfig": (".sam.training.tune_config", "SamTuneConfig"),
     "load_unet": (".unet.unet_checkpoint", "load_unet"),
     "load_checkpoint": (".unet.unet_checkpoint", "load_checkpoint"),
     "predict_probabilities": (".unet.predict", "predict_probabilities"),

@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...runtime.cancel import CancelToken, ProgressFn
-from .finetune import SamTuneConfig, SamTuneEvent, SamTuneResult, finetune_sam
+from .finetune import SamTuneEvent, SamTuneResult, finetune_sam
+from .tune_config import SamTuneConfig
 
 UNSURE_IOU = 0.75  # a first mask whose predicted IoU is below this is flagged unsure
 INDEX = "index.json"

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from .simulated_prompts import corrective_point, interior_point, jitter_box, tight_box
 from .train_views import TrainView
 
-if TYPE_CHECKING:  # the config lives with the training loop
-    from .finetune import SamTuneConfig
+if TYPE_CHECKING:
+    from .tune_config import SamTuneConfig
 
 
 def _decode(sam, emb, points=None, labels=None, boxes=None, masks=None, multimask=False):
