@@ -27,7 +27,7 @@ def run_blocks(image, out_dir, method: str = DEFAULT_FOLDER_METHOD, method_optio
     ``into_input``, ``precision``, ``progress``, ``overwrite``, ``methods``)."""
     from ..blocks.run import run_blocks as run_in_blocks
     from .dask_runner import cluster_options
-    from .pipeline import parse_devices
+    from .folder_plan import parse_devices
 
     options = dict(method_options or {})
     channel = options.pop("channel", None)
