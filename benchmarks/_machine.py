@@ -15,7 +15,7 @@ def cpu_flags() -> str:
 
 def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
-    from napari_gpuseg.engine.runtime.cpu_info import cpu_model_name
+    from napari_gpuseg.engine.runtime.cpu_name import cpu_model_name
 
     return cpu_model_name()
 

@@ -2,7 +2,7 @@
 
 On the DSB2018 field (``shared/data/dsb2018``): the left half is annotated as a user
 would (one ground-truth box per object that reaches into it -> LiteMedSAM masks via
-``engine.sam.boxes.segment_boxes``), the bundled U-Net is fine-tuned on that half
+``engine.sam.automatic.boxes.segment_boxes``), the bundled U-Net is fine-tuned on that half
 (rectangle region; the right half is ignored in the loss) with the default schedule,
 and the right half is predicted. Scores are object F1@0.5 against the ground truth on the
 right half (objects cut by the middle line are cut in both), the bundled model scored in
@@ -40,10 +40,10 @@ def main() -> None:
 
     from napari_gpuseg.engine.metrics import object_f1
     from napari_gpuseg.engine.detect import boxes_from_labels
-    from napari_gpuseg.engine.sam.boxes import segment_boxes
+    from napari_gpuseg.engine.sam.automatic.boxes import segment_boxes
     from napari_gpuseg.engine.sam.loader import load_engine
     from napari_gpuseg.engine.unet.finetune import default_schedule, finetune_unet
-    from napari_gpuseg.engine.unet.checkpoint import load_unet
+    from napari_gpuseg.engine.unet.unet_checkpoint import load_unet
     from napari_gpuseg.engine.unet.predict import predict_labels
 
     image = tifffile.imread(DATA / "image.tif")

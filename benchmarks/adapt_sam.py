@@ -24,9 +24,9 @@ from scipy import ndimage as ndi
 from _data import dsb2018_field
 from _machine import machine_line
 from napari_gpuseg.engine import load_engine
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.click_eval import click_ious
-from napari_gpuseg.engine.sam.finetune import finetune_sam
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.training.click_eval import click_ious
+from napari_gpuseg.engine.sam.training.finetune import finetune_sam
 
 
 def halves(lab: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@
 The user's case of issue 60: the ``scratch_assay`` cells (oblique transmitted light; the
 decoder under test never saw a cell) of one training frame (``--frame``, t00-t06), of which
 ``--objects`` whole cells next to each other are annotated (the ones nearest the frame's
-left-middle, as a user annotates one region); :func:`engine.sam.adapt.adapt_to_objects`
+left-middle, as a user annotates one region); :func:`engine.sam.training.adapt.adapt_to_objects`
 adapts ``--model`` to them (its few-object schedule, ``--minutes`` of training), then every
 cell of the validation frames t07-t09 is clicked (``click_ious``: 1 and 3 clicks, a box)
 with the starting decoder and the adapted one, in the same run. The wall time printed
@@ -26,9 +26,9 @@ from scipy import ndimage as ndi
 from _data import shared_data
 from _machine import machine_line
 from napari_gpuseg.engine import load_engine
-from napari_gpuseg.engine.sam.adapt import adapt_to_objects, few_object_config
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.click_eval import click_ious
+from napari_gpuseg.engine.sam.training.adapt import adapt_to_objects, few_object_config
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.training.click_eval import click_ious
 
 
 def annotated(lab: np.ndarray, n: int) -> np.ndarray:

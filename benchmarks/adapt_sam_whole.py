@@ -26,12 +26,12 @@ from _data import dsb2018_field
 from _machine import machine_line
 from adapt_sam import halves
 from napari_gpuseg.engine import load_engine
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.click_eval import click_ious
-from napari_gpuseg.engine.sam.episodes import episode
-from napari_gpuseg.engine.sam.finetune import SamTuneConfig
-from napari_gpuseg.engine.sam.inputs import view_input
-from napari_gpuseg.engine.sam.train_views import candidate_views, view_labels, whole_objects
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.training.click_eval import click_ious
+from napari_gpuseg.engine.sam.training.episode_loss import episode
+from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
+from napari_gpuseg.engine.sam.interactive.inputs import view_input
+from napari_gpuseg.engine.sam.training.train_views import candidate_views, view_labels, whole_objects
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--minutes", type=float, default=12, help="wall time of the tuning")

@@ -108,7 +108,7 @@ def child(work: str) -> dict:
             engine.embed([img])
             assert engine.is_embedded(img)
     elif work == "unet":
-        from napari_gpuseg.engine.unet import checkpoint as unet_ckpt, predict as unet
+        from napari_gpuseg.engine.unet import unet_checkpoint as unet_ckpt, predict as unet
 
         model = unet_ckpt.load_unet(None, device="cpu")
         images = [tifffile.imread(f) for f in _fields(4)]

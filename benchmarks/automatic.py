@@ -43,13 +43,13 @@ from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
 from _timing import timed  # noqa: E402  (the allocator in its normal mode)
 from _machine import cpu_name  # noqa: E402
 
-from napari_gpuseg.engine.sam.everything import AutomaticParams, segment_everything  # noqa: E402
+from napari_gpuseg.engine.sam.automatic.everything import AutomaticParams, segment_everything  # noqa: E402
 from napari_gpuseg.engine.runtime.device import Policy, device_name  # noqa: E402
-from napari_gpuseg.engine.sam.cache import EmbeddingCache  # noqa: E402
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache  # noqa: E402
 from napari_gpuseg.engine.metrics import mask_set_match  # noqa: E402
-from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine, SamModelInfo  # noqa: E402
+from napari_gpuseg.engine.sam.interactive.predictor import Prompt, SamEngine, SamModelInfo  # noqa: E402
 from napari_gpuseg.engine.detect import boxes_from_labels  # noqa: E402
-from napari_gpuseg.engine.sam.boxes import prepare_boxes, segment_boxes_batch  # noqa: E402
+from napari_gpuseg.engine.sam.automatic.boxes import prepare_boxes, segment_boxes_batch  # noqa: E402
 from napari_gpuseg.models.sam import load_sam  # noqa: E402
 
 LINES: list[str] = []

@@ -29,7 +29,7 @@ import numpy as np
 from napari_gpuseg import io as gio
 from napari_gpuseg.io import label_files, tables
 from napari_gpuseg.engine.runtime.device import device_name, make_policy
-from napari_gpuseg.engine.jobs.methods import method_factory
+from napari_gpuseg.engine.jobs.method_registry import method_factory
 from napari_gpuseg.engine.jobs.pipeline import output_paths, run_folder
 
 LINES: list[str] = []
@@ -69,7 +69,7 @@ def sync(policy) -> None:
 def random_unet(path: Path) -> Path:
     import torch
 
-    from napari_gpuseg.engine.unet import checkpoint as unet_ckpt
+    from napari_gpuseg.engine.unet import unet_checkpoint as unet_ckpt
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
     torch.manual_seed(0)
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
         files = make_folder(args.data, args.n, in_dir)
         model = args.model
         if args.method == "unet" and model is None:
-            from napari_gpuseg.engine.unet.checkpoint import bundled_model_path
+            from napari_gpuseg.engine.unet.unet_checkpoint import bundled_model_path
 
             model = str(bundled_model_path()) if bundled_model_path().is_file() else None
             model = model or str(random_unet(tmp / "random_unet.pt"))

@@ -67,7 +67,7 @@ def big(args) -> dict:
 def _whole(method: str, image: np.ndarray) -> np.ndarray:
     """The image in one piece through the folder-job method (its own normalisation; a ZYX
     volume with the 2D U-Net: per slice, linked across slices)."""
-    from napari_gpuseg.engine.jobs.methods import SegResult, method_factory
+    from napari_gpuseg.engine.jobs.method_registry import SegResult, method_factory
     from napari_gpuseg.engine.runtime.device import make_policy
 
     seg = method_factory(method)()

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from napari_gpuseg.engine.detect import detect_boxes  # noqa: E402
 from napari_gpuseg.engine.metrics import pooled_stats  # noqa: E402
-from napari_gpuseg.engine.sam.boxes import segment_boxes  # noqa: E402
+from napari_gpuseg.engine.sam.automatic.boxes import segment_boxes  # noqa: E402
 from napari_gpuseg.engine.sam.loader import load_engine  # noqa: E402
 
 from _machine import cpu_flags  # noqa: E402  (benchmarks/, the script's folder)

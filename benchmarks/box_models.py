@@ -17,9 +17,9 @@ import tifffile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from napari_gpuseg.engine.detect import boxes_from_labels, detect_boxes  # noqa: E402
 from napari_gpuseg.engine.metrics import summary  # noqa: E402
-from napari_gpuseg.engine.sam.boxes import segment_boxes_batch  # noqa: E402
+from napari_gpuseg.engine.sam.automatic.boxes import segment_boxes_batch  # noqa: E402
 from napari_gpuseg.engine.sam.loader import load_engine  # noqa: E402
-from napari_gpuseg.engine.unet import checkpoint, predict  # noqa: E402
+from napari_gpuseg.engine.unet import unet_checkpoint as checkpoint, predict  # noqa: E402
 
 from _data import bbbc039_validation  # noqa: E402
 from _machine import machine_line  # noqa: E402

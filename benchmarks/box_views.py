@@ -17,7 +17,7 @@ same machine load. Time per field: ``segment_boxes`` alone (model loading exclud
 * ``tiles``: shared views, each embedded on its own (``field=False``), one piece per mask,
   allocator set-up on;
 * ``after``: the defaults: shared views, native ones cut from one embedding of the whole
-  field where that needs fewer encoder passes (``engine/sam/field_map.py``), one piece per mask,
+  field where that needs fewer encoder passes (``engine/sam/interactive/field_map.py``), one piece per mask,
   allocator set-up on;
 * ``after-nomalloc``: the same with glibc's defaults (a script that does not call
   ``configure_allocator()``).
@@ -68,7 +68,7 @@ def child(field: str, routing: str, use_field: bool, one_piece: bool, model: str
 
     from napari_gpuseg.engine.metrics import pooled_stats
     from napari_gpuseg.engine.detect import boxes_from_labels
-    from napari_gpuseg.engine.sam.boxes import segment_boxes
+    from napari_gpuseg.engine.sam.automatic.boxes import segment_boxes
     from napari_gpuseg.engine.sam.loader import load_engine
 
     engine = load_engine(model or None)

@@ -35,7 +35,7 @@ from _viewer import pump as pump_until  # noqa: E402
 
 def click_points(gt: np.ndarray) -> list[tuple[float, float]]:
     """(x, y) of each object's most interior pixel, objects of at least 200 px, shuffled."""
-    from napari_gpuseg.engine.sam.interaction import interior_point
+    from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point
 
     ids = [i for i in np.unique(gt) if i and np.count_nonzero(gt == i) >= 200]
     pts = [tuple(float(v) for v in interior_point(gt == i)) for i in ids]
@@ -54,7 +54,7 @@ def main() -> int:
     import napari
     from qtpy.QtWidgets import QApplication
 
-    from napari_gpuseg.engine.sam.predictor import Prompt
+    from napari_gpuseg.engine.sam.interactive.predictor import Prompt
 
     print(machine_line(), flush=True)
     files = sorted((Path(args.data) / "bbbc039" / "images").glob("*.tif"))[16:16 + args.fields]

@@ -26,11 +26,11 @@ from _data import dsb2018_field
 from _machine import machine_line
 from adapt_sam import halves
 from napari_gpuseg.engine import load_engine
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.click_eval import MIN_OBJECT_AREA
-from napari_gpuseg.engine.sam.inputs import logits_to_view_mask
-from napari_gpuseg.engine.sam.interaction import interior_point
-from napari_gpuseg.engine.sam.predictor import Prompt
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.training.click_eval import MIN_OBJECT_AREA
+from napari_gpuseg.engine.sam.interactive.inputs import logits_to_view_mask
+from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point
+from napari_gpuseg.engine.sam.interactive.predictor import Prompt
 
 THRESHOLDS = (-2.0, -1.0, 0.0, 1.0, 2.0)
 

@@ -12,7 +12,7 @@ validation frames t07-t09 (transmitted light, every object), the last 8 BBBC039 
 are measured on the same objects in one run (``--cap N``: at most N objects per
 ``scratch_assay`` frame and of ``dsb2018/``; ``--fields N``: the first N BBBC039 validation
 fields; for a quick look on a busy CPU). Every model runs through the public engine
-API (``engine.sam.click_eval.click_ious``): a first click at the object's most interior
+API (``engine.sam.training.click_eval.click_ious``): a first click at the object's most interior
 pixel (best of the multimask outputs), corrective clicks at the most interior pixel of
 the larger error with the previous logits as mask input, and a tight box on its own.
 The models share one embedding cache (they share LiteMedSAM's encoder); ``--cache-dir``
@@ -36,15 +36,16 @@ import torch
 from _data import bbbc039_validation, shared_data
 from _machine import cpu_flags, cpu_name
 from napari_gpuseg.engine import load_engine
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.click_eval import click_ious
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.training.click_eval import click_ious
 
 
 def stage3_held_back() -> list[tuple]:
     """(image path, mask path) of the images stage 3 of ``scripts/build_nuclei_sam.sh`` held
     back: its image list (bbbc039_more, the first 16 of bbbc039, dsb2018_more; sorted) split
     as ``finetune_sam`` splits it with the stage's ``--val-fraction 0.08 --seed 2``."""
-    from napari_gpuseg.engine.sam.finetune import SamTuneConfig, _split
+    from napari_gpuseg.engine.sam.training.finetune import _split
+    from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
 
     data = shared_data()
     files = [*sorted((data / "bbbc039_more" / "images").glob("*.tif")),

@@ -43,7 +43,7 @@ def _field() -> np.ndarray:
 
 
 def sam_variants(image):
-    from napari_gpuseg.engine.sam.cache import EmbeddingCache
+    from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
     from napari_gpuseg.engine.sam.loader import load_engine
 
     engine = load_engine(policy=POLICY)
@@ -65,7 +65,7 @@ def sam_variants(image):
 
 
 def unet_variants(image):
-    from napari_gpuseg.engine.unet import checkpoint, predict
+    from napari_gpuseg.engine.unet import unet_checkpoint as checkpoint, predict
 
     model = checkpoint.load_unet(None, device="cpu")
 

@@ -1,4 +1,4 @@
-"""A prompt's first look from a small crop (``engine/sam/crop_look.py``) against what it
+"""A prompt's first look from a small crop (``engine/sam/interactive/crop_look.py``) against what it
 stands in for: mask quality (mean IoU against the ground truth) and the time from the prompt
 to its mask when nothing is embedded yet (the crop's embedding + decode vs the views'), same
 run. Boxes: tight ground-truth boxes, against the full view. First clicks (the most interior
@@ -40,10 +40,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="nuclei_sam,lite_medsam")
     args = ap.parse_args()
-    from napari_gpuseg.engine.sam.crop_look import crop_look, look_view
-    from napari_gpuseg.engine.sam.interaction import interior_point
+    from napari_gpuseg.engine.sam.interactive.crop_look import crop_look, look_view
+    from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point
     from napari_gpuseg.engine.sam.loader import load_engine
-    from napari_gpuseg.engine.sam.prompt_types import Prompt
+    from napari_gpuseg.engine.sam.interactive.prompt_types import Prompt
 
     print(machine_line())
     for model in args.models.split(","):

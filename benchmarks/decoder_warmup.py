@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from skimage.measure import regionprops  # noqa: E402
 
 from napari_gpuseg.engine.runtime.device import get_policy  # noqa: E402
-from napari_gpuseg.engine.sam.predictor import Prompt  # noqa: E402
+from napari_gpuseg.engine.sam.interactive.predictor import Prompt  # noqa: E402
 from napari_gpuseg.engine.sam.loader import load_engine  # noqa: E402
 
 from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)

@@ -32,8 +32,8 @@ import tifffile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from napari_gpuseg.engine import metrics  # noqa: E402
 from napari_gpuseg.engine.runtime.device import make_policy  # noqa: E402
-from napari_gpuseg.engine.sam.cache import EmbeddingCache  # noqa: E402
-from napari_gpuseg.engine.sam.everything import AutomaticParams, segment_everything  # noqa: E402
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache  # noqa: E402
+from napari_gpuseg.engine.sam.automatic.everything import AutomaticParams, segment_everything  # noqa: E402
 from napari_gpuseg.engine.sam.loader import load_engine  # noqa: E402
 
 from _data import bbbc039_validation, dsb2018_field  # noqa: E402

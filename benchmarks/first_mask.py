@@ -116,8 +116,8 @@ def main() -> None:
     from qtpy.QtWidgets import QApplication
 
     from napari_gpuseg.engine.runtime.device import set_policy
-    from napari_gpuseg.engine.sam.cache import EmbeddingCache
-    from napari_gpuseg.engine.sam.predictor import SamEngine
+    from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+    from napari_gpuseg.engine.sam.interactive.predictor import SamEngine
     from napari_gpuseg.engine.annotate import steps
     from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S
 

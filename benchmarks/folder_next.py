@@ -63,7 +63,7 @@ def make_folder(root: Path, n: int, size: int) -> list[np.ndarray]:
 
 def go_through(root: Path, gts, engine, worker, prefetch: bool, out_name: str):
     from napari_gpuseg.engine import AnnotationSession, FolderAnnotation
-    from napari_gpuseg.engine.sam.cache import EmbeddingCache
+    from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 
     engine.cache = EmbeddingCache()  # each way starts with nothing embedded
     engine.forget_decoder_work()

@@ -18,7 +18,7 @@ decoded one prompt per call, as a user's edits arrive. Sections:
    allocator capped (``torch.cuda.set_per_process_memory_fraction``) so that batch cannot fit;
    the batch runner must halve until it fits, lose no view, and give the batch-1 embeddings;
 5. with ``--first-mask-pairs N``: fresh processes, the GPU warm-up at model load
-   (``engine/sam/gpu_warmup.py``, what the annotator does) against none, alternating: load,
+   (``engine/sam/interactive/gpu_warmup.py``, what the annotator does) against none, alternating: load,
    warm-up, a box on a new field -> its mask, the rest of that field, the next field.
 
 On a CPU (``--device cpu``) it runs the same sections (section 4 then says it needs CUDA).
@@ -44,9 +44,9 @@ from napari_gpuseg.engine import load_engine  # noqa: E402
 from napari_gpuseg.engine.runtime import memory  # noqa: E402
 from napari_gpuseg.engine.runtime.batching import BatchRunner  # noqa: E402
 from napari_gpuseg.engine.runtime.device import Policy, device_name, make_policy, synchronize  # noqa: E402
-from napari_gpuseg.engine.sam.click_eval import click_ious, interior_point, tight_box  # noqa: E402
-from napari_gpuseg.engine.sam.inputs import view_input  # noqa: E402
-from napari_gpuseg.engine.sam.predictor import Prompt  # noqa: E402
+from napari_gpuseg.engine.sam.training.click_eval import click_ious, interior_point, tight_box  # noqa: E402
+from napari_gpuseg.engine.sam.interactive.inputs import view_input  # noqa: E402
+from napari_gpuseg.engine.sam.interactive.predictor import Prompt  # noqa: E402
 
 OUT: dict = {}
 
@@ -185,7 +185,7 @@ def section_oom(engine, img) -> None:
 
 def first_mask_child(args) -> None:
     """One fresh process: load, warm or not, then a box on a new field as a drop would."""
-    from napari_gpuseg.engine.sam.gpu_warmup import warm_gpu
+    from napari_gpuseg.engine.sam.interactive.gpu_warmup import warm_gpu
 
     policy = make_policy(args.device, args.precision)
     pairs = bbbc039_validation()

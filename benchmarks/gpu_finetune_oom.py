@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from napari_gpuseg.engine.runtime.device import make_policy  # noqa: E402
-from napari_gpuseg.engine.sam import finetune as ft  # noqa: E402
+from napari_gpuseg.engine.sam.training import finetune as ft  # noqa: E402
 from napari_gpuseg.engine.sam.loader import load_engine  # noqa: E402
 
 from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)

@@ -21,7 +21,7 @@ CHILD = r"""
 import json, sys, threading, time
 import numpy as np, psutil, tifffile, torch
 from pathlib import Path
-from napari_gpuseg.engine.jobs.methods import create_method
+from napari_gpuseg.engine.jobs.method_registry import create_method
 from napari_gpuseg.engine.runtime.device import Policy
 torch.set_num_threads(2)
 name, size, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]

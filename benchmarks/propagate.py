@@ -14,9 +14,9 @@ import numpy as np
 import tifffile
 
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.loader import DEFAULT_MODEL, load_engine
-from napari_gpuseg.engine.sam.propagate import PropagateOptions, mask_box, propagate, propagate_all
+from napari_gpuseg.engine.sam.propagation.propagate import PropagateOptions, mask_box, propagate, propagate_all
 
 from _data import shared_data  # noqa: E402  (benchmarks/, the script's folder)
 DATA = shared_data() / "synthetic3d"

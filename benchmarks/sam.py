@@ -49,10 +49,10 @@ import sam_reference as ref  # noqa: E402  (tests/: torchvision + timm stand-ins
 from _machine import cpu_name  # noqa: E402  (benchmarks/, the script's folder)
 
 from napari_gpuseg.engine.runtime.device import Policy, make_policy  # noqa: E402
-from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine  # noqa: E402
+from napari_gpuseg.engine.sam.interactive.predictor import Prompt, SamEngine  # noqa: E402
 from napari_gpuseg.engine.sam.loader import model_info  # noqa: E402
-from napari_gpuseg.engine.sam.inputs import prepare_image, view_input  # noqa: E402
-from napari_gpuseg.models.checkpoint import load_state_dict_strict  # noqa: E402
+from napari_gpuseg.engine.sam.interactive.inputs import prepare_image, view_input  # noqa: E402
+from napari_gpuseg.models.state_dict_loading import load_state_dict_strict  # noqa: E402
 from napari_gpuseg.models.sam import build_sam, load_sam  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -308,7 +308,7 @@ def cpu_vit_b(args, policy: Policy) -> dict:
 
 # ----------------------------------------------------------------------------- 1b LiteMedSAM
 def lite_inputs(crops, n: int) -> torch.Tensor:
-    from napari_gpuseg.engine.sam.views import grid_views
+    from napari_gpuseg.engine.sam.interactive.views import grid_views
 
     xs = []
     for img in [c[1] for c in crops[:n]]:

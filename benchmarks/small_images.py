@@ -18,9 +18,9 @@ from scipy import ndimage
 from _data import bbbc039_validation
 from _machine import machine_line
 from napari_gpuseg.engine import load_engine
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.prompt_types import Prompt
-from napari_gpuseg.engine.sam.views import zoom_grid
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.interactive.prompt_types import Prompt
+from napari_gpuseg.engine.sam.interactive.views import zoom_grid
 
 
 def stretched(engine):

@@ -33,7 +33,7 @@ from _machine import cpu_name  # benchmarks/, the script's folder
 from napari_gpuseg.engine import metrics
 from napari_gpuseg.engine.jobs.pipeline import output_paths, run_folder
 from napari_gpuseg.engine.normalize import is_color
-from napari_gpuseg.engine.unet.checkpoint import bundled_model_path
+from napari_gpuseg.engine.unet.unet_checkpoint import bundled_model_path
 
 REPO = Path(__file__).resolve().parents[1]
 WEIGHTS = "napari_gpuseg/weights/unet_nuclei.pt"

@@ -13,7 +13,7 @@ import numpy as np
 import tifffile
 
 from napari_gpuseg.engine import metrics
-from napari_gpuseg.engine.unet import checkpoint as unet_ckpt, predict as unet
+from napari_gpuseg.engine.unet import unet_checkpoint as unet_ckpt, predict as unet
 from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.stacks import link_slices
 

@@ -92,7 +92,7 @@ def annotate_folder(viewer, app):
 
 def propagate(viewer, app):
     """One nucleus of synthetic3d boxed on its middle slice, propagated through the stack."""
-    from napari_gpuseg.engine.sam.propagate import mask_box
+    from napari_gpuseg.engine.sam.propagation.propagate import mask_box
 
     vol = tifffile.imread(DATA / "synthetic3d" / "image.tif")
     gt = tifffile.imread(DATA / "synthetic3d" / "mask.tif")

@@ -66,7 +66,7 @@ import os  # noqa: E402
 import time  # noqa: E402
 
 from napari_gpuseg.engine.jobs.builtin_methods import ThresholdSegmenter  # noqa: E402
-from napari_gpuseg.engine.jobs.methods import register_method  # noqa: E402
+from napari_gpuseg.engine.jobs.method_registry import register_method  # noqa: E402
 
 
 class SlowThreshold(ThresholdSegmenter):

@@ -148,7 +148,7 @@ def test_a_stack_is_annotated_plane_by_plane(shared_data, engine, worker):
     with pytest.raises(ValueError, match="not in a stack"):
         s.set_plane(vol.shape[0])
     # the committed object grows through the stack (a slice each way); one undo removes that
-    from napari_gpuseg.engine.sam.propagate import PropagateOptions
+    from napari_gpuseg.engine.sam.propagation.propagate import PropagateOptions
 
     s.set_plane(z)
     before = s.labels.copy()
@@ -235,7 +235,7 @@ def test_a_multichannel_image_is_taken_as_folder_jobs_take_it(field, engine):
 def test_a_first_click_the_model_rates_low_says_so(engine):
     """A first click whose predicted IoU is under 0.75 gets the unsure hint (draw a box, or
     adapt); a confident click, a box and a refined object do not."""
-    from napari_gpuseg.engine.sam.prompt_types import MaskResult
+    from napari_gpuseg.engine.sam.interactive.prompt_types import MaskResult
 
     s = AnnotationSession(engine)
     s.prompt = Prompt(points=np.array([[5.0, 5.0]]), labels=np.array([1]))

@@ -33,13 +33,13 @@ import torch
 from scipy import ndimage as ndi
 
 import sam_reference as ref
-from napari_gpuseg.engine.sam import everything_ops as ops
-from napari_gpuseg.engine.sam.fast_decoder import decode_points
-from napari_gpuseg.engine.sam.everything import AutomaticParams, segment_everything
+from napari_gpuseg.engine.sam.automatic import everything_ops as ops
+from napari_gpuseg.engine.sam.interactive.fast_decoder import decode_points
+from napari_gpuseg.engine.sam.automatic.everything import AutomaticParams, segment_everything
 from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.metrics import mask_set_match
-from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
-from napari_gpuseg.models.checkpoint import load_state_dict_strict
+from napari_gpuseg.engine.sam.interactive.predictor import SamEngine, SamModelInfo
+from napari_gpuseg.models.state_dict_loading import load_state_dict_strict
 from napari_gpuseg.models.sam import build_sam, load_sam
 
 from sam_fixtures import require_lite_medsam

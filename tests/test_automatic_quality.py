@@ -25,7 +25,7 @@ from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.metrics import summary
 from napari_gpuseg.engine.box_files import read_csv_boxes
 from napari_gpuseg.engine.detect import boxes_from_labels, detect_boxes
-from napari_gpuseg.engine.sam.boxes import prepare_boxes, segment_boxes_batch
+from napari_gpuseg.engine.sam.automatic.boxes import prepare_boxes, segment_boxes_batch
 
 from sam_fixtures import require_lite_medsam
 
@@ -65,7 +65,7 @@ def test_ground_truth_and_detector_boxes(engine, val):
     s_sam = summary(gts, [r.labels for r in with_det])
     s_det = summary(gts, [classical_segment(im) for im in imgs])
     # the bundled U-Net as the detector (its held-out split holds these fields)
-    from napari_gpuseg.engine.unet import checkpoint as unet_ckpt, predict as unet
+    from napari_gpuseg.engine.unet import unet_checkpoint as unet_ckpt, predict as unet
 
     model = unet_ckpt.load_unet(None, device="cpu")
     unet_labels = [unet.predict_labels(model, im) for im in imgs]
@@ -103,7 +103,7 @@ def test_batched_decoding_equals_one_box_per_call(engine, val):
 
 
 def test_sam_boxes_method_takes_several_images_per_call(engine, val):
-    from napari_gpuseg.engine.jobs.methods import available_methods, create_method
+    from napari_gpuseg.engine.jobs.method_registry import available_methods, create_method
 
     assert {"sam-boxes", "sam-everything"} <= set(available_methods())
     imgs, gts = val

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from scipy import ndimage as ndi
 
-from napari_gpuseg.engine.sam import everything as automatic
-from napari_gpuseg.engine.sam.everything import AutomaticParams, plan_crops, segment_everything
+from napari_gpuseg.engine.sam.automatic import everything as automatic
+from napari_gpuseg.engine.sam.automatic.everything import AutomaticParams, plan_crops, segment_everything
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
-from napari_gpuseg.engine.sam.views import View
+from napari_gpuseg.engine.sam.interactive.predictor import SamEngine, SamModelInfo
+from napari_gpuseg.engine.sam.interactive.views import View
 
 
 def disks(shape, n, radius, seed=0) -> np.ndarray:

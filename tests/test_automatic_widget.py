@@ -135,7 +135,7 @@ def test_the_microscopy_decoder_gets_its_measured_settings_and_finds_the_nuclei(
     """Choosing ``nuclei_sam`` gives segment-everything mode the settings measured for
     click-tuned decoders (benchmarks/everything_params.py), not the official ones, which
     keep a third of these nuclei out (F1@0.5 0.80 against 0.87 on this crop)."""
-    from napari_gpuseg.engine.sam.everything import AutomaticParams
+    from napari_gpuseg.engine.sam.automatic.everything import AutomaticParams
 
     img, gt = crop
     viewer = make_napari_viewer()

@@ -20,7 +20,7 @@ import batch_helpers  # noqa: F401 - registers slow-threshold
 from napari_gpuseg import io as gio
 from napari_gpuseg.io import label_files, tables
 from napari_gpuseg.cli.main import main
-from napari_gpuseg.engine.jobs.methods import OptionError, create_method
+from napari_gpuseg.engine.jobs.method_registry import OptionError, create_method
 from napari_gpuseg.engine.jobs.pipeline import PipelineError, output_paths, run_folder
 
 HELPERS = Path(__file__).with_name("batch_helpers.py")

@@ -33,7 +33,7 @@ def small_blocks(monkeypatch, tmp_path):
 
 
 def test_unet_dock_runs_a_dask_layer_in_blocks(make_napari_viewer, qtbot, shared_data, small_blocks):
-    from napari_gpuseg.engine.unet.checkpoint import load_unet
+    from napari_gpuseg.engine.unet.unet_checkpoint import load_unet
     from napari_gpuseg.engine.unet.predict import predict_labels
     from napari_gpuseg.widgets.unet_predict import UNetPredictWidget
 

@@ -92,7 +92,7 @@ def test_without_stitching_the_seams_split_objects(mosaic):
 
 
 def test_unet_blocks_match_the_whole_image(shared_data, tmp_path):
-    from napari_gpuseg.engine.unet.checkpoint import load_unet
+    from napari_gpuseg.engine.unet.unet_checkpoint import load_unet
     from napari_gpuseg.engine.unet.predict import predict_labels
 
     files = field_files(shared_data / "bbbc039" / "images")[4:6]
@@ -189,7 +189,7 @@ def test_cli_segments_a_zarr_in_blocks(mosaic, tmp_path, capsys):
 def test_unet_on_a_zyx_volume_in_blocks_matches_the_volume_in_one_piece(shared_data, tmp_path):
     """The 2D U-Net on a volume normalises each slice on its own; blocks use the whole
     slice's scale (not the block's) and give the same 3D objects."""
-    from napari_gpuseg.engine.jobs.methods import method_factory
+    from napari_gpuseg.engine.jobs.method_registry import method_factory
     from napari_gpuseg.engine.runtime.device import make_policy
 
     path = volume_zarr(shared_data, tmp_path / "v.ome.zarr", reps=(2, 2, 2))

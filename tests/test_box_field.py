@@ -17,11 +17,11 @@ from torch import nn
 from napari_gpuseg.engine.detect import boxes_from_labels
 from napari_gpuseg.engine.metrics import pooled_stats
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.sam import field_map as fieldmap
-from napari_gpuseg.engine.sam.boxes import choose_views, prepare_boxes, segment_boxes
-from napari_gpuseg.engine.sam.inputs import view_input
-from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
-from napari_gpuseg.engine.sam.views import View
+from napari_gpuseg.engine.sam.interactive import field_map as fieldmap
+from napari_gpuseg.engine.sam.automatic.boxes import choose_views, prepare_boxes, segment_boxes
+from napari_gpuseg.engine.sam.interactive.inputs import view_input
+from napari_gpuseg.engine.sam.interactive.predictor import SamEngine, SamModelInfo
+from napari_gpuseg.engine.sam.interactive.views import View
 
 S, STRIDE = 64, 4
 FP32 = Policy(torch.device("cpu"), "fp32")
@@ -105,7 +105,7 @@ def test_field_plan_holds_every_box_on_the_strides_grid(shared_data, shape):
     """The 520 x 696 BBBC039 field's boxes (also in a larger image): every native view is
     cut from the map, every box is held with its margin, and the plan needs fewer encoder
     passes than the tile plan."""
-    from napari_gpuseg.engine.sam.boxes import encoder_passes
+    from napari_gpuseg.engine.sam.automatic.boxes import encoder_passes
 
     eng = SamEngine(StubSam(LocalEncoder()), SamModelInfo("stub", 256, "none"), FP32)
     eng.sam.prompt_encoder.image_embedding_size = (64, 64)
@@ -267,8 +267,8 @@ def test_a_stack_whose_field_maps_do_not_fit_the_cache_gives_the_same_labels(lit
     """Three 260 x 260 planes, a cache that holds one field map: every plane's map is made
     again where it was evicted (at most twice per plane) and the labels are those of a
     cache that holds them all."""
-    from napari_gpuseg.engine.sam.boxes import segment_boxes_batch
-    from napari_gpuseg.engine.sam.cache import EmbeddingCache
+    from napari_gpuseg.engine.sam.automatic.boxes import segment_boxes_batch
+    from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-3]
     image = tifffile.imread(f)

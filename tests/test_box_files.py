@@ -14,7 +14,7 @@ import pytest
 import tifffile
 
 from napari_gpuseg.engine.box_files import BoxFileError, boxes_for_image, find_box_file, read_csv_boxes
-from napari_gpuseg.engine.jobs.methods import OptionError, create_method
+from napari_gpuseg.engine.jobs.method_registry import OptionError, create_method
 
 from sam_fixtures import require_lite_medsam
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from napari_gpuseg.engine.runtime.cancel import CancelToken, Cancelled
-from napari_gpuseg.engine.sam import box_stack, boxes
+from napari_gpuseg.engine.sam.automatic import box_stack, boxes
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_cancel_stops_before_detection(calls):
 
 
 def test_folder_method_uses_the_shared_workflow(monkeypatch):
-    from napari_gpuseg.engine.jobs.methods import create_method
+    from napari_gpuseg.engine.jobs.method_registry import create_method
 
     seen = {}
 

@@ -13,11 +13,11 @@ import tifffile
 import torch
 
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
+from napari_gpuseg.engine.sam.interactive.predictor import SamEngine, SamModelInfo
 from napari_gpuseg.engine.detect import boxes_from_labels
-from napari_gpuseg.engine.sam.boxes import (ROUTE_MARGIN, SCALES, per_box_views, plan_views, prepare_boxes,
+from napari_gpuseg.engine.sam.automatic.boxes import (ROUTE_MARGIN, SCALES, per_box_views, plan_views, prepare_boxes,
                                             segment_boxes)
-from napari_gpuseg.engine.sam.views import cover_boxes, route_box, zoomed_view
+from napari_gpuseg.engine.sam.interactive.views import cover_boxes, route_box, zoomed_view
 
 S = 256
 
@@ -164,17 +164,17 @@ def test_one_route_box_for_prompts_and_box_mode(engine):
     grid = engine.views(img)
     box = np.array([300.0, 200.0, 309.0, 209.0])
     assert route_box(box, grid, img.shape, S) == engine.route(img, __import__(
-        "napari_gpuseg.engine.sam.predictor", fromlist=["Prompt"]).Prompt(box=box))
+        "napari_gpuseg.engine.sam.interactive.predictor", fromlist=["Prompt"]).Prompt(box=box))
     z = route_box(box, grid, img.shape, S, zoom_below=S / 16)
     assert z == zoomed_view(box, img.shape, S) and z.h == z.w == 32 and z.contains_box(box, 10)
     # the side that decides is the unpadded one
     assert route_box(box, grid, img.shape, S, zoom_below=S / 16, side=20).scale == 1.0
-    import napari_gpuseg.engine.sam.boxes as boxes_mod
+    import napari_gpuseg.engine.sam.automatic.boxes as boxes_mod
     assert not hasattr(boxes_mod, "route_box") or boxes_mod.route_box is route_box
 
 
 def test_mask_region_holds_the_box_with_context_and_stays_on_the_grid():
-    from napari_gpuseg.engine.sam.boxes import mask_region
+    from napari_gpuseg.engine.sam.automatic.boxes import mask_region
     bx = np.array([[100.0, 120.0, 139.0, 149.0], [0.0, 0.0, 3.0, 3.0], [250.0, 250.0, 255.0, 255.0]])
     roi = mask_region(bx, 256, 64)
     assert (roi >= 0).all() and (roi <= 64).all()
@@ -190,7 +190,7 @@ def test_mask_region_gives_the_same_labels_as_the_whole_grid(shared_data, monkey
     labels equal those of the whole-grid computation."""
     from sam_fixtures import require_lite_medsam
 
-    from napari_gpuseg.engine.sam import boxes as box_mode
+    from napari_gpuseg.engine.sam.automatic import boxes as box_mode
     from napari_gpuseg.engine.sam.loader import load_engine
 
     require_lite_medsam()
@@ -210,8 +210,8 @@ def test_mask_region_gives_the_same_labels_as_the_whole_grid(shared_data, monkey
 def test_each_box_keeps_its_largest_piece_unless_told_otherwise():
     """A box's mask that came out as a nucleus and a stray blob beside it: by default only
     the nucleus is painted; ``one_piece=False`` keeps both pieces."""
-    from napari_gpuseg.engine.sam.boxes import _assemble
-    from napari_gpuseg.engine.sam.everything_ops import largest_piece
+    from napari_gpuseg.engine.sam.automatic.boxes import _assemble
+    from napari_gpuseg.engine.sam.automatic.everything_ops import largest_piece
 
     m = np.zeros((20, 30), bool)
     m[2:14, 2:14] = True  # the object, 144 px
@@ -231,8 +231,8 @@ def test_each_box_keeps_its_largest_piece_unless_told_otherwise():
 
 
 def test_route_native_keeps_clicks_on_the_grid_and_reuses_views_made_off_it(monkeypatch):
-    from napari_gpuseg.engine.sam import views as views_mod
-    from napari_gpuseg.engine.sam.views import View, route_native
+    from napari_gpuseg.engine.sam.interactive import views as views_mod
+    from napari_gpuseg.engine.sam.interactive.views import View, route_native
 
     shape, size = (256, 512), 256
     grid = [View(0, 0, 256, 256, size)]  # a grid tile over the left half only

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from napari_gpuseg.engine.unet.checkpoint import load_checkpoint, load_unet
-from napari_gpuseg.models.checkpoint import CheckpointError, read_state_dict
+from napari_gpuseg.engine.unet.unet_checkpoint import load_checkpoint, load_unet
+from napari_gpuseg.models.state_dict_loading import CheckpointError, read_state_dict
 
 
 def _files(tmp_path):
@@ -62,7 +62,7 @@ def test_pickled_objects_are_refused_without_suggesting_to_allow_them(tmp_path):
 def test_unet_checkpoint_that_does_not_fit_names_keys_and_shapes(tmp_path):
     """The U-Net loads through the one strict loader: a missing key and a mis-shaped key are
     both named (with shapes) in one line, as a ValueError and a CheckpointError."""
-    from napari_gpuseg.engine.unet.checkpoint import model_from_checkpoint, save_checkpoint
+    from napari_gpuseg.engine.unet.unet_checkpoint import model_from_checkpoint, save_checkpoint
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
     model = build_unet(UNetConfig(depth=1, base=4))
@@ -89,7 +89,7 @@ def test_unet_checkpoint_that_does_not_fit_names_keys_and_shapes(tmp_path):
 def test_the_refused_object_is_named_in_the_wording_of_each_torch(torch_text):
     """torch 2.4+ and torch 2.3 (the oldest supported) word a refused object differently;
     the message names it either way and never repeats torch's advice."""
-    from napari_gpuseg.models.checkpoint import load_error_message
+    from napari_gpuseg.models.state_dict_loading import load_error_message
 
     msg = load_error_message("m.pt", pickle.UnpicklingError(torch_text))
     assert "(argparse.Namespace)" in msg and "could run code" in msg

@@ -4,11 +4,12 @@ import pytest
 import torch
 
 from napari_gpuseg.engine import load_engine
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.finetune import SamTuneConfig, finetune_sam
-from napari_gpuseg.engine.sam.predictor import MaskResult, Prompt
-from napari_gpuseg.engine.sam.train_views import collect_views
-from napari_gpuseg.engine.sam.views import View, route_click, touches_cut, zoom_grid
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.training.finetune import finetune_sam
+from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
+from napari_gpuseg.engine.sam.interactive.predictor import MaskResult, Prompt
+from napari_gpuseg.engine.sam.training.train_views import collect_views
+from napari_gpuseg.engine.sam.interactive.views import View, route_click, touches_cut, zoom_grid
 from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder
 
 from sam_fixtures import require_lite_medsam
@@ -113,8 +114,8 @@ def test_a_clicks_native_view_does_not_depend_on_the_prompts_before_it(zoomed):
 
 
 def test_carried_logits_keep_the_mask_where_it_lies_in_the_image():
-    from napari_gpuseg.engine.sam.carry import carry_logits
-    from napari_gpuseg.engine.sam.inputs import logits_to_view_mask
+    from napari_gpuseg.engine.sam.interactive.mask_input_carry import carry_logits
+    from napari_gpuseg.engine.sam.interactive.inputs import logits_to_view_mask
 
     native, fine = View(0, 0, 256, 256, 256), View(40, 30, 171, 171, 256)
     low = torch.full((64, 64), -8.0)
@@ -226,7 +227,7 @@ def test_training_views_follow_the_models_click_zoom_and_the_checkpoint_keeps_it
 
 
 def test_a_tuned_decoder_offers_its_single_mask_output_as_a_fourth_candidate(zoomed):
-    from napari_gpuseg.engine.sam.fast_decoder import decode_sparse
+    from napari_gpuseg.engine.sam.interactive.fast_decoder import decode_sparse
 
     shipped = load_engine(cache=zoomed.cache)  # the default model: a decoder tuned here
     assert shipped.candidates == "all" and zoomed.candidates == "multi"
@@ -275,7 +276,7 @@ def test_a_click_refines_fp16_logits_inside_a_bf16_autocast():
 
 
 def test_waits_for_encoder_names_a_prompt_whose_view_is_being_embedded():
-    from napari_gpuseg.engine.sam.encoder_pauses import waits_for_encoder
+    from napari_gpuseg.engine.sam.interactive.encoder_pauses import waits_for_encoder
 
     require_lite_medsam()
     engine = load_engine("lite_medsam", cache=EmbeddingCache())

@@ -6,8 +6,8 @@ import tifffile
 import torch
 
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.sam import crop_look as bl
-from napari_gpuseg.engine.sam.prompt_types import Prompt
+from napari_gpuseg.engine.sam.interactive import crop_look as bl
+from napari_gpuseg.engine.sam.interactive.prompt_types import Prompt
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
 from test_sam_annotator import record_shows
@@ -17,7 +17,7 @@ WAIT = 120_000
 
 @pytest.fixture(scope="module")
 def engine():
-    from napari_gpuseg.engine.sam.cache import EmbeddingCache
+    from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
     from napari_gpuseg.engine.sam.loader import load_engine
 
     require_lite_medsam()
@@ -79,7 +79,7 @@ def test_a_box_s_look_embeds_a_quarter_of_a_view_and_finds_the_nucleus(engine, f
 
 
 def test_a_first_clicks_look_takes_the_best_candidate_and_finds_the_nucleus(engine, field):
-    from napari_gpuseg.engine.sam.interaction import interior_point
+    from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point
 
     img, gt = field
     image = engine.prepare(img)
@@ -140,7 +140,7 @@ def test_a_first_click_outside_the_first_tile_shows_its_crop_look_then_both_scal
     """Right after a drop, a click far from the canvas centre has neither its native tile
     nor its finer view embedded: its look from the small crop comes first, then the mask
     the engine gives for the click, and a second click refines that final mask."""
-    from napari_gpuseg.engine.sam.interaction import interior_point
+    from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point
 
     img, gt = field
     img = img + 3  # content no other test embedded

@@ -12,7 +12,7 @@ import torch
 
 from napari_gpuseg.engine.sam.loader import load_engine, load_sam_model
 from napari_gpuseg.models import registry
-from napari_gpuseg.models.checkpoint import CheckpointError
+from napari_gpuseg.models.state_dict_loading import CheckpointError
 from napari_gpuseg.models.sam.decoder_checkpoint import apply_decoder
 
 from sam_fixtures import require_lite_medsam

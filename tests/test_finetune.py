@@ -10,7 +10,7 @@ from napari_gpuseg.engine.unet import training
 from napari_gpuseg.engine.unet.finetune import (
     default_output_path, default_schedule, finetune_unet, region_mask, training_pair,
 )
-from napari_gpuseg.engine.unet.checkpoint import bundled_model_path, load_checkpoint, load_unet
+from napari_gpuseg.engine.unet.unet_checkpoint import bundled_model_path, load_checkpoint, load_unet
 from napari_gpuseg.engine.unet.predict import predict_labels
 from napari_gpuseg.engine.unet.loss import dice_ce_loss
 from napari_gpuseg.engine.unet.train_data import IGNORE

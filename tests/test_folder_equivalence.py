@@ -170,7 +170,7 @@ def test_predict_labels_and_batch_agree_on_an_rgb_field(shared_data, tmp_path):
 
 def test_entry_points_take_channel_and_refuse_multichannel_without_it(shared_data, one_sam_here):
     from napari_gpuseg.engine import load_unet, predict_labels, segment_boxes, segment_everything
-    from napari_gpuseg.engine.sam.everything import AutomaticParams
+    from napari_gpuseg.engine.sam.automatic.everything import AutomaticParams
     from napari_gpuseg.io import ChannelError
 
     a = _crop(sorted((shared_data / "bbbc039_more" / "images").glob("*.tif"))[0], 96, GRAY_AT)
@@ -198,7 +198,7 @@ def test_one_default_per_kind(qtbot, monkeypatch):
     import argparse
 
     from napari_gpuseg.cli.batch import add_batch_parser
-    from napari_gpuseg.engine.jobs.methods import create_method
+    from napari_gpuseg.engine.jobs.method_registry import create_method
     from napari_gpuseg.engine.sam import loader
     from napari_gpuseg.widgets.batch_folder import BatchFolderWidget
 

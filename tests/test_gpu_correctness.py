@@ -71,7 +71,7 @@ def test_mps_without_autocast_support_never_calls_autocast(monkeypatch):
 
 # ------------------------------------------------------------------ 3: GPU memory given back
 def test_embedding_cache_keeps_host_tensors():
-    from napari_gpuseg.engine.sam.cache import EmbeddingCache
+    from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 
     moved = []
 
@@ -93,7 +93,7 @@ def test_embedding_cache_keeps_host_tensors():
 def test_embed_peak_memory_is_close_to_its_outputs(lite_sam):
     """Live bytes of encoder outputs plus cached embeddings, sampled at every cache write:
     at most the embeddings plus one batch (before: every batch output and its clone)."""
-    from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
+    from napari_gpuseg.engine.sam.interactive.predictor import SamEngine, SamModelInfo
 
     eng = SamEngine(lite_sam, SamModelInfo("lite", 256, "minmax"), FP32)
     outputs: list = []
@@ -128,7 +128,7 @@ def test_embed_peak_memory_is_close_to_its_outputs(lite_sam):
 
 
 def test_inference_weights_do_not_require_grad(tmp_path, lite_sam):
-    from napari_gpuseg.engine.unet.checkpoint import model_from_checkpoint
+    from napari_gpuseg.engine.unet.unet_checkpoint import model_from_checkpoint
     from napari_gpuseg.models.sam.build import load_sam
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
@@ -251,7 +251,7 @@ def _nan_under_autocast(module):
 
 
 def test_nan_embedding_reruns_in_fp32_identical_to_fp32(lite_sam):
-    from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
+    from napari_gpuseg.engine.sam.interactive.predictor import SamEngine, SamModelInfo
 
     info = SamModelInfo("lite", 256, "minmax")
     img = _image()
@@ -384,7 +384,7 @@ def test_tf32_and_benchmark_are_scoped_to_our_calls(fake_cuda, monkeypatch):
 
 # ------------------------------------------------------------------ 8: decoder memo atomic
 def test_oom_between_memo_steps_leaves_a_usable_memo(lite_sam):
-    from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine, SamModelInfo
+    from napari_gpuseg.engine.sam.interactive.predictor import Prompt, SamEngine, SamModelInfo
 
     eng = SamEngine(lite_sam, SamModelInfo("lite", 256, "minmax"), FP32)
     img = eng.embed([_image()])[0]
@@ -472,7 +472,7 @@ def test_oom_empties_only_the_failing_gpu(monkeypatch):
 
 
 def test_remembered_encoder_batch_is_per_device(lite_sam):
-    from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
+    from napari_gpuseg.engine.sam.interactive.predictor import SamEngine, SamModelInfo
 
     eng = SamEngine(lite_sam, SamModelInfo("lite", 256, "minmax"), FP32)
     eng.embed([_image()], batch_size=None)
@@ -494,8 +494,8 @@ def test_precision_not_supported_by_the_card_is_refused(fake_cuda, cc, name, pre
 
 # ------------------------------------------------------------------ 12: one sync per batch
 def test_automatic_result_reads_scores_back_once(monkeypatch):
-    from napari_gpuseg.engine.sam.everything import _Masks, _result
-    from napari_gpuseg.engine.sam.views import View
+    from napari_gpuseg.engine.sam.automatic.everything import _Masks, _result
+    from napari_gpuseg.engine.sam.interactive.views import View
 
     n = 50
     view = View(0, 0, 32, 32, 256)

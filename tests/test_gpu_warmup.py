@@ -3,9 +3,9 @@ import torch
 
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.sam import gpu_warmup
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.predictor import GPU_EMBED_STEP
+from napari_gpuseg.engine.sam.interactive import gpu_warmup
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.interactive.predictor import GPU_EMBED_STEP
 
 from sam_fixtures import require_lite_medsam
 

@@ -1,5 +1,6 @@
-"""The import boundaries: engine/ and models/ import no GUI package when imported, and the
-contracts of pyproject.toml (layers, no GUI below widgets/, independent docks) hold."""
+"""The import boundaries: engine/ and models/ import no GUI package when imported, no
+module of the package imports itself through others (no import cycle), and the contracts of
+pyproject.toml (layers, no GUI below widgets/, independent docks) hold."""
 import os
 import re
 import shutil
@@ -80,6 +81,123 @@ def test_no_module_imports_a_private_name():
                 bad += [f"{path.name} imports {a.name} from {node.module}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert not bad, bad
+
+
+
+# modules that still reach into another object's private attributes (a worker's own jobs,
+# torch and os internals, two dock helpers); every other module uses public names only
+PRIVATE_REACH = {"cli/batch.py", "engine/runtime/job.py", "engine/runtime/worker.py",
+                 "engine/sam/interactive/encoder_pauses.py", "models/sam/cpu_fused.py",
+                 "widgets/_big_layer.py", "widgets/_first_layer.py"}
+
+
+def test_no_module_reads_another_objects_private_attribute():
+    """``obj._name`` only on ``self`` / ``cls`` (the propagate panel, for one, is given the
+    annotator dock's callbacks instead of calling its private methods)."""
+    import ast
+
+    bad = []
+    for path in sorted((ROOT / "napari_gpuseg").rglob("*.py")):
+        rel = path.relative_to(ROOT / "napari_gpuseg").as_posix()
+        if rel in PRIVATE_REACH:
+            continue
+        bad += [f"{rel}:{n.lineno}: {ast.unparse(n)}" for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+                and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))]
+    assert not bad, bad
+
+
+# ----------------------------------------------------------------------------- import cycles
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the package modules it imports, from every import statement of
+    ``root/napari_gpuseg`` (at module level, under ``if TYPE_CHECKING:`` and inside
+    functions alike: a deferred import still ties the two modules together)."""
+    import ast
+
+    files = {}
+    for path in (root / "napari_gpuseg").rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        files[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    graph = {}
+    for mod, (path, is_pkg) in files.items():
+        here = mod.split(".") if is_pkg else mod.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+                for a in node.names:  # ``from pkg import module`` imports the module
+                    sub = f"{base}.{a.name}"
+                    targets |= {sub} if sub in files else ({base} if base in files else set())
+        graph[mod] = targets - {mod}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycles_inside_the_package():
+    graph = import_graph(ROOT)
+    assert len(graph) > 100 and "napari_gpuseg.engine.sam.training.finetune" in graph
+    assert "napari_gpuseg.engine.sam.interactive.predictor" in graph["napari_gpuseg.engine.sam.loader"]
+    assert import_cycles(graph) == []
+
+
+@pytest.mark.parametrize("edits, cycle", [
+    pytest.param({"engine/sam/training/tune_config.py": """
+                      from typing import TYPE_CHECKING
+                      if TYPE_CHECKING:
+                          from .finetune import SamTuneResult
+                  """}, ["napari_gpuseg.engine.sam.training.episode_loss",  # finetune -> episode_loss -> config
+                         "napari_gpuseg.engine.sam.training.finetune",
+                         "napari_gpuseg.engine.sam.training.tune_config"], id="type-checking-import"),
+    pytest.param({"engine/sam/interactive/views.py": """
+                      def _later():
+                          from . import predictor
+                  """}, None, id="import-in-a-function"),
+    pytest.param({"io/__init__.py": "from ..engine import normalize\n"},
+                 ["napari_gpuseg.engine.normalize", "napari_gpuseg.io"], id="from-package-import-module"),
+])
+def test_the_cycle_check_sees_a_cycle(tmp_path, edits, cycle):
+    cycles = import_cycles(import_graph(_copy_with(tmp_path, edits)))
+    assert len(cycles) == 1, cycles
+    if cycle is not None:
+        assert cycles[0] == cycle
+    else:  # views -> predictor -> ... -> views: the whole loop is one group
+        assert {"napari_gpuseg.engine.sam.interactive.views",
+                "napari_gpuseg.engine.sam.interactive.predictor"} <= set(cycles[0])
 
 
 # ----------------------------------------------------------------------------- import-linter

@@ -15,7 +15,7 @@ from napari_gpuseg.io import label_files, tables
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.engine.runtime.cancel import CancelToken
 from napari_gpuseg.engine.jobs.builtin_methods import ThresholdSegmenter
-from napari_gpuseg.engine.jobs.methods import MethodUnavailable, SegResult, Segmenter, available_methods, create_method, register_method, unregister_method
+from napari_gpuseg.engine.jobs.method_registry import MethodUnavailable, SegResult, Segmenter, available_methods, create_method, register_method, unregister_method
 from napari_gpuseg.engine.metrics import object_f1
 from napari_gpuseg.engine.jobs.pipeline import PipelineError, output_paths, resolve_shard, run_folder, shard_files
 
@@ -269,7 +269,7 @@ def test_threshold_prepare_rejects_4d_and_converts_rgb():
 def test_unet_method_matches_engine_call(tmp_path, shared_data, cpu_policy):
     import torch
 
-    from napari_gpuseg.engine.unet import checkpoint as unet_ckpt, predict as unet
+    from napari_gpuseg.engine.unet import unet_checkpoint as unet_ckpt, predict as unet
     from napari_gpuseg.models.unet import UNetConfig, build_unet
 
     torch.manual_seed(0)
@@ -294,7 +294,7 @@ def test_unet_method_matches_engine_call(tmp_path, shared_data, cpu_policy):
 
 
 def test_method_options_parsed():
-    from napari_gpuseg.engine.jobs.methods import parse_options
+    from napari_gpuseg.engine.jobs.method_registry import parse_options
 
     assert parse_options("detector=unet, min_size=20, thr=0.5, flag=true") == {
         "detector": "unet", "min_size": 20, "thr": 0.5, "flag": True}

@@ -8,10 +8,10 @@ import pytest
 import tifffile
 
 from napari_gpuseg.engine import Prompt, load_engine
-from napari_gpuseg.engine.sam.crop_look import crop_look
-from napari_gpuseg.engine.sam.everything import AutomaticParams, plan_crops, segment_everything
-from napari_gpuseg.engine.sam.inputs import view_input
-from napari_gpuseg.engine.sam.prompt_types import MAX_POINTS
+from napari_gpuseg.engine.sam.interactive.crop_look import crop_look
+from napari_gpuseg.engine.sam.automatic.everything import AutomaticParams, plan_crops, segment_everything
+from napari_gpuseg.engine.sam.interactive.inputs import view_input
+from napari_gpuseg.engine.sam.interactive.prompt_types import MAX_POINTS
 
 from sam_fixtures import require_lite_medsam
 

@@ -6,8 +6,8 @@ import pytest
 import tifffile
 
 from napari_gpuseg.engine.runtime.cancel import CancelToken
-from napari_gpuseg.engine.sam.annotation import LabelCommitter
-from napari_gpuseg.engine.sam.propagate import (PropagateOptions, contrast, mask_box, propagate, propagate_all,
+from napari_gpuseg.engine.annotate.label_commits import LabelCommitter
+from napari_gpuseg.engine.sam.propagation.propagate import (PropagateOptions, contrast, mask_box, propagate, propagate_all,
                                                reference_contrast)
 
 from sam_fixtures import iou, require_lite_medsam

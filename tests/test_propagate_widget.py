@@ -8,7 +8,7 @@ import tifffile
 
 from sam_fixtures import iou, require_lite_medsam
 from test_sam_annotator import WAIT, add_box, open_dock, wait_embedded
-from napari_gpuseg.engine.sam.propagate import mask_box
+from napari_gpuseg.engine.sam.propagation.propagate import mask_box
 
 OBJ, Z0, Z1 = 36, 2, 9  # object 36 spans z 1..6: crop slices 0..4
 

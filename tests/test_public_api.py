@@ -15,8 +15,8 @@ def test_every_public_name_resolves_with_a_docstring():
 def test_public_names_are_the_engine_objects():
     from napari_gpuseg.engine.runtime.allocator import configure_allocator
     from napari_gpuseg.engine.runtime.cancel import CancelToken
-    from napari_gpuseg.engine.sam.predictor import SamEngine
-    from napari_gpuseg.engine.unet.checkpoint import load_unet
+    from napari_gpuseg.engine.sam.interactive.predictor import SamEngine
+    from napari_gpuseg.engine.unet.unet_checkpoint import load_unet
 
     assert api.CancelToken is CancelToken and api.SamEngine is SamEngine and api.load_unet is load_unet
     assert api.configure_allocator is configure_allocator

@@ -178,7 +178,7 @@ def test_boxes_preview_commit_reach_ground_truth(make_napari_viewer, qtbot, crop
 
 
 def test_segment_all_boxes_is_one_batched_call(make_napari_viewer, qtbot, crop, monkeypatch):
-    from napari_gpuseg.engine.sam.predictor import SamEngine
+    from napari_gpuseg.engine.sam.interactive.predictor import SamEngine
 
     img, gt = crop
     viewer = make_napari_viewer()
@@ -238,7 +238,7 @@ def test_a_mouse_click_on_a_dropped_image_segments_the_nucleus(make_napari_viewe
 
     from scipy import ndimage as ndi
 
-    from napari_gpuseg.engine.sam.interaction import interior_point
+    from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point
     from napari_gpuseg.widgets._redraw_hold import napari_window
 
     img, gt = crop
@@ -286,7 +286,7 @@ def test_a_mouse_click_on_a_dropped_image_segments_the_nucleus(make_napari_viewe
 
 
 def test_clicks_with_the_default_model_find_the_nucleus_and_refine(make_napari_viewer, qtbot, crop):
-    from napari_gpuseg.engine.sam.interaction import corrective_point, interior_point
+    from napari_gpuseg.engine.sam.training.simulated_prompts import corrective_point, interior_point
 
     img, gt = crop
     viewer = make_napari_viewer()
@@ -326,8 +326,8 @@ def test_a_first_click_after_a_drop_shows_its_native_tile_mask_first(make_napari
     embedded (a whole field's 12 native tiles come first): the dock shows the mask of the
     click's native tile as soon as that tile is ready, then the mask of both scales, the
     same as the engine gives for the click."""
-    from napari_gpuseg.engine.sam.interaction import interior_point
-    from napari_gpuseg.engine.sam.prompt_types import Prompt
+    from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point
+    from napari_gpuseg.engine.sam.interactive.prompt_types import Prompt
     from napari_gpuseg.engine.annotate import steps
 
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[17]
@@ -772,7 +772,7 @@ def test_the_same_clicks_give_the_same_masks_in_the_dock_and_a_session(make_napa
     from scipy import ndimage as ndi
 
     from napari_gpuseg.engine import AnnotationSession
-    from napari_gpuseg.engine.sam.interaction import interior_point
+    from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point
 
     img, gt = crop
     viewer = make_napari_viewer()

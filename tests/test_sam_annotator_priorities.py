@@ -9,7 +9,7 @@ import pytest
 import tifffile
 
 from napari_gpuseg.engine.runtime.worker import CANCELLED, DONE, RUNNING
-from napari_gpuseg.engine.sam.schedule import outward
+from napari_gpuseg.engine.sam.interactive.stack_embed_order import outward
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
 

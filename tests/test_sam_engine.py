@@ -7,11 +7,11 @@ import tifffile
 import torch
 
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.sam.cache import EmbeddingCache, image_digest
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache, image_digest
 from napari_gpuseg.engine.runtime.cancel import Cancelled, CancelToken
-from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine, paste_labels
-from napari_gpuseg.engine.sam.inputs import to_rgb01
-from napari_gpuseg.engine.sam.views import View, centred_view, grid_views, route_box
+from napari_gpuseg.engine.sam.interactive.predictor import Prompt, SamEngine, paste_labels
+from napari_gpuseg.engine.sam.interactive.inputs import to_rgb01
+from napari_gpuseg.engine.sam.interactive.views import View, centred_view, grid_views, route_box
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
 
@@ -248,7 +248,7 @@ def test_near_box_decode_gives_the_same_masks_inside_its_region(lite_engine, val
     """``near_box=True`` (the annotator's box prompts): on real boxes of two held-out crops
     the logits equal the whole-grid decode inside each box's region, nothing is predicted
     outside it, and the masks agree with the whole-grid ones."""
-    from napari_gpuseg.engine.sam.fast_decoder import ROI_FILL, mask_region
+    from napari_gpuseg.engine.sam.interactive.fast_decoder import ROI_FILL, mask_region
 
     checked = 0
     for _name, img, gt in val_crops[:2]:

@@ -8,12 +8,13 @@ import torch
 
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.runtime.cancel import CancelToken
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.click_eval import click_ious
-from napari_gpuseg.engine.sam.finetune import SamTuneConfig, evaluate, finetune_sam
-from napari_gpuseg.engine.sam.train_views import check_pair, collect_views
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.training.click_eval import click_ious
+from napari_gpuseg.engine.sam.training.finetune import evaluate, finetune_sam
+from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
+from napari_gpuseg.engine.sam.training.train_views import check_pair, collect_views
 from napari_gpuseg.models import registry
-from napari_gpuseg.models.checkpoint import CheckpointError
+from napari_gpuseg.models.state_dict_loading import CheckpointError
 from napari_gpuseg.models.sam.decoder_checkpoint import apply_decoder, read_decoder
 
 from sam_fixtures import require_lite_medsam
@@ -90,7 +91,7 @@ def test_training_steps_run_in_fp32_on_a_cpu_whose_policy_picks_bf16(lite, train
     stay fp32 there (at the short run's lr 1e-3 they diverged in bf16), while validation
     decodes in the policy's precision, as the annotator does."""
     from napari_gpuseg.engine.runtime.device import make_policy
-    from napari_gpuseg.engine.sam import finetune as ft
+    from napari_gpuseg.engine.sam.training import finetune as ft
 
     img, lab = train_crop
     images, labels = [img, img[::-1].copy()], [lab, lab[::-1].copy()]
@@ -175,7 +176,7 @@ def test_shipped_decoder_is_the_default_and_clicks_work(lite, val_crop):
 
 
 def test_a_second_click_feeds_the_first_masks_logits_back(lite, val_crop, monkeypatch):
-    from napari_gpuseg.engine.sam.predictor import Prompt
+    from napari_gpuseg.engine.sam.interactive.predictor import Prompt
     from napari_gpuseg.widgets._prompts import follow_up
 
     img, lab = val_crop
@@ -201,7 +202,7 @@ def test_a_second_click_feeds_the_first_masks_logits_back(lite, val_crop, monkey
     if refined.view == first.view:
         want = first.low_res
     else:
-        from napari_gpuseg.engine.sam.carry import carry_logits
+        from napari_gpuseg.engine.sam.interactive.mask_input_carry import carry_logits
 
         assert first.view in engine.views(engine.prepare(img)) and refined.view in engine.click_views(engine.prepare(img))
         want = carry_logits(first.low_res, first.view, refined.view)
@@ -238,7 +239,7 @@ def test_bad_labels_anywhere_stop_training_before_any_image_is_embedded(lite, tm
     all) is refused with one line naming the file before the encoder runs, not after
     embedding the images before it."""
     from napari_gpuseg.cli.main import main
-    from napari_gpuseg.engine.sam.predictor import SamEngine
+    from napari_gpuseg.engine.sam.interactive.predictor import SamEngine
 
     def encode(self, x):
         raise AssertionError("the encoder ran before every pair was checked")
@@ -265,7 +266,7 @@ def test_bad_labels_anywhere_stop_training_before_any_image_is_embedded(lite, tm
 
 
 def test_views_are_embedded_once_across_runs(lite, train_crop, tmp_path, monkeypatch):
-    from napari_gpuseg.engine.sam.predictor import SamEngine
+    from napari_gpuseg.engine.sam.interactive.predictor import SamEngine
 
     img, lab = train_crop
     calls = []
@@ -280,7 +281,7 @@ def test_views_are_embedded_once_across_runs(lite, train_crop, tmp_path, monkeyp
 
 
 def test_out_of_memory_halves_the_objects_per_step(lite, train_crop, monkeypatch):
-    from napari_gpuseg.engine.sam import finetune
+    from napari_gpuseg.engine.sam.training import finetune
 
     img, lab = train_crop
     sizes = []
@@ -303,7 +304,7 @@ def test_a_first_click_trains_the_candidates_the_engine_offers(lite, train_crop,
     """A tuned decoder's first click is picked from four masks (SamEngine.candidates
     "all"): training ranks the single-mask output beside the three multimask ones, so its
     IoU prediction learns from first clicks too; "multi" trains the three only."""
-    from napari_gpuseg.engine.sam.episodes import episode
+    from napari_gpuseg.engine.sam.training.episode_loss import episode
 
     img, lab = train_crop
     engine = load_engine("lite_medsam", cache=lite.cache)

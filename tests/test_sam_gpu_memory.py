@@ -26,7 +26,7 @@ def lite_sam():
 
 
 def _engine(sam, policy=FP32):
-    from napari_gpuseg.engine.sam.predictor import SamEngine, SamModelInfo
+    from napari_gpuseg.engine.sam.interactive.predictor import SamEngine, SamModelInfo
 
     return SamEngine(sam, SamModelInfo("lite", 256, "minmax"), policy)
 
@@ -73,8 +73,8 @@ def test_a_non_finite_embedding_is_never_cached(lite_sam, worker_bf16):
 
 # ------------------------------------------------------------------ 6: low-res logits not held
 def test_stack_results_hold_no_low_res_logits(lite_sam):
-    from napari_gpuseg.engine.sam.box_stack import segment_box_planes
-    from napari_gpuseg.engine.sam.everything import AutomaticParams, segment_everything_batch
+    from napari_gpuseg.engine.sam.automatic.box_stack import segment_box_planes
+    from napari_gpuseg.engine.sam.automatic.everything import AutomaticParams, segment_everything_batch
 
     eng = _engine(lite_sam)
     planes = [_image(0), _image(1)]
@@ -89,7 +89,7 @@ def test_stack_results_hold_no_low_res_logits(lite_sam):
 
 
 def test_kept_box_logits_are_host_fp32(lite_sam):
-    from napari_gpuseg.engine.sam.boxes import segment_boxes
+    from napari_gpuseg.engine.sam.automatic.boxes import segment_boxes
 
     res = segment_boxes(_engine(lite_sam), _image(), np.array([[80.0, 60, 150, 120]]))
     low = res.masks[0].low_res
@@ -98,7 +98,7 @@ def test_kept_box_logits_are_host_fp32(lite_sam):
 
 # ------------------------------------------------------------------ 8: GPU memory held by prompts
 def test_predict_renders_full_size_masks_a_block_at_a_time(lite_sam, monkeypatch):
-    from napari_gpuseg.engine.sam import decode_call, predictor
+    from napari_gpuseg.engine.sam.interactive import decode_call, predictor
 
     eng = _engine(lite_sam)
     img = eng.embed([_image()])[0]
@@ -115,7 +115,7 @@ def test_predict_renders_full_size_masks_a_block_at_a_time(lite_sam, monkeypatch
 
 
 def test_a_memoised_embedding_is_not_copied_to_the_device_again(lite_sam, monkeypatch):
-    from napari_gpuseg.engine.sam.predictor import Prompt
+    from napari_gpuseg.engine.sam.interactive.predictor import Prompt
 
     eng = _engine(lite_sam)
     img = eng.embed([_image()])[0]
@@ -134,7 +134,7 @@ def test_a_memoised_embedding_is_not_copied_to_the_device_again(lite_sam, monkey
 
 
 def test_box_mode_does_not_copy_a_memoised_embedding_again(lite_sam, monkeypatch):
-    from napari_gpuseg.engine.sam.boxes import segment_boxes
+    from napari_gpuseg.engine.sam.automatic.boxes import segment_boxes
 
     eng = _engine(lite_sam)
     boxes = np.array([[80.0, 60, 150, 120], [20, 20, 60, 50]])
@@ -178,7 +178,7 @@ def _field_engine():
 
 
 def test_field_blocks_are_encoded_without_cudnn_autotuning(monkeypatch):
-    from napari_gpuseg.engine.sam import field_map as fieldmap
+    from napari_gpuseg.engine.sam.interactive import field_map as fieldmap
 
     eng = _field_engine()
     asked = []
@@ -193,7 +193,7 @@ def test_field_blocks_are_encoded_without_cudnn_autotuning(monkeypatch):
 
 
 def test_field_oom_empties_the_cache_outside_the_except_block(monkeypatch):
-    from napari_gpuseg.engine.sam import field_map as fieldmap
+    from napari_gpuseg.engine.sam.interactive import field_map as fieldmap
 
     eng = _field_engine()
     img = eng.prepare(np.random.default_rng(1).random((100, 120)).astype(np.float32))
@@ -209,7 +209,7 @@ def test_field_oom_empties_the_cache_outside_the_except_block(monkeypatch):
 
 
 def test_segment_boxes_takes_one_1d_box(lite_sam):
-    from napari_gpuseg.engine.sam.boxes import segment_boxes
+    from napari_gpuseg.engine.sam.automatic.boxes import segment_boxes
 
     eng = _engine(lite_sam)
     one = segment_boxes(eng, _image(), np.array([80, 60, 150, 120]))
@@ -219,7 +219,7 @@ def test_segment_boxes_takes_one_1d_box(lite_sam):
 
 @pytest.mark.parametrize("boxes", [np.array([10, 10, 40]), np.zeros((2, 5)), np.zeros((1, 2, 4)), "abc"])
 def test_segment_boxes_refuses_other_shapes_before_any_work(lite_sam, monkeypatch, boxes):
-    from napari_gpuseg.engine.sam.boxes import segment_boxes
+    from napari_gpuseg.engine.sam.automatic.boxes import segment_boxes
 
     eng = _engine(lite_sam)
 

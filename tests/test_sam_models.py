@@ -7,7 +7,7 @@ import tifffile
 import torch
 
 import sam_reference as ref
-from napari_gpuseg.models.checkpoint import CheckpointError, load_state_dict_strict, read_state_dict
+from napari_gpuseg.models.state_dict_loading import CheckpointError, load_state_dict_strict, read_state_dict
 from napari_gpuseg.models.sam import attention as attn_mod
 from napari_gpuseg.models.sam import build_sam, infer_arch, load_sam, set_attn_impl
 from napari_gpuseg.models.sam.image_encoder import ImageEncoderViT

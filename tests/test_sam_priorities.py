@@ -7,8 +7,8 @@ import tifffile
 import torch
 
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.predictor import Prompt, SamEngine
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.interactive.predictor import Prompt, SamEngine
 from napari_gpuseg.engine.runtime.worker import BACKGROUND, CANCELLED, INTERACTIVE, InferenceWorker
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam

@@ -4,10 +4,11 @@ import pytest
 import tifffile
 
 from napari_gpuseg.engine import load_engine
-from napari_gpuseg.engine.sam import finetune as ft
-from napari_gpuseg.engine.sam.cache import EmbeddingCache
-from napari_gpuseg.engine.sam.finetune import SamTuneConfig, TuneInterrupted, finetune_sam
-from napari_gpuseg.engine.sam.train_views import collect_views, gamma_image, intensity_variants, invert_image
+from napari_gpuseg.engine.sam.training import finetune as ft
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.training.finetune import TuneInterrupted, finetune_sam
+from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
+from napari_gpuseg.engine.sam.training.train_views import collect_views, gamma_image, intensity_variants, invert_image
 
 from sam_fixtures import require_lite_medsam
 

@@ -6,7 +6,7 @@ import types
 import numpy as np
 
 from napari_gpuseg.engine.runtime.worker import default_worker
-from napari_gpuseg.engine.unet import checkpoint as unet_ckpt, predict as unet
+from napari_gpuseg.engine.unet import unet_checkpoint as unet_ckpt, predict as unet
 from napari_gpuseg.widgets._unet_jobs import predict_job
 
 

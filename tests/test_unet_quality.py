@@ -9,7 +9,7 @@ import torch
 from napari_gpuseg.engine import metrics
 from napari_gpuseg.engine.classical import classical_segment
 from napari_gpuseg.engine.runtime.device import Policy
-from napari_gpuseg.engine.unet.checkpoint import bundled_model_path, load_unet
+from napari_gpuseg.engine.unet.unet_checkpoint import bundled_model_path, load_unet
 from napari_gpuseg.engine.unet.predict import predict_labels
 
 FP32 = Policy(torch.device("cpu"), "fp32")

@@ -10,7 +10,7 @@ from napari_gpuseg.engine.runtime.cancel import Cancelled, CancelToken
 from napari_gpuseg.engine.unet.loss import dice_ce_loss
 from napari_gpuseg.engine.unet.train_data import make_targets
 from napari_gpuseg.engine.unet.training import TrainConfig, train_unet
-from napari_gpuseg.engine.unet.checkpoint import load_unet
+from napari_gpuseg.engine.unet.unet_checkpoint import load_unet
 from napari_gpuseg.engine.unet.predict import predict_labels, predict_probabilities
 from napari_gpuseg.models.unet import UNet, UNetConfig
 

@@ -99,7 +99,7 @@ def test_train_dock_from_layers_gives_checkpoint_that_predicts(make_napari_viewe
     ckpt = torch.load(tmp_path / "dock.pt", map_location="cpu", weights_only=True)
     assert ckpt["training"]["data"]["source"] == "napari layers"
     from napari_gpuseg.engine.runtime.device import Policy
-    from napari_gpuseg.engine.unet.checkpoint import load_unet
+    from napari_gpuseg.engine.unet.unet_checkpoint import load_unet
     from napari_gpuseg.engine.unet.predict import predict_labels
 
     model = load_unet(tmp_path / "dock.pt", device="cpu")

@@ -18,7 +18,7 @@ from ..engine.runtime.allocator import configure_allocator
 from ..engine.runtime.device import PRECISIONS
 from ..io import DEFAULT_PATTERN
 from ..engine.jobs.block_jobs import run_blocks, run_stores, stores_in
-from ..engine.jobs.methods import DEFAULT_FOLDER_METHOD, default_sam_model
+from ..engine.jobs.method_registry import DEFAULT_FOLDER_METHOD, default_sam_model
 from ..engine.jobs.pipeline import run_folder
 from ..io.zarr_images import is_zarr
 from ._cluster import EPILOG as CLUSTER_EPILOG
@@ -176,7 +176,7 @@ def print_blocks(rep) -> int:
 
 
 def _list_methods() -> int:
-    from ..engine.jobs.methods import available_methods, method_description
+    from ..engine.jobs.method_registry import available_methods, method_description
 
     for name in available_methods():
         print(f"{name:16s} {method_description(name)}")
@@ -210,7 +210,7 @@ def run_batch(args: argparse.Namespace) -> int:
     where and how the job runs is the engine's (``run_folder``, ``run_blocks``)."""
     configure_allocator()
     from ..engine.runtime.cancel import Cancelled, CancelToken
-    from ..engine.jobs.methods import MethodUnavailable, load_plugin, method_factory, parse_options
+    from ..engine.jobs.method_registry import MethodUnavailable, load_plugin, method_factory, parse_options
     from ..engine.jobs.pipeline import PipelineError
     from ..engine.jobs.sharding import resolve_shard
 

@@ -289,7 +289,7 @@ def _evaluate(args, checkpoint, policy) -> dict:
 
     from ..engine import metrics
     from ..engine.classical import classical_segment
-    from ..engine.unet.checkpoint import load_checkpoint, load_unet, plain
+    from ..engine.unet.unet_checkpoint import load_checkpoint, load_unet, plain
     from ..engine.unet.predict import predict_labels
 
     pairs = find_pairs(args.eval_images, args.eval_labels, args.pattern, skip=args.eval_skip)

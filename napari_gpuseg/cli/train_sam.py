@@ -67,7 +67,7 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _read(pairs):
-    from ..engine.sam.train_views import check_pair
+    from ..engine.sam.training.train_views import check_pair
     from ..io import ImageReadError, read_image
     from ..io.label_files import read_labels
 
@@ -129,7 +129,7 @@ def collect_pairs(args) -> list:
 
 
 def config_from(args):
-    from ..engine.sam.finetune import SamTuneConfig
+    from ..engine.sam.training.tune_config import SamTuneConfig
 
     cfg = SamTuneConfig(max_steps=args.max_steps, views_per_step=args.views_per_step,
                         objects_per_view=args.objects_per_view, lr=args.lr, box_fraction=args.box_fraction,
@@ -149,7 +149,7 @@ def config_from(args):
 def run_train_sam(args) -> int:
     configure_allocator()
     from ..engine.runtime.device import make_policy
-    from ..engine.sam.finetune import TuneInterrupted, finetune_sam
+    from ..engine.sam.training.finetune import TuneInterrupted, finetune_sam
     from ..engine.unet.train_output import check_output_path
     from ..models.registry import cache_dir
 

@@ -62,7 +62,7 @@ def threshold_boxes(image: np.ndarray, **kwargs) -> np.ndarray:
 def unet_available() -> bool:
     """True when the U-Net engine and its bundled nuclei model are installed."""
     try:
-        from .unet import checkpoint as unet_ckpt
+        from .unet import unet_checkpoint as unet_ckpt
     except Exception:  # noqa: BLE001 - the U-Net engine is optional here
         return False
     return unet_ckpt.bundled_model_path().is_file()
@@ -70,7 +70,7 @@ def unet_available() -> bool:
 
 def _bundled_unet(device):
     """The bundled U-Net, loaded once per device (thread-safe)."""
-    from .unet import checkpoint as unet_ckpt
+    from .unet import unet_checkpoint as unet_ckpt
 
     dev = str(device)
     with _UNET_LOCK:
@@ -84,7 +84,7 @@ def unet_boxes(image: np.ndarray, model=None, **kwargs) -> np.ndarray:
     nuclei model, loaded once per device; a path = that checkpoint); ``kwargs`` go to
     :func:`napari_gpuseg.engine.unet.predict.predict_labels`."""
     from .runtime.device import resolve_policy
-    from .unet import checkpoint as unet_ckpt, predict as unet
+    from .unet import unet_checkpoint as unet_ckpt, predict as unet
 
     device = resolve_policy(kwargs.get("policy")).device
     if model is None:

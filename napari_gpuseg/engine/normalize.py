@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import io as gio
+
 
 def normalize_percentile(
     img,
@@ -60,7 +62,6 @@ def apply_normalization(img, spec: dict | None, axis=None) -> np.ndarray:
 
 
 # -- the model's 1-channel input ---------------------------------------------------------
-LUMINANCE = (0.299, 0.587, 0.114)  # ITU-R BT.601
 BRIGHT_BACKGROUND = 0.5  # median above this fraction of the 1-99.8 % range: dark objects
 
 
@@ -74,9 +75,9 @@ def is_color(image, labels_shape=None) -> bool:
 
 
 def to_gray(image) -> np.ndarray:
-    """Luminance (ITU-R BT.601) of a (..., 3|4) RGB(A) image as float32; alpha is ignored."""
-    x = np.asarray(image)
-    return x[..., :3].astype(np.float32) @ np.asarray(LUMINANCE, dtype=np.float32)
+    """Luminance (ITU-R BT.601) of a (..., 3|4) RGB(A) image as float32; alpha is ignored
+    (:func:`napari_gpuseg.io.luminance`: files and arrays are converted alike)."""
+    return gio.luminance(image)
 
 
 def bright_background(gray, axis=(-2, -1), lo: float = 0.1, hi: float = 99.9) -> np.ndarray:
@@ -126,8 +127,6 @@ def image_input(image, channel: int | None = None, rgb: bool | None = None) -> t
     dropped), of 2 values channels; ``channel`` picks one channel of a multichannel (or
     colour) image as a gray image, and a multichannel image without it is refused with the
     folder jobs' message (:func:`napari_gpuseg.io.select_channel`)."""
-    from .. import io as gio
-
     x = np.asarray(image)
     rgb = is_color(x) if rgb is None else bool(rgb)
     notes: list[str] = []

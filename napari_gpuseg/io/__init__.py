@@ -339,13 +339,20 @@ def is_rgb(image: np.ndarray) -> bool:
     return image.ndim >= 3 and image.shape[-1] in (3, 4)
 
 
+LUMINANCE = (0.299, 0.587, 0.114)  # ITU-R BT.601
+
+
+def luminance(image) -> np.ndarray:
+    """Luminance (ITU-R BT.601) of a (..., 3|4) RGB(A) image as float32; alpha is ignored.
+    The one RGB-to-gray conversion of the package (``engine.normalize.to_gray`` is this)."""
+    x = np.asarray(image)
+    return x[..., :3].astype(np.float32) @ np.asarray(LUMINANCE, dtype=np.float32)
+
+
 def to_gray(image: np.ndarray) -> np.ndarray:
-    """Luminance of a YXC RGB(A) image as float32 (the shared conversion,
-    :func:`napari_gpuseg.engine.normalize.to_gray`); other images unchanged."""
+    """Luminance of a YXC RGB(A) image as float32 (:func:`luminance`); other images unchanged."""
     if not is_rgb(image):
         return image
-    from ..engine.normalize import to_gray as luminance  # numpy only: no import cycle
-
     return luminance(image)
 
 

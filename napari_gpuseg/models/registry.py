@@ -29,7 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from .checkpoint import read_state_dict
+from .state_dict_loading import read_state_dict
 
 DEFAULT_MODEL = "nuclei_sam"
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"  # checkpoints shipped in the wheel
@@ -369,7 +369,7 @@ def _check_decoder_chain(path: Path, doc: dict) -> None:
     """Follow the bases of the decoder ``path`` through decoder files (each a few MB):
     :class:`CheckpointError` when one names itself, they name each other, a base is
     neither a registry name nor a file, or more than :data:`MAX_DECODER_CHAIN` follow."""
-    from .checkpoint import CheckpointError
+    from .state_dict_loading import CheckpointError
 
     seen = [os.path.realpath(path)]
     while True:

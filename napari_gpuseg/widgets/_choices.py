@@ -100,7 +100,7 @@ def is_decoder_tuned(model: str) -> bool:
 
 def automatic_defaults(model: str):
     """Segment-everything settings for a model name or file (``AutomaticParams.for_model``)."""
-    from ..engine.sam.everything import AutomaticParams
+    from ..engine.sam.automatic.everything import AutomaticParams
 
     kind = model_kind(model)
     return AutomaticParams.for_model(kind == "boxes", kind == "tuned")

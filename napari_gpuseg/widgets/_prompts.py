@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.annotate.refine import follow_up, prompt_focus  # noqa: F401 - re-exported
-from ..engine.sam.predictor import Prompt
+from ..engine.sam.interactive.predictor import Prompt
 
 
 def plane_index(image_layer, viewer) -> tuple:

@@ -2,21 +2,39 @@
 one) through the stack, or every object committed on the current slice ("Segment all objects
 in 3D"), through the dock's session (``AnnotationSession.propagate_async``); masks are drawn
 into the labels layer as they come, a cancel keeps what is done, and one undo removes the
-whole propagation."""
+whole propagation.
+
+The panel reaches the dock only through what it is given: the viewer, the session and a
+few callbacks (the labels layer, whether the image is still there, the prompt preview, the
+status line, the progress bar, error reports)."""
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QPushButton, QSpinBox
 
-from ..engine.sam.propagate import PropagateOptions
+from ..engine.sam.propagation.propagate import PropagateOptions
 
 
 class PropagatePanel(QGroupBox):
-    def __init__(self, dock, parent=None):
+    """``labels_layer()``: the labels layer the session writes into (made when missing; None
+    without an image); ``image_alive()``: whether the image followed is still in the viewer;
+    ``has_preview()`` / ``clear_prompts()``: the prompt on display; ``set_status(text)``,
+    ``on_progress(done, total)``, ``on_error(exc)``: the dock's status line, progress bar
+    and error report."""
+
+    def __init__(self, viewer, session, *, labels_layer: Callable[[], object], image_alive: Callable[[], bool],
+                 has_preview: Callable[[], bool], clear_prompts: Callable[[], None],
+                 set_status: Callable[[str], None], on_progress: Callable[[int, int], None],
+                 on_error: Callable[[BaseException], None], parent=None):
         super().__init__("Propagate through the stack", parent)
-        self.dock = dock
+        self.session = session
+        self._labels_layer, self._image_alive = labels_layer, image_alive
+        self._has_preview, self._clear_prompts = has_preview, clear_prompts
+        self._set_status, self._on_progress, self._on_error = set_status, on_progress, on_error
+        self._layer = None  # the labels layer of the running propagation
         self._job = None
         self._t0 = 0.0
         self.min_iou = QDoubleSpinBox()
@@ -49,7 +67,6 @@ class PropagatePanel(QGroupBox):
         self._timer = QTimer(self)
         self._timer.setInterval(50)
         self._timer.timeout.connect(self._drain)
-        viewer = dock.viewer
         viewer.bind_key("Shift-P", lambda _v: self.propagate(), overwrite=True)
 
     def options(self) -> PropagateOptions:
@@ -70,45 +87,46 @@ class PropagatePanel(QGroupBox):
         self._run(every=True)
 
     def _run(self, every: bool) -> None:
-        d = self.dock
-        if self.running or not d._image_alive() or d.labels_layer is None:
+        if self.running or not self._image_alive():
             return
-        shown = d.has_preview()
+        layer = self._labels_layer()
+        if layer is None:
+            return
+        shown = self._has_preview()
         try:
-            self._job = d.session.propagate_async(every, self.options(), on_done=self._done,
-                                                  on_progress=d._on_progress, on_error=self._failed,
-                                                  on_cancelled=lambda *_: self._done(None))
+            self._job = self.session.propagate_async(every, self.options(), on_done=self._done,
+                                                     on_progress=self._on_progress, on_error=self._failed,
+                                                     on_cancelled=lambda *_: self._done(None))
         except ValueError as exc:  # no stack, nothing to start from
-            d._set_status(str(exc))
+            self._set_status(str(exc))
             return
+        self._layer = layer
         if shown and not every:
-            d.clear_prompts()
+            self._clear_prompts()
         self._t0 = time.perf_counter()
-        n = len(d.session.propagate_ids)
-        d._set_status(f"propagating {n} object(s) from slice {d.session.plane[0]}…")
+        n = len(self.session.propagate_ids)
+        self._set_status(f"propagating {n} object(s) from slice {self.session.plane[0]}…")
         self._timer.start()
 
     def _drain(self) -> None:
-        d = self.dock
-        layer = None if d._layers is None else d._layers.labels
-        if d.session.take_propagated() and layer is not None:
-            layer.refresh()
+        if self.session.take_propagated() and self._layer is not None:
+            self._layer.refresh()
 
     def _done(self, results) -> None:
         self._drain()
         self._timer.stop()
-        self._job = None
+        self._job = self._layer = None
         if results is None or any(r.cancelled for r in results):
-            self.dock._set_status("propagation cancelled: the slices done so far are kept")
+            self._set_status("propagation cancelled: the slices done so far are kept")
             return
         spans = [r.extent for r in results if r.extent]
         n = sum(len(r.masks) for r in results)
-        self.dock._set_status(f"propagated {len(results)} object(s) over {n} slice masks "
+        self._set_status(f"propagated {len(results)} object(s) over {n} slice masks "
                               f"({', '.join(f'{a}-{b}' for a, b in spans)}) in "
                               f"{time.perf_counter() - self._t0:.1f} s")
 
     def _failed(self, exc: BaseException) -> None:
         self._drain()
         self._timer.stop()
-        self._job = None
-        self.dock._on_error(exc)
+        self._job = self._layer = None
+        self._on_error(exc)

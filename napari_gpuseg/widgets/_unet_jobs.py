@@ -12,7 +12,7 @@ FROM_FILE = "From file…"
 
 def predict_job(image, model_path, rgb, outputs, batch_size, overlap, tile, progress=None, cancel=None):
     """Runs in the worker thread: load (cached) model, probabilities, labels."""
-    from ..engine.unet import checkpoint as unet_ckpt, predict as unet
+    from ..engine.unet import unet_checkpoint as unet_ckpt, predict as unet
 
     worker = default_worker()
     key = ("unet", str(model_path or unet_ckpt.bundled_model_path()))

@@ -25,7 +25,7 @@ from ..io import label_files
 from ..engine.runtime import memory
 from ..engine.runtime.device import PRECISIONS, get_policy
 from ..engine.runtime.cancel import Cancelled, CancelToken
-from ..engine.jobs.methods import DEFAULT_FOLDER_METHOD, available_methods, method_description, parse_options
+from ..engine.jobs.method_registry import DEFAULT_FOLDER_METHOD, available_methods, method_description, parse_options
 from ..engine.jobs.pipeline import Progress, RunReport, output_paths, run_folder
 from ._bridge import alive, relay
 from ._choices import take_unet_models

@@ -2,7 +2,7 @@
 
 From an Image layer and a Labels layer (objects committed with the SAM annotator, or a
 U-Net result corrected by hand), the decoder of the chosen model learns from simulated
-clicks and boxes on those objects (``engine.sam.finetune``); the image encoder stays
+clicks and boxes on those objects (``engine.sam.training.finetune``); the image encoder stays
 frozen, so the image is embedded once. Runs in the training thread with a live loss and
 Cancel; the decoder is saved beside the image (``<image>_sam_adapted.pt``) and the SAM
 annotator switches to it.
@@ -21,7 +21,7 @@ LOSS = "train loss"
 
 def adapt_config(minutes: int):
     """The Adapt SAM schedule: time-bound, small steps (one image, no validation split)."""
-    from ..engine.sam.finetune import SamTuneConfig
+    from ..engine.sam.training.tune_config import SamTuneConfig
 
     return SamTuneConfig(max_steps=400, views_per_step=2, objects_per_view=4, lr=1e-4, warmup=5,
                          views_per_image=None, val_fraction=0.0, max_time=60.0 * minutes)
@@ -29,7 +29,7 @@ def adapt_config(minutes: int):
 
 def adapt_job(image, labels, model, minutes, out_path, on_event, progress=None, cancel=None):
     """Runs in the training thread: fine-tune, save, return what the dock shows."""
-    from ..engine.sam.finetune import finetune_sam
+    from ..engine.sam.training.finetune import finetune_sam
 
     res = finetune_sam([image], [labels], model=model, config=adapt_config(minutes), out_path=out_path,
                        on_event=on_event, progress=progress, cancel=cancel, policy=train_worker().policy)

@@ -170,7 +170,10 @@ class SamAnnotatorWidget(DockWidget):
 
         self.adapt_panel = AdaptPanel(self)
         layout.addWidget(self.adapt_panel)
-        self.propagate_panel = PropagatePanel(self)
+        self.propagate_panel = PropagatePanel(
+            self.viewer, self.session, labels_layer=lambda: self.labels_layer, image_alive=self._image_alive,
+            has_preview=self.has_preview, clear_prompts=self.clear_prompts, set_status=self._set_status,
+            on_progress=self._on_progress, on_error=self._on_error)
         layout.addWidget(self.propagate_panel)
         layout.addStretch(1)
         self._update_hint()

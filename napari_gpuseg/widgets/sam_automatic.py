@@ -1,7 +1,7 @@
 """SAM automatic dock: instance labels from detector/shapes/CSV boxes or from a point grid.
 
-A thin skin over :mod:`napari_gpuseg.engine.sam.boxes` and
-:mod:`napari_gpuseg.engine.sam.everything`: reads the image plane(s) and box sources on the
+A thin skin over :mod:`napari_gpuseg.engine.sam.automatic.boxes` and
+:mod:`napari_gpuseg.engine.sam.automatic.everything`: reads the image plane(s) and box sources on the
 GUI thread, runs everything else in the shared inference worker (which also holds the
 annotator's model and embedding cache), and writes the result into a Labels layer.
 """
@@ -16,9 +16,9 @@ from qtpy.QtWidgets import (
     QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout,
 )
 
-from ..engine.sam.everything import AutomaticParams, segment_everything_batch
+from ..engine.sam.automatic.everything import AutomaticParams, segment_everything_batch
 from ..engine.box_files import boxes_for_planes
-from ..engine.sam.box_stack import segment_box_planes
+from ..engine.sam.automatic.box_stack import segment_box_planes
 from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
 from ..engine.stacks import label_offsets, shift_ids

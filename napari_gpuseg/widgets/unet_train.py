@@ -142,7 +142,7 @@ class UNetTrainWidget(DockWidget):
             return None
         init = None
         if self.init_combo.currentIndex() == 1:
-            from ..engine.unet.checkpoint import bundled_model_path
+            from ..engine.unet.unet_checkpoint import bundled_model_path
 
             init = bundled_model_path()
         config = self.config()

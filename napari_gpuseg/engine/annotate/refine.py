@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sam.prompt_types import Prompt
+from ..sam.interactive.prompt_types import Prompt
 
 
 def follow_up(prompt: Prompt, previous: Prompt | None, result) -> Prompt:

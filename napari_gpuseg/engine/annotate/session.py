@@ -32,10 +32,10 @@ from typing import Callable
 import numpy as np
 
 from ..runtime.job import BACKGROUND, IDLE, INTERACTIVE
-from ..sam.annotation import LabelCommitter
-from ..sam.cache import EmbeddingCache
-from ..sam.encoder_pauses import waits_for_encoder
-from ..sam.prompt_types import MaskResult, Prompt
+from .label_commits import LabelCommitter
+from ..sam.interactive.cache import EmbeddingCache
+from ..sam.interactive.encoder_pauses import waits_for_encoder
+from ..sam.interactive.prompt_types import MaskResult, Prompt
 from . import region as regions
 from . import steps
 from .effort import CommitEffort
@@ -460,9 +460,9 @@ class AnnotationSession:
 
     def unsure(self) -> str | None:
         """The status-line hint when the current object is a first click (one positive point,
-        no box) whose mask the model itself rates low (:func:`~napari_gpuseg.engine.sam.adapt.unsure_hint`:
+        no box) whose mask the model itself rates low (:func:`~napari_gpuseg.engine.sam.training.adapt.unsure_hint`:
         predicted IoU under 0.75); None otherwise. Boxes and refined objects get no hint."""
-        from ..sam.adapt import unsure_hint
+        from ..sam.training.adapt import unsure_hint
 
         p, r = self.prompt, self.result
         if p is None or r is None or p.box is not None or p.points is None or len(p.points) != 1:
@@ -613,7 +613,7 @@ class AnnotationSession:
         of this plane) through the stack. Masks are written into :attr:`labels` by
         :meth:`take_propagated` (call it as they come: from a timer, or once done); a cancel
         keeps what is done, and one undo removes the whole propagation."""
-        from ..sam.propagate import propagate_all
+        from ..sam.propagation.propagate import propagate_all
 
         starts, ids = self.propagation_starts(every)
         if self.result is not None and not every:

@@ -9,9 +9,9 @@ import time
 
 from ..runtime.cancel import Cancelled, check
 from ..runtime.device import synchronize
-from ..sam.crop_look import crop_look, supports_look
-from ..sam.gpu_warmup import warm_gpu
-from ..sam.schedule import stack_steps
+from ..sam.interactive.crop_look import crop_look, supports_look
+from ..sam.interactive.gpu_warmup import warm_gpu
+from ..sam.interactive.stack_embed_order import stack_steps
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from ...io import label_files, tables
 from ...io.zarr_labels import create_labels, foreign_labels, labels_target, set_info, store_stem
 from ..runtime.cancel import CancelToken
 from .claim import ClaimError, OutputClaim
-from .methods import NothingToSegment, image_stats
+from .block_method import NothingToSegment, image_stats
 from .plan import BlockPlan, plan_blocks
 from .stitch import global_ids, match_objects
 from .table import joined_table

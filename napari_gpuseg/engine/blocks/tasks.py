@@ -66,7 +66,7 @@ class ArraySource:
 def _method(task: BlockTask, methods: dict | None):
     from ..jobs.worker_cache import cached_method, worker_device
     from ..runtime.device import make_policy
-    from .methods import BlockMethod
+    from .block_method import BlockMethod
 
     def make():
         m = BlockMethod(task.method, json.loads(task.options_json))
@@ -114,7 +114,7 @@ def segment_block(task: BlockTask, block: Block, seams: list[tuple[int, Seam]],
     if done is not None:
         return int(done["n"])
     method = _method(task, methods)
-    from .methods import clean
+    from .block_method import clean
 
     stats = dict(task.stats)
     x = clean(task.source.read(block.ext_slices()), stats)  # NaN/inf: the image minimum

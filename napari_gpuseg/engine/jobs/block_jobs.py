@@ -11,7 +11,7 @@ import os
 from typing import Callable
 
 from ..runtime.cancel import CancelToken
-from .methods import DEFAULT_FOLDER_METHOD
+from .method_registry import DEFAULT_FOLDER_METHOD
 
 
 def run_blocks(image, out_dir, method: str = DEFAULT_FOLDER_METHOD, method_options: dict | None = None, *,
@@ -27,7 +27,7 @@ def run_blocks(image, out_dir, method: str = DEFAULT_FOLDER_METHOD, method_optio
     ``into_input``, ``precision``, ``progress``, ``overwrite``, ``methods``)."""
     from ..blocks.run import run_blocks as run_in_blocks
     from .dask_runner import cluster_options
-    from .pipeline import parse_devices
+    from .folder_plan import parse_devices
 
     options = dict(method_options or {})
     channel = options.pop("channel", None)

@@ -1,13 +1,13 @@
 """Built-in folder-job methods: ``threshold`` (classical, CPU) and ``unet``.
 
-Registered by name in :mod:`napari_gpuseg.engine.jobs.methods`; SAM's methods are in
+Registered by name in :mod:`napari_gpuseg.engine.jobs.method_registry`; SAM's methods are in
 :mod:`napari_gpuseg.engine.jobs.sam_methods`.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .methods import BYTES_PER_VALUE, Option, Segmenter, SegResult
+from .method_registry import BYTES_PER_VALUE, Option, Segmenter, SegResult
 
 
 class ThresholdSegmenter(Segmenter):
@@ -55,7 +55,7 @@ class UNetSegmenter(Segmenter):
     bytes_per_value = BYTES_PER_VALUE["unet"]
 
     def load(self, policy) -> None:
-        from ..unet import checkpoint as unet_ckpt, predict as unet
+        from ..unet import unet_checkpoint as unet_ckpt, predict as unet
 
         super().load(policy)
         self._unet = unet

@@ -24,8 +24,8 @@ from ...io import DEFAULT_PATTERN, label_files
 from ..runtime.cancel import CancelToken
 from .dask_tasks import FileJob, check_worker, process_file
 from .outputs import list_inputs, no_input_note, read_earlier, rel_name, skipped_row
-from .pipeline import PipelineError, plan_items
-from .methods import DEFAULT_FOLDER_METHOD, method_factory
+from .folder_plan import PipelineError, parse_devices, plan_items
+from .method_registry import DEFAULT_FOLDER_METHOD, method_factory
 from .report import ImageStatus, Progress, RunReport, report_names, safe_row, safe_text, write_report
 from .rows import RowCounter, close_report
 from .sharding import resolve_shard, shard_files
@@ -57,8 +57,6 @@ def cluster_options(method, devices, io_workers, image_batch) -> str | None:
                             "process; on a cluster each file is one task, one image per call: leave it out")
     if devices is None:
         return None
-    from .pipeline import parse_devices
-
     names = parse_devices(devices)
     if len(names) > 1:
         raise PipelineError(f"devices {','.join(names)}: one worker per device is how a run in this process "

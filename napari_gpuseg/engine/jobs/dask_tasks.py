@@ -42,7 +42,7 @@ class MethodLoadError(RuntimeError):
 def worker_method(job: FileJob):
     """The loaded method of this worker for ``job`` (created and loaded on first use)."""
     from ..runtime.device import make_policy
-    from .methods import method_factory
+    from .method_registry import method_factory
 
     def make():
         try:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ... import io as gio
 from ...io import label_files, tables
-from .methods import SegResult, Segmenter
+from .method_registry import SegResult, Segmenter
 from .report import ImageStatus
 
 

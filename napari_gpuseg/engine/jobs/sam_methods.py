@@ -1,6 +1,6 @@
 """Folder-job methods for SAM: ``sam-boxes`` (detector + SAM) and ``sam-everything``.
 
-Registered by name in :mod:`napari_gpuseg.engine.jobs.methods`; used like every method::
+Registered by name in :mod:`napari_gpuseg.engine.jobs.method_registry`; used like every method::
 
     seg = create_method("sam-boxes", model=None, batch_size=None, detector="auto")  # the annotator's model
     seg.load(policy)                 # in the device worker thread
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..stacks import label_offsets, stack_labels
-from .methods import BYTES_PER_VALUE, Option, OptionError, Segmenter, SegResult, default_sam_model
+from .method_registry import BYTES_PER_VALUE, Option, OptionError, Segmenter, SegResult, default_sam_model
 
 
 class _Any(Option):
@@ -156,7 +156,7 @@ class SamBoxSegmenter(_SamSegmenter):
         return out
 
     def _segment_planes(self, planes):
-        from ..sam.box_stack import segment_box_planes
+        from ..sam.automatic.box_stack import segment_box_planes
 
         given, self._given = self._given, None
         opts = self.options
@@ -195,7 +195,7 @@ class SamEverythingSegmenter(_SamSegmenter):
     def option_spec(self):
         """The fields of :class:`AutomaticParams` (typed by their defaults) and
         ``embed_batch_size``."""
-        from ..sam.everything import AutomaticParams
+        from ..sam.automatic.everything import AutomaticParams
 
         kinds = {bool: "bool", int: "int", float: "float", str: "str"}
         spec = {"embed_batch_size": Option("int", 1, none_ok=True),
@@ -210,7 +210,7 @@ class SamEverythingSegmenter(_SamSegmenter):
         return spec
 
     def _segment_planes(self, planes):
-        from ..sam.everything import AutomaticParams, segment_everything_batch
+        from ..sam.automatic.everything import AutomaticParams, segment_everything_batch
 
         names = {f.name for f in fields(AutomaticParams)}
         params = AutomaticParams.for_model(self.engine.info.box_trained, self.engine.info.decoder_tuned,

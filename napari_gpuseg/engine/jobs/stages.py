@@ -12,7 +12,7 @@ from ...io import label_files
 from ..runtime.cancel import Cancelled
 from .file_step import FileStep, Item
 from .outputs import DISK_ERRNOS, skipped_row
-from .methods import Segmenter
+from .method_registry import Segmenter
 
 logger = logging.getLogger(__name__)
 

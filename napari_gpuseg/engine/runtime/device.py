@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...models.cpu_caps import cpu_has_fast_bf16
-from .cpu_info import cpu_model_name
+from ...models.cpu_bf16 import cpu_has_fast_bf16
+from .cpu_name import cpu_model_name
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

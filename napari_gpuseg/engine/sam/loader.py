@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..runtime.device import Policy, resolve_policy
-from .cache import EmbeddingCache
-from .predictor import SamEngine, SamModelInfo
+from .interactive.cache import EmbeddingCache
+from .interactive.predictor import SamEngine, SamModelInfo
 
 DEFAULT_MODEL = "nuclei_sam"  # LiteMedSAM's encoder with the shipped microscopy decoder
 

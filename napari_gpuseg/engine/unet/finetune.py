@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..runtime.cancel import CancelToken, ProgressFn
-from .checkpoint import bundled_model_path
+from .unet_checkpoint import bundled_model_path
 from .training import TrainConfig, TrainEvent, TrainResult, train_unet
 
 REGIONS = ("whole", "rectangle", "labels")

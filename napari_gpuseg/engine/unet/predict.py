@@ -22,7 +22,7 @@ from ..runtime.device import Policy, resolve_policy
 from ..runtime.cancel import CancelToken, ProgressFn, check
 from ..normalize import apply_normalization, image_input, model_input, to_gray
 from ..stacks import stack_labels
-from .checkpoint import LoadedModel
+from .unet_checkpoint import LoadedModel
 from .tiling import sliding_window_inference
 
 STACK_CHUNK_BYTES = 512 * 2**20  # stitched output per engine call

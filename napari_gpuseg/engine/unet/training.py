@@ -27,7 +27,7 @@ from ...models.unet import UNet, UNetConfig, build_unet, count_parameters
 from ..runtime.device import Policy, resolve_policy, pin_fp32
 from ..runtime.cancel import CancelToken, ProgressFn, check, report
 from ..metrics import foreground_iou, object_f1
-from .checkpoint import save_checkpoint
+from .unet_checkpoint import save_checkpoint
 from .train_config import MIN_CROP, TrainConfig, TrainConfigError, TrainEvent, TrainResult  # noqa: F401 - re-exported
 from .predict import predict_probabilities, probabilities_to_labels
 from .loss import dice_ce_loss
@@ -157,7 +157,7 @@ def train_unet(
     torch.manual_seed(config.seed)
     init = None
     if init_checkpoint is not None:
-        from .checkpoint import load_checkpoint
+        from .unet_checkpoint import load_checkpoint
 
         init = load_checkpoint(init_checkpoint)
         config = replace(config, model=dict(init["config"]), normalization=dict(init["normalization"]))
@@ -190,7 +190,7 @@ def train_unet(
         if stopped == "time_limit":
             break
     if target is not None and track.saved is not None:
-        from .checkpoint import load_checkpoint, model_from_checkpoint
+        from .unet_checkpoint import load_checkpoint, model_from_checkpoint
 
         model = model_from_checkpoint(load_checkpoint(track.saved), device)
     model.eval()
@@ -264,7 +264,7 @@ def _build_model(mcfg: UNetConfig, init: dict | None, config: TrainConfig, devic
     memory for 2D on CUDA unless the config says otherwise."""
     model = build_unet(mcfg)
     if init is not None:
-        from .checkpoint import load_unet_state
+        from .unet_checkpoint import load_unet_state
 
         load_unet_state(model, init["state_dict"])
     model = model.to(device)

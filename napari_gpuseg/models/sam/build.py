@@ -9,7 +9,7 @@ from typing import Mapping, Optional, Union
 
 import torch
 
-from ..checkpoint import CheckpointError, load_state_dict_strict, read_state_dict
+from ..state_dict_loading import CheckpointError, load_state_dict_strict, read_state_dict
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
@@ -130,7 +130,7 @@ def load_sam(
 
     The file is read with ``torch.load(map_location="cpu", weights_only=True)``; the
     model is moved to ``device`` and returned in eval mode. Raises
-    :class:`~napari_gpuseg.models.checkpoint.CheckpointError` naming what did not match.
+    :class:`~napari_gpuseg.models.state_dict_loading.CheckpointError` naming what did not match.
     """
     state = read_state_dict(checkpoint_path, map_location="cpu")
     guessed = infer_arch(state)

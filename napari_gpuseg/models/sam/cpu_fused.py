@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..cpu_caps import cpu_has_fast_bf16
+from ..cpu_bf16 import cpu_has_fast_bf16
 
 log = logging.getLogger(__name__)
 

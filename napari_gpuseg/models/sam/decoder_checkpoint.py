@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..checkpoint import CheckpointError, compare_state_dict, mismatch_summary, safe_torch_load
+from ..state_dict_loading import CheckpointError, compare_state_dict, mismatch_summary, safe_torch_load
 
 FORMAT = "napari-gpuseg-sam-decoder"
 PARTS = ("prompt_encoder", "mask_decoder")

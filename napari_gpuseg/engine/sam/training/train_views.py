@@ -14,8 +14,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..runtime.cancel import CancelToken, ProgressFn, check
-from .views import View, zoom_grid
+from ...runtime.cancel import CancelToken, ProgressFn, check
+from ..interactive.views import View, zoom_grid
 
 MIN_AREA = 12  # px at the model input: smaller objects are not training targets
 

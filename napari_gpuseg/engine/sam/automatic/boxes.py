@@ -5,11 +5,11 @@
 
 Neighbouring boxes share views (small boxes share zoomed views); with an encoder that takes
 any input size the native views are cut from one embedding of the whole image
-(:mod:`field`) where that needs fewer encoder passes; the other views of all images are
+(:mod:`..interactive.field_map`) where that needs fewer encoder passes; the other views of all images are
 embedded in batched encoder calls (from the cache when already embedded), and the boxes
 go through the decoder in adaptive batches (OOM back-off) that span views and images;
 inside a batch the boxes of one view share its embedding in one factored decoder call
-(:mod:`fast_decoder`). Each box keeps the largest piece of its mask. This is the mode for
+(:mod:`..interactive.fast_decoder`). Each box keeps the largest piece of its mask. This is the mode for
 box-trained models such as LiteMedSAM.
 """
 from __future__ import annotations
@@ -22,14 +22,14 @@ import numpy as np
 import torch
 
 from . import everything_ops as ops
-from . import field_map as fieldmap
-from .fast_decoder import decode_sparse, mask_region
+from ..interactive import field_map as fieldmap
+from ..interactive.fast_decoder import decode_sparse, mask_region
 from .everything import AutomaticResult
-from ..runtime.batching import remembered_batch_size, run_batched
-from ..runtime.cancel import CancelToken, ProgressFn, check
-from .predictor import MaskResult, Prompt, SamEngine
-from .inputs import PreparedImage, logits_to_view_mask
-from .views import View, ViewSize, plan_cover, route_box
+from ...runtime.batching import remembered_batch_size, run_batched
+from ...runtime.cancel import CancelToken, ProgressFn, check
+from ..interactive.predictor import MaskResult, Prompt, SamEngine
+from ..interactive.inputs import PreparedImage, logits_to_view_mask
+from ..interactive.views import View, ViewSize, plan_cover, route_box
 
 DEFAULT_BOX_BATCH = 64
 RENDER_BYTES = 256 * 2**20
@@ -93,7 +93,7 @@ def plan_views(engine: SamEngine, image: PreparedImage, boxes: np.ndarray, raw: 
     chosen view that holds it. Boxes too large for every view get a larger view centred on
     them. Never more views than :func:`per_box_views`: if the cover finds more (it is
     greedy), the per-box routing is used. With ``field_stride`` (the image's native views
-    are cut from one field embedding, :mod:`field`) native views cost no encoder pass:
+    are cut from one field embedding, :mod:`..interactive.field_map`) native views cost no encoder pass:
     they sit on the stride's grid and the grid tiles get no preference."""
     n = len(boxes)
     s = engine.input_size
@@ -200,7 +200,7 @@ def segment_boxes_batch(engine: SamEngine, images: Sequence, boxes: Sequence, pa
     (see :func:`plan_views`), ``"per-box"`` routes each box on its own (:func:`route_box`,
     a zoomed view per small box; the earlier behaviour). ``field`` (with shared routing,
     for encoders that take any input size, as TinyViT does): native views are cut from one
-    embedding of the whole image (:mod:`field`, normalised locally for min-max models)
+    embedding of the whole image (:mod:`..interactive.field_map`, normalised locally for min-max models)
     where that needs fewer encoder passes: about a third less encoder work on a 520 x 696
     field; ``field=False`` embeds every view on its own. ``one_piece``: each box's mask
     keeps only its largest connected piece (a box holds one object; stray pieces beside it

@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from scipy import ndimage as ndi
 
-from ..runtime.batching import is_oom
-from ..runtime.cancel import CancelToken, check
-from ..runtime.device import all_finite
-from ..runtime.memory import empty_cache
+from ...runtime.batching import is_oom
+from ...runtime.cancel import CancelToken, check
+from ...runtime.device import all_finite
+from ...runtime.memory import empty_cache
 from .inputs import PreparedImage, normalize_input
 from .views import View
 

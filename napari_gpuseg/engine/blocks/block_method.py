@@ -1,5 +1,5 @@
 """Methods on blocks: one intensity scale for the whole image, then the folder-job method
-(:mod:`napari_gpuseg.engine.jobs.methods`) on each block's extended region.
+(:mod:`napari_gpuseg.engine.jobs.method_registry`) on each block's extended region.
 
 Per-image percentile normalisation would give every block its own scale and objects
 would change at seams, so the 1 / 99.8 % percentiles (and, for the threshold method, the
@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ..jobs.methods import SegResult, method_factory
+from ..jobs.method_registry import SegResult, method_factory
 from .plan import BlockPlan
 
 SAMPLE_VALUES = 4_000_000  # values of the strided sample the global scale is measured on

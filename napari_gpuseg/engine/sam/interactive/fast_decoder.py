@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..runtime.device import autocast_off
+from ...runtime.device import autocast_off
 
 __all__ = ["decode_points", "decode_sparse", "mask_region", "point_sparse", "supports_factored"]
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import image_digest
-from ..normalize import normalize_percentile
+from ...normalize import normalize_percentile
 from .views import View
 
 SAM_PIXEL_MEAN = (123.675, 116.28, 103.53)

@@ -18,13 +18,13 @@ import torch
 
 from .decode_call import keep_best, module_outputs, prompt_tensors, render_masks
 from .fast_decoder import decode_sparse, supports_factored
-from ..runtime.batching import run_batched, to_device
-from ..runtime.device import Policy, all_finite, resolve_policy, guard_finite
+from ...runtime.batching import run_batched, to_device
+from ...runtime.device import Policy, all_finite, resolve_policy, guard_finite
 from .cache import EmbeddingCache
-from ..runtime.cancel import CancelToken, ProgressFn, check
-from .carry import into_click_view
+from ...runtime.cancel import CancelToken, ProgressFn, check
+from .mask_input_carry import into_click_view
 from .inputs import PreparedImage, prepare_image, view_input
-from .view_sets import ViewSets
+from .view_selection import ViewSets
 from .views import View, prompt_box, route_click, route_native, touches_cut
 from .prompt_types import MaskResult, Prompt, paste_labels, prompt_coords  # noqa: F401 - paste_labels re-exported
 from .encoder_pauses import add_pause_points
@@ -79,7 +79,7 @@ class SamEngine(ViewSets):
     def decoder_memo(self, image: PreparedImage, view: View, source: str = "view") -> dict:
         """The dict :func:`fast_decoder.decode_sparse` keeps for the embedding of ``view``:
         the decoder's image-only products, reused by every later prompt on it. ``source``
-        tells embeddings of one view apart (``"field"``: cut from :mod:`field`'s map)."""
+        tells embeddings of one view apart (``"field"``: cut from :mod:`field_map`'s map)."""
         key = self._key(image, view) + (source,)
         memo = self._memos.pop(key, None)
         if memo is None:
@@ -309,7 +309,7 @@ class SamEngine(ViewSets):
 
     def _into_click_view(self, image: PreparedImage, prompt: Prompt) -> Prompt:
         """``prompt`` as :meth:`predict` decodes it: a corrective click after a native-scale
-        mask carried into a click view (:func:`carry.into_click_view`)."""
+        mask carried into a click view (:func:`mask_input_carry.into_click_view`)."""
         if self.click_zoom <= 1:
             return prompt
         return into_click_view(prompt, self.click_views(image))

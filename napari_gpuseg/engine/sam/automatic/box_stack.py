@@ -3,7 +3,7 @@ and the ``sam-boxes`` folder method.
 
 Each plane gets its boxes either given (``(N, 4)`` float ``x0, y0, x1, y1``, end exclusive,
 as :mod:`napari_gpuseg.engine.detect` makes them) or from a detector run on it; all planes
-then go through :func:`~napari_gpuseg.engine.sam.boxes.segment_boxes_batch` in one call
+then go through :func:`~napari_gpuseg.engine.sam.automatic.boxes.segment_boxes_batch` in one call
 (batched encoder views and decoder prompts). Per-plane results are joined into one label
 volume by :func:`napari_gpuseg.engine.stacks.stack_labels`.
 """
@@ -13,7 +13,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from ..runtime.cancel import CancelToken, ProgressFn, check
+from ...runtime.cancel import CancelToken, ProgressFn, check
 
 BoxSource = Union[str, Sequence[np.ndarray]]  # a detector name, or one box array per plane
 
@@ -23,17 +23,17 @@ def segment_box_planes(engine, planes: Sequence[np.ndarray], boxes: BoxSource = 
                        batch_size: int | None = None, embed_batch_size: int | None = None,
                        min_area: int = 15, progress: ProgressFn = None,
                        cancel: CancelToken | None = None) -> list:
-    """One :class:`~napari_gpuseg.engine.sam.everything.AutomaticResult` per 2D plane.
+    """One :class:`~napari_gpuseg.engine.sam.automatic.everything.AutomaticResult` per 2D plane.
 
     ``boxes``: one box array per plane, or a detector (``"auto"``, ``"threshold"``,
     ``"unet"``, see :func:`~napari_gpuseg.engine.detect.detect_boxes`) run on every plane
     with ``detector_options`` and ``policy``. ``padding`` (px around each box),
     ``batch_size`` (boxes per decoder call), ``embed_batch_size`` (views per encoder call)
-    and ``min_area`` (px) go to :func:`~napari_gpuseg.engine.sam.boxes.segment_boxes_batch`.
+    and ``min_area`` (px) go to :func:`~napari_gpuseg.engine.sam.automatic.boxes.segment_boxes_batch`.
     ``cancel`` is checked before each plane's detection and inside SAM. The results keep
     no low-res logits (``low_res`` None): a stack of many boxes would hold gigabytes of them.
     """
-    from ..detect import detect_boxes
+    from ...detect import detect_boxes
     from .boxes import segment_boxes_batch
 
     if isinstance(boxes, str):

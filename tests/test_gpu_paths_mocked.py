@@ -1,4 +1,4 @@
-"""GPU and platform correctness, second pass, without a GPU: device policy, backend flags,
+"""GPU and platform code paths checked without a GPU: device policy, backend flags,
 the worker, training and platform code. The CUDA/MPS surface is mocked (capability, name, SM
 count) and errors are injected (NaN, OOM); worker items are checked through
 :class:`InferenceWorker`. The SAM side is ``test_sam_gpu_memory.py``."""
@@ -139,13 +139,46 @@ def test_overlapping_backend_scopes_in_two_threads_restore_the_process_flags():
 
 
 # ------------------------------------------------------------------ 4: training on Apple silicon
-def test_training_on_mps_uses_fp32_and_no_grad_scaler():
+def test_a_training_step_on_mps_runs_in_fp32_without_autocast_or_loss_scaling(monkeypatch):
+    """One optimiser step of the U-Net trainer under an MPS fp16 policy, run on CPU tensors:
+    no autocast is entered, the network computes in fp32, no gradient scaler acts, and the
+    step equals an fp32 step exactly (the MPS scaler's ``unscale_`` fails on torch 2.5-2.7 and
+    fp16 without one loses small gradients). Under the CPU's bf16 policy the same step does
+    run in autocast (bf16 activations), so the check can see it."""
     from napari_gpuseg.engine.unet import training
+    from napari_gpuseg.models.unet import UNetConfig, build_unet
 
-    use_amp, scaler = training.amp_setup(Policy(torch.device("mps"), "fp16"))
-    assert not use_amp and not scaler.is_enabled()
-    use_amp, scaler = training.amp_setup(BF16)  # CPU: autocast, never a scaler
-    assert use_amp and not scaler.is_enabled()
+    mcfg = UNetConfig(spatial_dims=2, depth=2, base=8)
+    cfg = training.TrainConfig(model=mcfg.to_dict(), crop_size=32, batch_size=2, epochs=1, iters_per_epoch=1,
+                               val_fraction=0.0)
+    x = torch.from_numpy(_image(5, (2, 1, 32, 32)))
+    y = torch.zeros(2, 32, 32, dtype=torch.long)
+    y[:, 8:20, 8:20] = 1
+    entered = []
+    real_autocast = torch.autocast
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: entered.append(a[0]) or real_autocast(*a, **k))
+
+    def step(policy):
+        torch.manual_seed(0)
+        net = build_unet(mcfg)
+        dtypes = []
+        net.register_forward_hook(lambda _m, _i, out: dtypes.append(out.dtype))
+        stepper = training._Stepper(net, torch.optim.SGD(net.parameters(), lr=0.1), policy, cfg, False, {})
+        loss = stepper.step(x, y)
+        return stepper, loss.detach(), dtypes, [p.detach().clone() for p in net.parameters()]
+
+    mps, loss, dtypes, params = step(Policy(torch.device("mps"), "fp16"))
+    assert not mps.use_amp and not mps.scaler.is_enabled()
+    assert entered == [] and dtypes == [torch.float32]
+    _, ref_loss, _, ref_params = step(FP32)
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+    torch.manual_seed(0)
+    assert any(not torch.equal(a, b) for a, b in zip(params, build_unet(mcfg).parameters()))  # it stepped
+
+    cpu, _, dtypes, _ = step(BF16)  # CPU: autocast, never a scaler
+    assert cpu.use_amp and not cpu.scaler.is_enabled()
+    assert entered == ["cpu"] and dtypes == [torch.bfloat16]
 
 
 # ------------------------------------------------------------------ 5: every worker stopped at exit

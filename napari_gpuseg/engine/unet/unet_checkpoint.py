@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...models.checkpoint import CheckpointError, load_state_dict_strict, mismatch_summary, safe_torch_load
+from ...models.state_dict_loading import CheckpointError, load_state_dict_strict, mismatch_summary, safe_torch_load
 from ...models.unet import CLASS_NAMES, UNet, UNetConfig, build_unet
 from ..normalize import normalization_spec
 from ..runtime.device import get_policy
@@ -79,11 +79,11 @@ def save_checkpoint(path, model: UNet, normalization: dict | None = None, **meta
 
 class UNetCheckpointError(CheckpointError, ValueError):
     """A U-Net checkpoint that cannot be read, is not one, or does not fit its architecture
-    (a :class:`~napari_gpuseg.models.checkpoint.CheckpointError` and a ``ValueError``)."""
+    (a :class:`~napari_gpuseg.models.state_dict_loading.CheckpointError` and a ``ValueError``)."""
 
 
 def load_checkpoint(path, map_location="cpu") -> dict:
-    """Read a checkpoint with ``weights_only=True`` (:func:`models.checkpoint.safe_torch_load`)
+    """Read a checkpoint with ``weights_only=True`` (:func:`models.state_dict_loading.safe_torch_load`)
     and check its format."""
     path = Path(path)
     if not path.is_file():
@@ -99,7 +99,7 @@ def load_checkpoint(path, map_location="cpu") -> dict:
 
 def load_unet_state(model: UNet, state) -> UNet:
     """Load a U-Net state dict into ``model`` strictly (every key and shape must match,
-    :func:`models.checkpoint.load_state_dict_strict`); raises :class:`UNetCheckpointError`
+    :func:`models.state_dict_loading.load_state_dict_strict`); raises :class:`UNetCheckpointError`
     naming what does not match."""
     try:
         return load_state_dict_strict(model, state)

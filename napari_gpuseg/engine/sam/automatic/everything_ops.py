@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from scipy import ndimage as ndi
 
-from ..runtime.device import wide_float
+from ...runtime.device import wide_float
 
 EDGE_ATOL = 20.0  # official: masks whose box lies within 20 px of an inner crop edge are dropped
 _EIGHT = np.ones((3, 3), dtype=bool)

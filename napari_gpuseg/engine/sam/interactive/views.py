@@ -5,7 +5,7 @@ shrunk into it, so images larger than the input are embedded as native-resolutio
 with overlap, and each prompt is routed to the view that holds it best (a box near a tile
 border gets a view centred on it). Images no larger than the input are one view, resized
 up to the input as the official predictor does, unless the caller caps that scale (the
-clicks of a decoder tuned here: ``view_sets.py``), which pads it instead.
+clicks of a decoder tuned here: ``view_selection.py``), which pads it instead.
 """
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage as ndi
 
-from ..runtime.cancel import CancelToken, check
-from .interaction import corrective_point, interior_point, mask_iou, tight_box
-from .predictor import Prompt
+from ...runtime.cancel import CancelToken, check
+from .simulated_prompts import corrective_point, interior_point, mask_iou, tight_box
+from ..interactive.predictor import Prompt
 
 MIN_OBJECT_AREA = 10  # px: smaller label fragments are not clicked
 

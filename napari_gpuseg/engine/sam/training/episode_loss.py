@@ -1,6 +1,6 @@
 """Simulated interaction for SAM decoder training and validation: one episode is a first
 prompt (a click, multimask, or a box) then corrective clicks with the previous low-res
-logits as mask input (:mod:`.interaction` places the clicks); the loss is BCE + Dice on
+logits as mask input (:mod:`.simulated_prompts` places the clicks); the loss is BCE + Dice on
 the masks plus MSE of the IoU head against the true IoU. Used by :mod:`.finetune`.
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .interaction import corrective_point, interior_point, jitter_box, tight_box
+from .simulated_prompts import corrective_point, interior_point, jitter_box, tight_box
 from .train_views import TrainView
 
-if TYPE_CHECKING:  # the config lives with the training loop
-    from .finetune import SamTuneConfig
+if TYPE_CHECKING:
+    from .tune_config import SamTuneConfig
 
 
 def _decode(sam, emb, points=None, labels=None, boxes=None, masks=None, multimask=False):

@@ -33,13 +33,13 @@ import numpy as np
 import torch
 
 from . import everything_ops as ops
-from .fast_decoder import decode_points
-from ..runtime.batching import remembered_batch_size, run_batched
-from ..runtime.device import wide_float
-from ..runtime.cancel import CancelToken, ProgressFn, check
-from .predictor import MaskResult, SamEngine
-from .inputs import PreparedImage, logits_to_view_mask
-from .views import View
+from ..interactive.fast_decoder import decode_points
+from ...runtime.batching import remembered_batch_size, run_batched
+from ...runtime.device import wide_float
+from ...runtime.cancel import CancelToken, ProgressFn, check
+from ..interactive.predictor import MaskResult, SamEngine
+from ..interactive.inputs import PreparedImage, logits_to_view_mask
+from ..interactive.views import View
 
 RENDER_BYTES = 256 * 2**20  # full-resolution logits rendered at once
 LOW_RES_STABILITY_MARGIN = 0.2  # low-res stability this far below the threshold: dropped unrendered

@@ -5,7 +5,7 @@
 
 Every training view is embedded once (:mod:`train_views`; with ``cache_dir`` the
 embeddings persist on disk and a rerun skips the encoder). The prompt encoder and mask
-decoder then learn from simulated users (:mod:`interaction`): each object starts with one
+decoder then learn from simulated users (:mod:`simulated_prompts`): each object starts with one
 positive click (multimask output, the best of the three candidates counts, as SAM trains;
 ``first_candidates="all"`` adds the single-mask output, so the IoU head learns to rank all
 four as the engine picks a tuned decoder's first click) or a jittered box, then one or more
@@ -17,7 +17,7 @@ picks bf16 for inference (a CPU with AVX512-BF16 or AMX: bf16 steps were only 1.
 faster there, and a short high-lr run that learned in fp32 diverged in bf16); on CUDA the
 policy's autocast (a GradScaler for fp16) and a halved batch on out-of-memory. The views are
 embedded, and validation decodes, in the policy's precision, as the annotator will.
-The checkpoint holds only the decoder (:mod:`...models.sam.decoder_checkpoint`).
+The checkpoint holds only the decoder (:mod:`napari_gpuseg.models.sam.decoder_checkpoint`).
 """
 from __future__ import annotations
 
@@ -33,64 +33,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..runtime.batching import is_oom
-from ..runtime.cancel import CancelToken, Cancelled, ProgressFn, check
-from ..runtime.memory import empty_cache
-from .episodes import episode, evaluate, sample_objects  # noqa: F401 - evaluate re-exported
+from ...runtime.batching import is_oom
+from ...runtime.cancel import CancelToken, Cancelled, ProgressFn, check
+from ...runtime.memory import empty_cache
+from .episode_loss import episode, evaluate, sample_objects  # noqa: F401 - evaluate re-exported
 from .train_views import TrainView, collect_views
-
-
-@dataclass
-class SamTuneConfig:
-    max_steps: int = 300
-    views_per_step: int = 4
-    objects_per_view: int = 6
-    lr: float = 2e-4
-    weight_decay: float = 1e-4
-    warmup: int = 10
-    box_fraction: float = 0.3  # objects whose first prompt is a box (else one click)
-    corrections: int = 2  # corrective rounds per object: 1..corrections, the last one trained
-    first_candidates: str = "multi"  # a first click's masks: "multi" (the 3 multimask outputs,
-    # as SAM trains) or "all" (single + 3, as the engine offers a tuned decoder's first click)
-    click_spread: float = 0.3  # first click anywhere within 30 % of the deepest interior
-    box_jitter: float = 0.1
-    views_per_image: int | list | None = 4  # None = all; a list: one number per image (per zoom)
-    view_zooms: tuple | None = None  # scales of the training views (train_views.candidate_views);
-    # None: native and the scale the model decodes clicks at (SamEngine.click_zoom)
-    click_zoom: float | None = None  # saved with the decoder for the engine; None: the model's own
-    polarity: str | list = "as-is"  # "as-is" | "invert" | "both" | "random" (one, or one per image):
-    # the pictures of an image that are embedded (train_views.intensity_variants)
-    contrast_jitter: float = 1.0  # > 1: each picture gets a random gamma in [1/g, g]
-    val_fraction: float = 0.1  # of the images, for early stopping
-    val_objects: int = 96
-    eval_every: int = 25
-    patience: int = 4  # evaluations without improvement
-    max_time: float | None = None  # seconds of training (embedding not counted)
-    seed: int = 0
-
-    def check(self) -> None:
-        for name in ("max_steps", "views_per_step", "objects_per_view", "eval_every", "val_objects"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not 0 < self.lr < 1:
-            raise ValueError(f"lr must be between 0 and 1, got {self.lr}")
-        if not 0 <= self.val_fraction < 1:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.first_candidates not in ("all", "multi"):
-            raise ValueError(f"first_candidates must be 'all' or 'multi', got {self.first_candidates!r}")
-        if self.view_zooms is not None and (not self.view_zooms or min(float(z) for z in self.view_zooms) < 1):
-            raise ValueError(f"view_zooms must be one or more scales >= 1, got {self.view_zooms}")
-        if self.click_zoom is not None and not 1 <= self.click_zoom <= 4:
-            raise ValueError(f"click_zoom must be between 1 and 4, got {self.click_zoom}")
-        from .train_views import POLARITIES
-
-        pols = [self.polarity] if isinstance(self.polarity, str) else list(self.polarity)
-        if any(p not in POLARITIES for p in pols):
-            raise ValueError(f"polarity must be one of {', '.join(POLARITIES)}, got {self.polarity!r}")
-        if not 1 <= self.contrast_jitter <= 4:
-            raise ValueError(f"contrast_jitter must be between 1 and 4, got {self.contrast_jitter}")
-        if self.max_time is not None and self.max_time <= 0:
-            raise ValueError(f"max_time must be positive, got {self.max_time}")
+from .tune_config import SamTuneConfig
 
 
 class TuneInterrupted(KeyboardInterrupt):
@@ -163,7 +111,7 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     if len(images) == 0:
         raise ValueError("no training images")
     if out_path is not None:
-        from ..unet.train_output import check_output_path
+        from ...unet.train_output import check_output_path
 
         check_output_path(out_path)
     engine = _engine(model, policy, cache_dir)
@@ -263,8 +211,8 @@ def train_autocast(policy):
 
 def _engine(model, policy, cache_dir):
     """The engine whose decoder is tuned: ``model`` itself when it is a loaded engine."""
-    from .cache import EmbeddingCache
-    from .loader import load_engine
+    from ..interactive.cache import EmbeddingCache
+    from ..loader import load_engine
 
     if hasattr(model, "sam") and hasattr(model, "embed"):
         return model
@@ -339,8 +287,8 @@ class _Best:
 
 
 def _save(out_path, engine, cfg, history, best_step, best_score, seconds, stopped, n_train, n_val, meta):
-    from ...models.sam.decoder_checkpoint import save_decoder
-    from .loader import base_identity
+    from ....models.sam.decoder_checkpoint import save_decoder
+    from ..loader import base_identity
 
     base, sha = base_identity(engine)
     training = {"config": dataclasses.asdict(cfg), "best_step": best_step, "stopped": stopped,

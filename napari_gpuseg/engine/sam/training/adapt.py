@@ -24,8 +24,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..runtime.cancel import CancelToken, ProgressFn
-from .finetune import SamTuneConfig, SamTuneEvent, SamTuneResult, finetune_sam
+from ...runtime.cancel import CancelToken, ProgressFn
+from .finetune import SamTuneEvent, SamTuneResult, finetune_sam
+from .tune_config import SamTuneConfig
 
 UNSURE_IOU = 0.75  # a first mask whose predicted IoU is below this is flagged unsure
 INDEX = "index.json"
@@ -64,7 +65,7 @@ def adapted_dir(folder: str | os.PathLike | None = None) -> Path:
     (platformdirs' user cache, or ``$NAPARI_GPUSEG_CACHE``)."""
     if folder is not None:
         return Path(folder)
-    from ...models.registry import cache_dir
+    from ....models.registry import cache_dir
 
     return cache_dir() / "adapted_sam"
 

@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..runtime.cancel import CancelToken, Cancelled, check
-from .predictor import MaskResult, Prompt, SamEngine
+from ...runtime.cancel import CancelToken, Cancelled, check
+from ..interactive.predictor import MaskResult, Prompt, SamEngine
 
 SliceFn = Callable[[int, int, np.ndarray], None]  # (object index, slice, mask)
 
@@ -106,7 +106,7 @@ def contrast(plane: np.ndarray, mask: np.ndarray) -> float:
     luminance for RGB planes); 0.0 for an empty mask or one that fills the plane."""
     from scipy import ndimage
 
-    from ...io import to_gray
+    from ....io import to_gray
 
     ys, xs = np.nonzero(mask)
     if len(ys) == 0:

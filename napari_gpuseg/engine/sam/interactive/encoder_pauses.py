@@ -11,7 +11,7 @@ import re
 
 import torch
 
-from ..runtime.worker import pause_point
+from ...runtime.worker import pause_point
 from .inputs import PreparedImage
 
 # before each block, its attention (and its qkv / output projections), MLP (and its layers),

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from ..runtime.device import synchronize
+from ...runtime.device import synchronize
 from .inputs import view_input
 from .prompt_types import Prompt
 

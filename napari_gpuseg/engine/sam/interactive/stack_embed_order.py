@@ -9,7 +9,7 @@ from typing import Callable, Hashable, Iterator, Mapping
 
 import numpy as np
 
-from ..runtime.cancel import CancelToken, ProgressFn
+from ...runtime.cancel import CancelToken, ProgressFn
 
 
 def outward(indices, center: tuple) -> list[tuple]:

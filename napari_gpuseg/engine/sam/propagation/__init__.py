@@ -1,0 +1,1 @@
+"""Objects carried through a stack (Z or T) slice by slice with a SAM engine."""
