@@ -9,7 +9,7 @@ from napari_gpuseg.engine import AnnotationSession, InferenceWorker
 from napari_gpuseg.engine.annotate.adapting import SessionAdaptation, adapt_blocker, adapt_offer
 from napari_gpuseg.engine.annotate.effort import CommitEffort
 from napari_gpuseg.engine.runtime.cancel import CancelToken
-from napari_gpuseg.engine.sam.adapt import adapted_dir, adapted_models, few_object_config
+from napari_gpuseg.engine.sam.training.adapt import adapted_dir, adapted_models, few_object_config
 
 from sam_fixtures import require_lite_medsam
 

@@ -7,8 +7,8 @@ import pytest
 import tifffile
 from qtpy.QtCore import Qt
 
-from napari_gpuseg.engine.sam import adapt as sam_adapt
-from napari_gpuseg.engine.sam.adapt import adapted_models
+from napari_gpuseg.engine.sam.training import adapt as sam_adapt
+from napari_gpuseg.engine.sam.training.adapt import adapted_models
 from napari_gpuseg.widgets._choices import adapted_sam_choices
 
 from sam_fixtures import require_lite_medsam

@@ -79,7 +79,7 @@ def test_unet_trained_on_annotated_presegments_the_rest(shared_data, tmp_path):
     assert f.index == 3 and f.current.state == PRESEGMENTED
     np.testing.assert_array_equal(f.session.labels, new(tifffile.imread(images / f"{stems[3]}.tif")))
     # the weights moved from the bundled model's, and the annotated files were never touched
-    from napari_gpuseg.engine.unet.checkpoint import bundled_model_path, load_checkpoint
+    from napari_gpuseg.engine.unet.unet_checkpoint import bundled_model_path, load_checkpoint
 
     a, b = load_checkpoint(bundled_model_path())["state_dict"], load_checkpoint(res.path)["state_dict"]
     assert any(not torch.equal(a[k], b[k]) for k in a)
@@ -191,7 +191,7 @@ def test_adapt_sam_on_annotated_cells(shared_data, tmp_path):
     annotate(f, tifffile.imread(d / "masks" / "t02.tif")[:128, 100:228])
     f.session.labels[:8, :8] = 1  # an edit on the open image: it is the user's, no longer pre-segmented
     f.edited()
-    from napari_gpuseg.engine.sam.adapt import few_object_config
+    from napari_gpuseg.engine.sam.training.adapt import few_object_config
 
     cfg = few_object_config(4, minutes=1)
     cfg.max_steps, cfg.max_time, cfg.view_zooms = 2, None, (1.0,)

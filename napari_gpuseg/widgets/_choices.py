@@ -51,10 +51,10 @@ def adapted_label(entry: dict) -> str:
 
 
 def adapted_sam_choices(folder=None) -> list[tuple[str, str]]:
-    """``(label, path)`` of the user's adapted decoders (``engine.sam.adapt.adapted_models``),
+    """``(label, path)`` of the user's adapted decoders (``engine.sam.training.adapt.adapted_models``),
     newest first."""
     try:
-        from ..engine.sam.adapt import adapted_models
+        from ..engine.sam.training.adapt import adapted_models
 
         entries = adapted_models(folder)
     except Exception:  # an unreadable list must not break the dock

@@ -6,18 +6,18 @@ the image being annotated, then annotate on with the adapted decoder.
     job.finish(result)        # the session uses the adapted decoder (call it where the session lives)
 
 or, waiting, ``session.adapt(minutes=3, image_name="t00.tif")``. Training runs on a fresh
-copy of the session's model (:func:`~napari_gpuseg.engine.sam.adapt.adapt_to_objects`), so
+copy of the session's model (:func:`~napari_gpuseg.engine.sam.training.adapt.adapt_to_objects`), so
 the session keeps annotating with its model meanwhile, and a cancel leaves it in place with
 nothing written. The adapted decoder joins the user's list
-(:func:`~napari_gpuseg.engine.sam.adapt.adapted_models`) with the image's name.
+(:func:`~napari_gpuseg.engine.sam.training.adapt.adapted_models`) with the image's name.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..runtime.cancel import Cancelled
-from ..sam import adapt as sam_adapt
-from ..sam.adapt import AdaptResult
+from ..sam.training import adapt as sam_adapt
+from ..sam.training.adapt import AdaptResult
 
 MIN_OBJECTS = 3
 """Committed objects on the plane before the annotator offers to adapt."""
@@ -61,7 +61,7 @@ class SessionAdaptation:
 
     The plane's pixels and a copy of its labels are taken when it is made (later commits
     and edits do not change what it learns); ``minutes`` bounds the training (embedding not
-    counted); ``config`` replaces :func:`~napari_gpuseg.engine.sam.adapt.few_object_config`'s
+    counted); ``config`` replaces :func:`~napari_gpuseg.engine.sam.training.adapt.few_object_config`'s
     schedule; ``folder`` replaces the user's adapted-decoders folder. ``ValueError`` (one
     line, :func:`adapt_blocker`) when there is too little to learn from."""
 

@@ -117,7 +117,7 @@ def train_unet_on_pairs(images: list[np.ndarray], labels: list[np.ndarray], out_
 
 
 def _bundled():
-    from ..unet.checkpoint import bundled_model_path
+    from ..unet.unet_checkpoint import bundled_model_path
 
     return bundled_model_path()
 
@@ -129,7 +129,7 @@ def adapt_sam_on_pairs(images: list[np.ndarray], labels: list[np.ndarray], model
     """Adapt the decoder of ``model`` (None: the default SAM model) to the annotated objects
     (:func:`~..sam.adapt.adapt_to_objects`: at most ``minutes`` of training, or ``config``),
     saved into the user's adapted decoders (``folder``: elsewhere) unless cancelled."""
-    from ..sam.adapt import adapt_to_objects
+    from ..sam.training.adapt import adapt_to_objects
     from ..sam.loader import DEFAULT_MODEL
 
     losses: list[float] = []

@@ -20,7 +20,7 @@ class Presegmenter:
     default). The method is created and loaded on first use (in the calling thread)."""
 
     def __init__(self, method: str, **options) -> None:
-        from ..jobs.methods import create_method
+        from ..jobs.method_registry import create_method
 
         self.method = method
         self.options = {k: v for k, v in options.items() if v is not None}
@@ -40,7 +40,7 @@ class Presegmenter:
         return f"Presegmenter({self.describe()})"
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
-        from ..jobs.methods import create_method
+        from ..jobs.method_registry import create_method
         from ..runtime.device import get_policy
 
         with self._lock:  # one image at a time (the reading thread; a test's direct call)

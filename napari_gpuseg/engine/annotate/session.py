@@ -552,7 +552,7 @@ class AnnotationSession:
         """Adapt the model's decoder to the objects committed on the current plane (at least
         :data:`~.adapting.MIN_OBJECTS`) for at most ``minutes`` of training, save it into the
         user's adapted decoders (with ``image_name``) and annotate on with it; waits. Returns
-        the :class:`~napari_gpuseg.engine.sam.adapt.AdaptResult` (``path`` None when
+        the :class:`~napari_gpuseg.engine.sam.training.adapt.AdaptResult` (``path`` None when
         ``cancel`` stopped it: the model is unchanged). See :mod:`.adapting`."""
         from .adapting import SessionAdaptation
 
