@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train a SAM decoder on whole cells as well as nuclei (written to
-# napari_gpuseg/weights/cells_nuclei_sam_decoder.pt by default; not a registry model): one
+# napari_gpuseg/weights/cells_nuclei_sam_decoder.pt by default: the default model `cells_nuclei_sam`, card weights/CELLS_NUCLEI_SAM_CARD.md): one
 # `napari-gpuseg train-sam` stage that continues from the shipped nuclei decoder (`nuclei_sam`,
 # scripts/build_nuclei_sam.sh) on LiteMedSAM's encoder, on the training parts of ../shared/data
 # (or $NAPARI_GPUSEG_SHARED_DATA): whole cells in transmitted light (scratch_assay t00-t06, as is
@@ -10,14 +10,12 @@
 # cached on disk ($EMB_CACHE, default: the model cache): a rerun skipped the encoder (54 images
 # read back in 26 s instead of embedded in 19 min). NAPARI_GPUSEG_CMD overrides the command.
 #
-# Run on 2026-11-28 (AMD EPYC, 2 cores, avx2 only, fp32, the cores shared with other jobs: load
-# 10-14): embedding 19 min, then 20 steps in 1,185 s (about 50 s a step), stopped with Ctrl-C at
-# step 24 (the best held-back score, at step 20, saved). Held-back images (48 objects): 1 click
-# 0.583 -> 0.568, 3 clicks 0.668 -> 0.691, box 0.669 -> 0.702. Validation (benchmarks/clicks.py
-# --clicks 1 --cap 15): scratch_assay t07-t09 cells (45) 1 click 0.340 -> 0.379, box 0.590 ->
-# 0.613; dsb2018/ (15 nuclei) 1 click 0.798 -> 0.779, box 0.803 -> 0.830. Far from the cells
-# targets (0.65 / 0.75) and nuclei not shown to hold, so the decoder was not shipped: it needs
-# the full --max-time (hundreds of steps) on a machine whose cores are its own.
+# The shipped file (2026-11-28, AMD EPYC, 2 cores, avx2 only, fp32; embeddings from the cache):
+# 460 steps in 5,100 s, best held-back score at step 400 (1 click 0.583 -> 0.648, 3 clicks
+# 0.668 -> 0.733, box 0.669 -> 0.735). Validation (benchmarks/clicks.py, card for the command):
+# scratch_assay t07-t09 cells 1 click 0.340 -> 0.437, box 0.590 -> 0.675; BBBC039 val 1 click
+# 0.904 -> 0.888; dsb2018/ 0.798 -> 0.766. Then: update CELLS_NUCLEI_SAM_SHA256 and the size in
+# napari_gpuseg/models/registry.py and the numbers in weights/CELLS_NUCLEI_SAM_CARD.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${NAPARI_GPUSEG_SHARED_DATA:-../shared/data}"

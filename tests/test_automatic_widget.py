@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tifffile
 
+from napari_gpuseg.models.registry import DEFAULT_MODEL
 from napari_gpuseg.engine.metrics import object_f1
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
@@ -43,7 +44,7 @@ def test_steers_box_trained_model_to_box_mode(make_napari_viewer, crop):
     viewer = make_napari_viewer()
     viewer.add_image(crop[0], name="nuclei")
     w = open_dock(viewer)
-    assert w.model_name == "nuclei_sam" and w.mode == "boxes"  # the default model, a detector's boxes
+    assert w.model_name == DEFAULT_MODEL and w.mode == "boxes"  # the default model, a detector's boxes
     assert w.image_combo.currentText() == "nuclei"
     w.mode_combo.setCurrentIndex(1)
     choose_model(w, "lite_medsam")

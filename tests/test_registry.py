@@ -170,7 +170,7 @@ def test_user_paths_names_and_cache_override(tmp_path, monkeypatch):
     assert resolve_checkpoint(f) == f
     with pytest.raises(FileNotFoundError):
         resolve_checkpoint(str(tmp_path / "absent.pth"))
-    with pytest.raises(ValueError, match="known models: nuclei_sam, lite_medsam"):
+    with pytest.raises(ValueError, match="known models: cells_nuclei_sam, nuclei_sam, lite_medsam"):
         resolve_checkpoint("no_such_model")
     monkeypatch.setenv(registry.ENV_CACHE, str(tmp_path / "elsewhere"))
     assert registry.cache_dir() == tmp_path / "elsewhere"
@@ -181,12 +181,13 @@ def test_user_paths_names_and_cache_override(tmp_path, monkeypatch):
 
 def test_registry_entries():
     names = registry.list_models()
-    assert names[0] == registry.DEFAULT_MODEL == "nuclei_sam"
-    assert set(names) == {"nuclei_sam", "lite_medsam", "mobile_sam", "sam_vit_b", "sam_vit_l", "sam_vit_h"}
+    assert names[0] == registry.DEFAULT_MODEL == "cells_nuclei_sam"
+    assert set(names) == {"cells_nuclei_sam", "nuclei_sam", "lite_medsam", "mobile_sam", "sam_vit_b", "sam_vit_l",
+                          "sam_vit_h"}
     archs = {n: registry.get_spec(n).arch for n in names}
-    assert archs == {"nuclei_sam": "lite_medsam", "lite_medsam": "lite_medsam", "mobile_sam": "vit_t",
+    assert archs == {"cells_nuclei_sam": "lite_medsam", "nuclei_sam": "lite_medsam", "lite_medsam": "lite_medsam", "mobile_sam": "vit_t",
                      "sam_vit_b": "vit_b", "sam_vit_l": "vit_l", "sam_vit_h": "vit_h"}
-    assert registry.get_spec("nuclei_sam").base == "lite_medsam"
+    assert registry.get_spec("nuclei_sam").base == registry.get_spec("cells_nuclei_sam").base == "lite_medsam"
     assert [n for n in names if registry.get_spec(n).prompts == "boxes"] == ["lite_medsam"]
     for n in names:
         spec = registry.get_spec(n)

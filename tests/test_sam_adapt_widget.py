@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import tifffile
 
+from napari_gpuseg.models.registry import DEFAULT_MODEL
 from napari_gpuseg.widgets import sam_adapt
 from napari_gpuseg.widgets.sam_adapt import SamAdaptWidget
 
@@ -44,7 +45,7 @@ def test_adapt_sam_saves_beside_the_image_and_the_annotator_switches(make_napari
     assert isinstance(dock, SamAdaptWidget)
     dock.image_combo.setCurrentText(layer.name)
     dock.labels_combo.setCurrentText("committed")
-    assert dock.model_combo.currentText() == "nuclei_sam"
+    assert dock.model_combo.currentText() == DEFAULT_MODEL
     assert dock.train() is not None
     qtbot.waitUntil(lambda: dock.result is not None, timeout=WAIT)
     path = str(src.with_name("dsb_sam_adapted.pt"))

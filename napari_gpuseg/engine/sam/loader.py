@@ -5,11 +5,10 @@ import os
 from pathlib import Path
 from typing import Callable
 
+from ...models.registry import DEFAULT_MODEL  # noqa: F401 - one definition, re-exported here
 from ..runtime.device import Policy, resolve_policy
 from .interactive.cache import EmbeddingCache
 from .interactive.predictor import SamEngine, SamModelInfo
-
-DEFAULT_MODEL = "nuclei_sam"  # LiteMedSAM's encoder with the shipped microscopy decoder
 
 
 def model_info(name: str, sam) -> SamModelInfo:
