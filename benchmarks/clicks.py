@@ -11,10 +11,14 @@ validation frames t07-t09 (transmitted light, every object), the last 8 BBBC039 
 ``--models`` takes registry names and decoder files alike, so an old and a new decoder
 are measured on the same objects in one run (``--cap N``: at most N objects per
 ``scratch_assay`` frame and of ``dsb2018/``; ``--fields N``: the first N BBBC039 validation
-fields; for a quick look on a busy CPU). Every model runs through the public engine
-API (``engine.sam.training.click_eval.click_ious``): a first click at the object's most interior
-pixel (best of the multimask outputs), corrective clicks at the most interior pixel of
-the larger error with the previous logits as mask input, and a tight box on its own.
+fields; for a quick look on a busy CPU). Every model runs through an
+``AnnotationSession``, as the SAM annotator dock does (``engine.annotate.click_eval.
+session_click_ious``): a first click at the object's most interior pixel (``click``: the
+best of the multimask outputs), corrective clicks at the most interior pixel of the larger
+error (``click``, ``positive=False`` in a false part: the session refines the shown mask,
+its logits as mask input), and a tight box on its own (``box``). ``--direct`` asks the
+engine itself instead (``engine.sam.training.click_eval.click_ious``: every object's prompts of a
+round in one ``predict`` call), the rule before, for comparison.
 The models share one embedding cache (they share LiteMedSAM's encoder); ``--cache-dir``
 keeps the embeddings on disk, so a rerun (another decoder file, say) skips the encoder.
 ``--data heldback`` measures instead the 13 training images the shipped decoder's last stage
@@ -35,7 +39,8 @@ import torch
 
 from _data import bbbc039_validation, shared_data
 from _machine import cpu_flags, cpu_name
-from napari_gpuseg.engine import load_engine
+from napari_gpuseg.engine import AnnotationSession, load_engine
+from napari_gpuseg.engine.annotate.click_eval import session_click_ious
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.click_eval import click_ious
 
@@ -96,6 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None, help="keep the embeddings in this folder across runs")
     ap.add_argument("--compare-carry", action="store_true",
                     help="also run each zoomed-click model with corrective clicks kept in their mask input's view")
+    ap.add_argument("--direct", action="store_true",
+                    help="prompt the engine directly (all objects of a round in one predict) instead of a session")
     ap.add_argument("--data", nargs="+", choices=("cells", "bbbc039", "dsb2018", "scratch-nuclei", "heldback"),
                     default=["cells", "bbbc039", "dsb2018"])
     args = ap.parse_args(argv)
@@ -109,13 +116,17 @@ def main(argv=None) -> int:
                 kept = load_engine(m, cache=cache)
                 kept._into_click_view = lambda _image, prompt: prompt  # the previous rule
                 engines[m + " (kept)"] = kept
-    rows = []
+    rows, sessions = [], {}
     for name, items in datasets(args.per_field, args.data, args.fields, args.cap).items():
         for model, engine in engines.items():
             t0 = time.perf_counter()
             clicks, boxes = [], []
             for img, lab, cap in items:
-                r = click_ious(engine, img, lab, clicks=args.clicks, max_objects=cap)
+                if args.direct:
+                    r = click_ious(engine, img, lab, clicks=args.clicks, max_objects=cap)
+                else:
+                    r = session_click_ious(sessions.setdefault(model, AnnotationSession(engine, cache=cache)),
+                                           img, lab, clicks=args.clicks, max_objects=cap)
                 clicks.append(r["clicks"])
                 boxes.append(r["box"])
             c, b = np.concatenate(clicks), np.concatenate(boxes)

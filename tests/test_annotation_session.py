@@ -248,3 +248,40 @@ def test_a_first_click_the_model_rates_low_says_so(engine):
     assert s.unsure() is None
     s.prompt = Prompt(points=np.array([[5.0, 5.0], [7.0, 7.0]]), labels=np.array([1, 0]))
     assert s.unsure() is None
+
+
+def test_the_session_shows_the_engines_masks_for_the_same_prompts(engine, worker, field):
+    """A first click, a corrective click (negative in a false part, positive in a missed
+    one) and a box give through the session the masks the engine gives for the same
+    prompts (the refinement with the shown logits as mask input, the box decoded near it),
+    and ``session_click_ious`` (what benchmarks/clicks.py reports) the click IoUs of the
+    engine's ``click_ious``."""
+    from napari_gpuseg.engine.annotate.click_eval import session_click_ious
+    from napari_gpuseg.engine.sam.training.click_eval import click_ious, pick_objects
+    from napari_gpuseg.engine.sam.training.simulated_prompts import corrective_point, interior_point, tight_box
+
+    img, gt = field
+    s = AnnotationSession(engine, worker=worker)
+    s.set_image(img)
+    shape = gt.shape
+    for oid, sl in pick_objects(gt, max_objects=3, seed=0):
+        truth = gt == oid
+        x, y = interior_point(truth)
+        s.clear()
+        first = s.click(x, y)
+        r1 = engine.predict(img, [Prompt(points=[[x, y]], labels=[1])], multimask=True)[0]
+        assert np.array_equal(first, r1.full(shape))
+        corr = corrective_point(first, truth)
+        if corr is not None:
+            (px, py), lab = corr
+            second = s.click(px, py, positive=bool(lab))
+            r2 = engine.predict(img, [Prompt(points=[[x, y], [px, py]], labels=[1, lab], mask_input=r1)])[0]
+            assert np.array_equal(second, r2.full(shape))
+        b = tight_box(truth)
+        boxed = s.box(*b)
+        rb = engine.predict(img, [Prompt(box=b)], near_box=True)[0]
+        assert np.array_equal(boxed, rb.full(shape)) and iou(boxed, truth) > 0.5
+    direct = click_ious(engine, img, gt, clicks=3, max_objects=3)
+    through = session_click_ious(s, img, gt, clicks=3, max_objects=3)
+    assert direct["n"] == through["n"] == 3
+    np.testing.assert_allclose(through["clicks"], direct["clicks"], atol=1e-6)

@@ -296,7 +296,7 @@ def test_out_of_memory_halves_the_objects_per_step(lite, train_crop, monkeypatch
         return real(sam, emb, gt, *a, **kw)
 
     monkeypatch.setattr(finetune, "episode", episode)
-    cfg = tiny_config(max_steps=1, objects_per_view=4, box_fraction=0.0)
+    cfg = tiny_config(max_steps=1, objects_per_view=4, box_fraction=0.0, objects_per_pass=4)
     res = finetune_sam([img], [lab], model=load_engine("lite_medsam", cache=lite.cache), config=cfg)
     assert res.stopped == "done" and sizes == [4, 2]
 
@@ -343,3 +343,53 @@ def test_train_sam_options_reach_the_config(tmp_path):
     cfg = config_from(parser.parse_args(
         base + ["--first-candidates", "all", "--zoom", "1", "--zoom", "1.5", "--click-zoom", "1.5"]))
     assert cfg.first_candidates == "all" and cfg.view_zooms == (1.0, 1.5) and cfg.click_zoom == 1.5
+
+
+def _seeded_step(engine, views, cfg):
+    """One training step from a fixed start: its loss and the gradients it left."""
+    from napari_gpuseg.engine.sam.training import finetune as ft
+
+    state = {n: t.clone() for n, t in engine.sam.state_dict().items()}
+    opt, scaler = ft._optimizer(engine, cfg)
+    opt.step = lambda *a, **k: None  # the gradients are compared, the weights stay
+    engine.sam.train()
+    try:
+        loss = ft._step(engine, views, [0], cfg.objects_per_view, np.random.default_rng(3), cfg, opt, scaler)
+        grads = {n: p.grad.clone() for n, p in engine.sam.named_parameters() if p.grad is not None}
+    finally:
+        engine.sam.load_state_dict(state)
+        engine.sam.eval()
+        for p in engine.sam.parameters():
+            p.requires_grad_(False)
+            p.grad = None
+    return loss, grads
+
+
+def test_a_training_step_decodes_a_few_objects_at_a_time_with_the_same_gradients(lite, train_crop):
+    """A step's objects go through the decoder two at a time on a CPU (each object holds
+    about 90 MiB of activations per decode), each group's loss back-propagated before the
+    next: the seeded step's loss and gradients equal those of one pass over all objects."""
+    from napari_gpuseg.engine.runtime.device import make_policy
+
+    img, lab = train_crop
+    engine = load_engine("lite_medsam", cache=lite.cache, policy=make_policy("cpu", "fp32"))
+    views = collect_views(engine, [img], [lab])
+    batches = []
+    hook = engine.sam.mask_decoder.register_forward_hook(lambda m, args, out: batches.append(out[0].shape[0]))
+    try:
+        cfg = tiny_config(objects_per_view=5, box_fraction=0.4, corrections=2)
+        loss, grads = _seeded_step(engine, views, cfg)
+        assert batches and max(batches) <= 2 and sum(batches) >= 5, batches
+        batches.clear()
+        whole_loss, whole = _seeded_step(engine, views, tiny_config(objects_per_view=5, box_fraction=0.4,
+                                                                    corrections=2, objects_per_pass=99))
+        assert max(batches) >= 3, batches  # one pass over all clicked (or boxed) objects
+    finally:
+        hook.remove()
+    assert loss == pytest.approx(whole_loss, rel=1e-5)
+    assert grads.keys() == whole.keys()
+    scale = torch.cat([g.flatten() for g in whole.values()]).norm()
+    for name, g in whole.items():  # the k_proj biases get 0 up to rounding (softmax is shift-invariant)
+        assert (grads[name] - g).norm() <= 1e-5 * scale, name
+    with pytest.raises(ValueError, match="objects_per_pass"):
+        tiny_config(objects_per_pass=0).check()

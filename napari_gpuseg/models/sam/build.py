@@ -9,7 +9,7 @@ from typing import Mapping, Optional, Union
 
 import torch
 
-from ..state_dict_loading import CheckpointError, load_state_dict_strict, read_state_dict
+from ..state_dict_loading import CheckpointError, _describe, compare_state_dict, mismatch_summary, read_state_dict
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
@@ -119,6 +119,35 @@ def infer_image_size(state: Mapping[str, torch.Tensor], arch: str) -> int:
     return DEFAULT_IMAGE_SIZE[arch]
 
 
+def _build_for_state(arch: str, size: int, attn_impl: str, state: Mapping[str, torch.Tensor], owned: bool,
+                     hint: str, describe: str) -> Sam:
+    """``arch`` holding the weights of ``state``, without the random initialisation the
+    checkpoint would overwrite (TinyViT's ``trunc_normal_`` alone took about 1.6 s of every
+    LiteMedSAM load; ``benchmarks/model_load.py``): the modules are built on the meta device
+    (shapes only), checked strictly against ``state``, then given its tensors
+    (``load_state_dict(assign=True)``), cast to the model's dtypes. ``owned``: the tensors
+    were read for this model and may become its weights; else they are copied, so the
+    caller's mapping never shares memory with the model. The non-persistent buffers
+    (``pixel_mean``, TinyViT's bias indices) are made on the CPU at construction."""
+    with torch.device("meta"):
+        model = build_sam(arch, image_size=size, attn_impl=attn_impl)
+    missing, unexpected, mismatched = compare_state_dict(model, state)
+    if missing or unexpected or mismatched:
+        msg = (f"checkpoint {describe} does not fit {type(model).__name__}: "
+               + mismatch_summary(missing, unexpected, mismatched))
+        raise CheckpointError(msg + (f". {hint}" if hint else ""), missing, unexpected, mismatched)
+    own = model.state_dict()
+    weights = {}
+    for key, ref in own.items():
+        t = state[key]
+        weights[key] = t.to(ref.dtype, copy=True) if not owned or t.dtype != ref.dtype else t
+    model.load_state_dict(weights, strict=True, assign=True)
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:  # a tensor neither in the checkpoint nor made on a real device
+        raise RuntimeError(f"SAM {arch}: no values for {', '.join(left[:5])} after loading")
+    return model
+
+
 def load_sam(
     arch: Optional[str],
     checkpoint_path: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
@@ -143,8 +172,8 @@ def load_sam(
         arch = guessed
     _check_arch(arch)
     size = image_size or infer_image_size(state, arch)
-    model = build_sam(arch, image_size=size, attn_impl=attn_impl)
     hint = f"This looks like a {guessed!r} checkpoint, not {arch!r}" if guessed and guessed != arch else ""
-    load_state_dict_strict(model, state, hint=hint)
+    model = _build_for_state(arch, size, attn_impl, state, owned=not isinstance(checkpoint_path, Mapping), hint=hint,
+                             describe=_describe(checkpoint_path))
     # inference weights: no grad, so autocast does not keep low-precision weight copies
     return model.requires_grad_(False).to(device).eval()

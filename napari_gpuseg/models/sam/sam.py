@@ -41,8 +41,11 @@ class Sam(nn.Module):
         self.mask_decoder = mask_decoder
         self.arch = arch
         self.normalization = normalization
-        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
-        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
+        # explicitly on the CPU: not in a checkpoint, so also real when built on "meta" (build.py)
+        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32, device="cpu").view(-1, 1, 1),
+                             False)
+        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32, device="cpu").view(-1, 1, 1),
+                             False)
 
     @property
     def device(self) -> torch.device:

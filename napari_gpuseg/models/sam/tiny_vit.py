@@ -154,8 +154,10 @@ class Attention(nn.Module):
         # points run row-major over the window (the reference's loop); the first query
         # point (0, 0) meets every offset, so the number of (dy, dx) is dy * rw + dx.
         rh, rw = resolution
-        ys = torch.arange(rh).repeat_interleave(rw)
-        xs = torch.arange(rw).repeat(rh)
+        # on the CPU also while the model is built on the meta device (build.load_sam): a
+        # non-persistent buffer is not in the checkpoint that replaces the weights
+        ys = torch.arange(rh, device="cpu").repeat_interleave(rw)
+        xs = torch.arange(rw, device="cpu").repeat(rh)
         idxs = (ys[:, None] - ys[None, :]).abs() * rw + (xs[:, None] - xs[None, :]).abs()
         self.attention_biases = nn.Parameter(torch.zeros(num_heads, rh * rw))
         self.register_buffer("attention_bias_idxs", idxs, persistent=False)

@@ -42,6 +42,28 @@ def _local(result, win) -> np.ndarray:
     return out
 
 
+def pick_objects(labels: np.ndarray, max_objects: int | None = None, seed: int = 0) -> list[tuple]:
+    """``(id, slices)`` of the objects of ``labels`` that are clicked: every one of at least
+    :data:`MIN_OBJECT_AREA` px, at most ``max_objects`` of them drawn with ``seed``."""
+    slices = ndi.find_objects(labels.astype(np.int64) if labels.dtype.kind != "i" else labels)
+    objs = [(i + 1, s) for i, s in enumerate(slices)
+            if s is not None and np.count_nonzero(labels[s] == i + 1) >= MIN_OBJECT_AREA]
+    if max_objects is not None and len(objs) > max_objects:
+        pick = np.random.default_rng(seed).choice(len(objs), max_objects, replace=False)
+        objs = [objs[k] for k in sorted(pick)]
+    return objs
+
+
+def window(slices, result, shape, pad: int = 2):
+    """A window holding an object's box and its current mask's region (image coordinates)."""
+    return _window(slices, result, shape, pad)
+
+
+def local_mask(result, win) -> np.ndarray:
+    """``result``'s mask inside the window ``win``."""
+    return _local(result, win)
+
+
 def click_ious(engine, image: np.ndarray, labels: np.ndarray, clicks: int = 5,
                max_objects: int | None = None, seed: int = 0, box: bool = True,
                cancel: CancelToken | None = None) -> dict:
@@ -50,12 +72,7 @@ def click_ious(engine, image: np.ndarray, labels: np.ndarray, clicks: int = 5,
     drawn with ``seed``; objects under :data:`MIN_OBJECT_AREA` px are skipped)."""
     labels = np.asarray(labels)
     prepared = engine.prepare(image)
-    slices = ndi.find_objects(labels.astype(np.int64) if labels.dtype.kind != "i" else labels)
-    objs = [(i + 1, s) for i, s in enumerate(slices)
-            if s is not None and np.count_nonzero(labels[s] == i + 1) >= MIN_OBJECT_AREA]
-    if max_objects is not None and len(objs) > max_objects:
-        pick = np.random.default_rng(seed).choice(len(objs), max_objects, replace=False)
-        objs = [objs[k] for k in sorted(pick)]
+    objs = pick_objects(labels, max_objects, seed)
     n = len(objs)
     out = {"clicks": np.zeros((n, clicks)), "box": np.zeros(n) if box else None, "n": n}
     if n == 0:

@@ -5,6 +5,7 @@ the masks plus MSE of the IoU head against the true IoU. Used by :mod:`.finetune
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -56,24 +57,63 @@ def _best(logits: torch.Tensor, iou_pred: torch.Tensor) -> torch.Tensor:
     return logits[torch.arange(len(k)), k]
 
 
-def episode(sam, emb: torch.Tensor, gt: np.ndarray, use_box: bool, rng: np.random.Generator,
-            cfg: "SamTuneConfig", device, train: bool = True, n_corr: int | None = None,
-            record: list | None = None) -> torch.Tensor:
-    """Loss of one simulated interaction for N objects sharing a prompt kind.
+@dataclass
+class FirstPrompts:
+    """Every random draw of one episode, made before any decode: the first prompt of each
+    object (``boxes`` (N, 4) or ``points`` (N, 1, 2) with ``labels``) and the number of
+    corrective rounds. The decodes themselves draw nothing (corrective clicks follow the
+    masks), so an episode run object group by object group (:func:`episode` with
+    ``prompts``) is the same episode as one run on all objects at once."""
 
-    ``emb`` (N, C, h, w) each object's view embedding; ``gt`` (N, S, S) bool masks at the
-    model input. ``record`` (evaluation) receives the true IoU after each round."""
-    n, s = len(gt), gt.shape[-1]
-    gt_t = torch.from_numpy(gt).to(device)
+    boxes: np.ndarray | None
+    points: np.ndarray | None
+    labels: np.ndarray | None
+    n_corr: int
+
+    def take(self, sel) -> "FirstPrompts":
+        """The prompts of the objects ``sel`` (an index array or slice)."""
+        pick = (lambda a: None if a is None else a[sel])
+        return FirstPrompts(pick(self.boxes), pick(self.points), pick(self.labels), self.n_corr)
+
+
+def first_prompts(gt: np.ndarray, use_box: bool, rng: np.random.Generator, cfg: "SamTuneConfig",
+                  train: bool = True, n_corr: int | None = None) -> FirstPrompts:
+    """Draw an episode's first prompts for the (N, S, S) masks ``gt`` (a jittered box or a
+    click near the deepest interior point; exact ones when not ``train``) and, unless given,
+    its number of corrective rounds (1..``cfg.corrections``), in that order."""
+    s = gt.shape[-1]
     spread = cfg.click_spread if train else 0.0
     boxes = pts = labs = None
     if use_box:
         b = [tight_box(m) for m in gt]
         b = [jitter_box(x, rng, cfg.box_jitter, (s, s)) if train else x for x in b]
-        boxes = torch.as_tensor(np.stack(b), dtype=torch.float32, device=device)
+        boxes = np.stack(b).astype(np.float32)
     else:
         pts = np.stack([interior_point(m, rng, spread)[None] for m in gt])
-        labs = np.ones((n, 1), dtype=np.int64)
+        labs = np.ones((len(gt), 1), dtype=np.int64)
+    if n_corr is None:
+        n_corr = int(rng.integers(1, cfg.corrections + 1)) if cfg.corrections > 0 else 0
+    return FirstPrompts(boxes, pts, labs, n_corr)
+
+
+def episode(sam, emb: torch.Tensor, gt: np.ndarray, use_box: bool, rng: np.random.Generator,
+            cfg: "SamTuneConfig", device, train: bool = True, n_corr: int | None = None,
+            record: list | None = None, prompts: FirstPrompts | None = None) -> torch.Tensor:
+    """Loss of one simulated interaction for N objects sharing a prompt kind.
+
+    ``emb`` (N, C, h, w) each object's view embedding; ``gt`` (N, S, S) bool masks at the
+    model input. ``record`` (evaluation) receives the true IoU after each round.
+    ``prompts`` (:func:`first_prompts`, drawn for these N objects or a larger group they
+    belong to) replaces the draws from ``rng``: training decodes a step's objects a few at
+    a time with the prompts drawn for all of them."""
+    n = len(gt)
+    gt_t = torch.from_numpy(gt).to(device)
+    if prompts is None:
+        prompts = first_prompts(gt, use_box, rng, cfg, train, n_corr)
+    boxes = None if prompts.boxes is None else torch.as_tensor(prompts.boxes, dtype=torch.float32, device=device)
+    pts, labs, n_corr = prompts.points, prompts.labels, prompts.n_corr
+    if len(boxes if boxes is not None else pts) != n:
+        raise ValueError(f"prompts for {len(boxes if boxes is not None else pts)} objects, masks for {n}")
     # a first click: the 3 multimask outputs, or with the single-mask one ("all")
     first = False if use_box else ("all" if cfg.first_candidates == "all" else True)
     with torch.set_grad_enabled(train):
@@ -82,10 +122,9 @@ def episode(sam, emb: torch.Tensor, gt: np.ndarray, use_box: bool, rng: np.rando
                               boxes, None, multimask=first)
         loss = _mask_loss(logits, iou, gt_t)
     prev = _best(logits, iou).detach().float()
+    del logits, iou
     if record is not None:
         record.append(_iou(prev, gt_t).cpu().numpy())
-    if n_corr is None:
-        n_corr = int(rng.integers(1, cfg.corrections + 1)) if cfg.corrections > 0 else 0
     terms = 1
     for r in range(n_corr):
         pred = (prev > 0).cpu().numpy()
@@ -107,23 +146,28 @@ def episode(sam, emb: torch.Tensor, gt: np.ndarray, use_box: bool, rng: np.rando
                 loss = loss + _mask_loss(logits, iou, gt_t)
                 terms += 1
         prev = logits[:, 0].detach().float()
+        del logits, iou
         if record is not None:
             record.append(_iou(prev, gt_t).cpu().numpy())
     return loss / terms
 
 
 def sample_objects(views: Sequence[TrainView], idx: Sequence[int], k: int, rng, device):
-    embs, gts = [], []
+    """Up to ``k`` random whole objects of each view in ``idx``: ``(embeddings, owner, gt)``
+    with the views' embeddings once, (V, C, h, w) fp32 on ``device``, ``owner`` (N,) the
+    row of each object's view in it and ``gt`` (N, S, S) bool masks. An object's embedding
+    is ``embeddings[owner[i]]``, taken only for the objects being decoded (each copy is
+    C x h x w floats: 4 MiB for SAM's 256 x 64 x 64)."""
+    owner, gts = [], []
     stack = []
     for j, vi in enumerate(idx):
         tv = views[vi]
         ids = rng.choice(tv.ids, size=min(k, len(tv.ids)), replace=False)
         stack.append(tv.embedding)
         for oid in ids:
-            embs.append(j)
+            owner.append(j)
             gts.append(tv.labels == oid)
-    e = stack_fp32(stack, device)[torch.as_tensor(embs, device=device)]
-    return e, np.stack(gts)
+    return stack_fp32(stack, device), torch.as_tensor(owner, device=device), np.stack(gts)
 
 
 def stack_fp32(embeddings: Sequence[torch.Tensor], device) -> torch.Tensor:

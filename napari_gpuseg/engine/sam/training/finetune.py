@@ -36,9 +36,12 @@ import torch
 from ...runtime.batching import is_oom
 from ...runtime.cancel import CancelToken, Cancelled, ProgressFn, check
 from ...runtime.memory import empty_cache
-from .episode_loss import episode, evaluate, sample_objects  # noqa: F401 - evaluate re-exported
+from .episode_loss import episode, evaluate, first_prompts, sample_objects  # noqa: F401 - evaluate re-exported
 from .train_views import TrainView, collect_views
 from .tune_config import SamTuneConfig
+
+
+CPU_OBJECTS_PER_PASS = 2  # a training step's objects per decoder pass on a CPU (benchmarks/train_memory.py)
 
 
 class TuneInterrupted(KeyboardInterrupt):
@@ -229,24 +232,45 @@ def _val_pairs(views: Sequence[TrainView], val: list[int], cfg: SamTuneConfig) -
     return pairs
 
 
+def objects_per_pass(cfg: SamTuneConfig, device) -> int | None:
+    """How many objects go through the decoder together in a training step: the config's
+    ``objects_per_pass``, else :data:`CPU_OBJECTS_PER_PASS` on a CPU and all of them on
+    other devices (where an out-of-memory halves the objects per step instead)."""
+    if cfg.objects_per_pass is not None:
+        return int(cfg.objects_per_pass)
+    return CPU_OBJECTS_PER_PASS if torch.device(device).type == "cpu" else None
+
+
 def _step(engine, views, train, k, rng, cfg: SamTuneConfig, opt, scaler) -> float:
     """One optimiser step on ``cfg.views_per_step`` random views x ``k`` objects; clicks and
-    boxes in two episodes, their losses weighted by their share. Returns the loss."""
+    boxes in two episodes, their losses weighted by their share. Returns the loss.
+
+    Each episode's prompts are drawn for all its objects first (:func:`first_prompts`),
+    then its objects go through the decoder :func:`objects_per_pass` at a time, each group's
+    loss (weighted by its share) back-propagated before the next: the gradients add up to
+    those of one pass over all objects, while only one group's activations (about 90 MiB
+    per object and decode for SAM's decoder at 256 px, two decodes kept per episode) are
+    held at once."""
     sam, device = engine.sam, engine.policy.device
     idx = rng.choice(train, size=min(cfg.views_per_step, len(train)), replace=False)
-    emb, gt = sample_objects(views, idx, k, rng, device)
+    emb, owner, gt = sample_objects(views, idx, k, rng, device)
     is_box = rng.random(len(gt)) < cfg.box_fraction
     opt.zero_grad(set_to_none=True)
     loss_val = 0.0
+    per_pass = objects_per_pass(cfg, device) or len(gt)
     for use_box in (False, True):
         sel = np.nonzero(is_box == use_box)[0]
         if len(sel) == 0:
             continue
-        with train_autocast(engine.policy):
-            loss = episode(sam, emb[torch.as_tensor(sel, device=device)], gt[sel], use_box,
-                           rng, cfg, device) * (len(sel) / len(gt))
-        scaler.scale(loss).backward()
-        loss_val += float(loss.detach())
+        prompts = first_prompts(gt[sel], use_box, rng, cfg)
+        for start in range(0, len(sel), per_pass):
+            part = sel[start:start + per_pass]
+            with train_autocast(engine.policy):
+                loss = episode(sam, emb[owner[torch.as_tensor(part, device=device)]], gt[part], use_box, rng,
+                               cfg, device, prompts=prompts.take(slice(start, start + per_pass))) * (len(part) / len(gt))
+            scaler.scale(loss).backward()
+            loss_val += float(loss.detach())
+            del loss
     scaler.step(opt)
     scaler.update()
     return loss_val

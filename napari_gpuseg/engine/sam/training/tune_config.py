@@ -36,11 +36,15 @@ class SamTuneConfig:
     patience: int = 4  # evaluations without improvement
     max_time: float | None = None  # seconds of training (embedding not counted)
     seed: int = 0
+    objects_per_pass: int | None = None  # objects through the decoder at once in a step (the
+    # gradients are the same for any value; fewer: less memory); None: 2 on a CPU, all elsewhere
 
     def check(self) -> None:
         for name in ("max_steps", "views_per_step", "objects_per_view", "eval_every", "val_objects"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.objects_per_pass is not None and int(self.objects_per_pass) < 1:
+            raise ValueError(f"objects_per_pass must be at least 1, got {self.objects_per_pass}")
         if not 0 < self.lr < 1:
             raise ValueError(f"lr must be between 0 and 1, got {self.lr}")
         if not 0 <= self.val_fraction < 1:
