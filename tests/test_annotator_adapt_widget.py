@@ -7,6 +7,7 @@ import pytest
 import tifffile
 from qtpy.QtCore import Qt
 
+from napari_gpuseg.models.registry import DEFAULT_MODEL
 from napari_gpuseg.engine.sam.training import adapt as sam_adapt
 from napari_gpuseg.engine.sam.training.adapt import adapted_models
 from napari_gpuseg.widgets._choices import adapted_sam_choices
@@ -69,7 +70,7 @@ def test_cancel_then_adapt_to_these_objects(make_napari_viewer, qtbot, monkeypat
     img, gt, steps = frame
     viewer, w = open_annotator(make_napari_viewer, qtbot, monkeypatch, img)
     panel = w.adapt_panel
-    assert w.model_name == "nuclei_sam" and not panel.adapt_btn.isEnabled()
+    assert w.model_name == DEFAULT_MODEL and not panel.adapt_btn.isEnabled()
     assert "at least 3 objects" in panel.adapt_btn.toolTip()
     boxes = cell_boxes(gt, 4)
     for box in boxes[:2]:
@@ -94,7 +95,7 @@ def test_cancel_then_adapt_to_these_objects(make_napari_viewer, qtbot, monkeypat
     qtbot.waitUntil(lambda: not panel.running, timeout=WAIT)
     assert losses and panel.result is None
     assert "adapting cancelled: the model is unchanged, nothing was saved" in w.status.text()
-    assert w.model_name == "nuclei_sam" and w.session.model == "nuclei_sam" and adapted_models() == []
+    assert w.model_name == DEFAULT_MODEL and w.session.model == DEFAULT_MODEL and adapted_models() == []
     assert panel.adapt_btn.isEnabled() and not panel.cancel_btn.isEnabled()
 
     # Adapt (2 steps): the dock switches to the adapted decoder and lists it

@@ -170,7 +170,7 @@ def test_user_paths_names_and_cache_override(tmp_path, monkeypatch):
     assert resolve_checkpoint(f) == f
     with pytest.raises(FileNotFoundError):
         resolve_checkpoint(str(tmp_path / "absent.pth"))
-    with pytest.raises(ValueError, match="known models: cells_nuclei_sam, nuclei_sam, lite_medsam"):
+    with pytest.raises(ValueError, match="known models: cells_nuclei_sam, lite_medsam, nuclei_sam"):
         resolve_checkpoint("no_such_model")
     monkeypatch.setenv(registry.ENV_CACHE, str(tmp_path / "elsewhere"))
     assert registry.cache_dir() == tmp_path / "elsewhere"

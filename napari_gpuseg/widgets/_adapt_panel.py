@@ -23,9 +23,18 @@ READY_TIP = ("Train SAM's decoder on the objects committed on this image (a copy
 
 
 class AdaptPanel(QGroupBox):
-    def __init__(self, dock, parent=None):
+    """Takes what it uses of the annotator as arguments: ``session``, ``image_layer()`` (the
+    layer on display), ``image_alive()``, ``set_status(text)``, ``on_progress(done, total)``,
+    ``on_error(exc)`` and ``use_adapted(path, label, message)`` (switch the annotator to the
+    adapted decoder)."""
+
+    def __init__(self, session, *, image_layer, image_alive, set_status, on_progress, on_error,
+                 use_adapted, parent=None):
         super().__init__("Adapt to these objects", parent)
-        self.dock = dock
+        self.session = session
+        self._image_layer, self._image_alive = image_layer, image_alive
+        self._set_status, self._on_progress, self._on_error = set_status, on_progress, on_error
+        self._use_adapted = use_adapted
         self.job = None
         self._token: CancelToken | None = None
         self.adaptation: SessionAdaptation | None = None
@@ -61,9 +70,8 @@ class AdaptPanel(QGroupBox):
 
     def refresh(self) -> None:
         """Enable the button when the image has enough committed objects; the tooltip says why not."""
-        d = self.dock
         why = "adapting now" if self.running else (
-            adapt_blocker(d.session, MIN_OBJECTS) if d._image_alive() else "open an image first")
+            adapt_blocker(self.session, MIN_OBJECTS) if self._image_alive() else "open an image first")
         self.adapt_btn.setEnabled(why is None)
         self.adapt_btn.setToolTip(READY_TIP if why is None else f"Not now: {why}.")
         self.cancel_btn.setEnabled(self.running)
@@ -73,26 +81,25 @@ class AdaptPanel(QGroupBox):
     def adapt(self):
         """Start adapting to the objects committed on the image on display; the job, or None
         (with the reason in the status line)."""
-        d = self.dock
-        if self.running or not d._image_alive():
+        if self.running or not self._image_alive():
             return None
-        layer = d.image_layer
+        layer = self._image_layer()
         try:
-            self.adaptation = SessionAdaptation(d.session, self.minutes.value(),
+            self.adaptation = SessionAdaptation(self.session, self.minutes.value(),
                                                 image_name=image_file(layer) or layer.name)
         except ValueError as exc:
-            d._set_status(str(exc))
+            self._set_status(str(exc))
             return None
         self.plot.clear()
         self.plot.setVisible(True)
-        d._on_progress(0, 1)
-        d._set_status(f"adapting to {self.adaptation.objects} objects: embedding the image…")
+        self._on_progress(0, 1)
+        self._set_status(f"adapting to {self.adaptation.objects} objects: embedding the image…")
         worker = train_worker()
         # a token of its own, not the job's: a cancel that comes as training ends still gets
         # the job's result (saved, or not), never a "cancelled" for a decoder that was saved
         self._token = CancelToken()
         self.job = submit(self.adaptation.run, worker=worker, inference=False, owner=self,
-                          on_result=self._done, on_error=self._failed, on_progress=d._on_progress,
+                          on_result=self._done, on_error=self._failed, on_progress=self._on_progress,
                           on_cancelled=self._cancelled, on_event=on_gui(self._on_event, self),
                           cancel=self._token, policy=worker.policy)
         self.refresh()
@@ -101,14 +108,14 @@ class AdaptPanel(QGroupBox):
     def cancel(self) -> None:
         if self.job is not None:
             self._token.cancel()
-            self.dock._set_status("cancelling the adaptation…")
+            self._set_status("cancelling the adaptation…")
 
     def _on_event(self, ev) -> None:
         if self.job is None:
             return
         self.plot.append(**{LOSS: ev.loss})
         budget = 60.0 * self.adaptation.minutes
-        self.dock._set_status(f"adapting: step {ev.step}, loss {ev.loss:.3f} "
+        self._set_status(f"adapting: step {ev.step}, loss {ev.loss:.3f} "
                               f"({ev.seconds:.0f} s of at most {budget:.0f} s)")
 
     def _done(self, result) -> None:
@@ -118,17 +125,17 @@ class AdaptPanel(QGroupBox):
             return
         self.result = result
         label = adapted_label({"name": result.name, "image": self.adaptation.image_name})
-        self.dock.use_adapted(result.path, label,
+        self._use_adapted(result.path, label,
                               f"adapted to {result.objects} objects ({result.steps} steps, "
                               f"{result.seconds:.0f} s): annotating with {result.name} now")
         self.refresh()
 
     def _cancelled(self) -> None:
         self.job = None
-        self.dock._set_status("adapting cancelled: the model is unchanged, nothing was saved")
+        self._set_status("adapting cancelled: the model is unchanged, nothing was saved")
         self.refresh()
 
     def _failed(self, exc: BaseException) -> None:
         self.job = None
         self.refresh()
-        self.dock._on_error(exc)
+        self._on_error(exc)

@@ -168,7 +168,10 @@ class SamAnnotatorWidget(DockWidget):
 
         from ._adapt_panel import AdaptPanel  # Adapt to these objects
 
-        self.adapt_panel = AdaptPanel(self)
+        self.adapt_panel = AdaptPanel(
+            self.session, image_layer=lambda: self.image_layer, image_alive=self._image_alive,
+            set_status=self._set_status, on_progress=self._on_progress, on_error=self._on_error,
+            use_adapted=self.use_adapted)
         layout.addWidget(self.adapt_panel)
         self.propagate_panel = PropagatePanel(
             self.viewer, self.session, labels_layer=lambda: self.labels_layer, image_alive=self._image_alive,
