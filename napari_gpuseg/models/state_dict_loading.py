@@ -29,7 +29,7 @@ class CheckpointError(RuntimeError):
         self.mismatched: List[Tuple[str, tuple, tuple]] = list(mismatched)
 
 
-def _describe(source) -> str:
+def describe_source(source) -> str:
     return f"'{source}'" if isinstance(source, (str, os.PathLike)) else "the given state dict"
 
 
@@ -140,7 +140,7 @@ def load_state_dict_strict(
         state = OrderedDict((k, v) for k, v in state.items() if k not in drop)
     missing, unexpected, mismatched = compare_state_dict(model, state)
     if missing or unexpected or mismatched:
-        msg = (f"checkpoint {_describe(path_or_state)} does not fit {type(model).__name__}: "
+        msg = (f"checkpoint {describe_source(path_or_state)} does not fit {type(model).__name__}: "
                + mismatch_summary(missing, unexpected, mismatched))
         if hint:
             msg += f". {hint}"

@@ -9,7 +9,7 @@ from typing import Mapping, Optional, Union
 
 import torch
 
-from ..state_dict_loading import CheckpointError, _describe, compare_state_dict, mismatch_summary, read_state_dict
+from ..state_dict_loading import CheckpointError, describe_source, compare_state_dict, mismatch_summary, read_state_dict
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
@@ -174,6 +174,6 @@ def load_sam(
     size = image_size or infer_image_size(state, arch)
     hint = f"This looks like a {guessed!r} checkpoint, not {arch!r}" if guessed and guessed != arch else ""
     model = _build_for_state(arch, size, attn_impl, state, owned=not isinstance(checkpoint_path, Mapping), hint=hint,
-                             describe=_describe(checkpoint_path))
+                             describe=describe_source(checkpoint_path))
     # inference weights: no grad, so autocast does not keep low-precision weight copies
     return model.requires_grad_(False).to(device).eval()
