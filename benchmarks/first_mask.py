@@ -55,7 +55,7 @@ import numpy as np
 import tifffile
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(os.environ.get("NAPARI_GPUSEG_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _viewer import pump as pump_until  # noqa: E402
 
@@ -124,6 +124,8 @@ def main() -> None:
     policy = set_policy("auto", args.precision)
     data = Path(args.data)
     files = sorted((data / "bbbc039" / "images").glob("*.tif"))[16:16 + args.fields]
+    if not files:
+        raise SystemExit(f"no BBBC039 fields under {data} (--data or NAPARI_GPUSEG_SHARED_DATA)")
     viewer = napari.Viewer(show=True)
     app = QApplication.instance()
 
