@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.cancel import CancelToken, check
-from ..sam.training.click_eval import local_mask, pick_objects, window
-from ..sam.training.simulated_prompts import corrective_point, interior_point, mask_iou, tight_box
+from ..sam.training.click_eval import local_mask, next_click, pick_objects, window
+from ..sam.training.simulated_prompts import interior_point, mask_iou, tight_box
 
 
 def session_click_ious(session, image: np.ndarray, labels: np.ndarray, clicks: int = 5,
@@ -47,10 +47,8 @@ def session_click_ious(session, image: np.ndarray, labels: np.ndarray, clicks: i
             truth, pred = labels[win] == oid, local_mask(res, win)
             out["clicks"][k, c] = mask_iou(pred, truth)
             if c + 1 < clicks:
-                corr = corrective_point(pred, truth)
-                if corr is None:  # exact already: a click on the object changes nothing
-                    corr = (interior_point(truth), 1)
-                (px, py), lab = corr[0] + [win[1].start, win[0].start], corr[1]
+                p, lab = next_click(pred, truth)
+                px, py = p + [win[1].start, win[0].start]
                 session.click(px, py, positive=bool(lab))
         if box:
             session.box(*(tight_box(labels[s] == oid) + [s[1].start, s[0].start] * 2))

@@ -93,10 +93,7 @@ def click_ious(engine, image: np.ndarray, labels: np.ndarray, clicks: int = 5,
             truth, pred = labels[win] == oid, _local(res, win)
             out["clicks"][k, c] = mask_iou(pred, truth)
             if c + 1 < clicks:
-                corr = corrective_point(pred, truth)
-                if corr is None:  # exact already: a click on the object changes nothing
-                    corr = (interior_point(truth), 1)
-                p, lab = corr
+                p, lab = next_click(pred, truth)
                 points[k] = np.concatenate([points[k], (p + [win[1].start, win[0].start])[None]])
                 labs[k] = np.append(labs[k], lab)
                 nxt.append(Prompt(points=points[k], labels=labs[k], mask_input=res))
@@ -109,3 +106,11 @@ def click_ious(engine, image: np.ndarray, labels: np.ndarray, clicks: int = 5,
             win = _window(s, res, shape)
             out["box"][k] = mask_iou(_local(res, win), labels[win] == oid)
     return out
+
+
+def next_click(pred: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, int]:
+    """The simulated user's next click, (x, y) and its label: at the most interior pixel of
+    the larger error (positive in a missed part, negative in a false one); on an exact mask,
+    a positive click inside the object (it changes nothing)."""
+    corr = corrective_point(pred, truth)
+    return corr if corr is not None else (interior_point(truth), 1)
