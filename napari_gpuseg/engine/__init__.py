@@ -14,8 +14,8 @@ SAM (Segment Anything):
 - ``AnnotationSession(engine)``: annotate an image object by object without a window:
   ``set_image``, ``click(x, y)``, ``box(x0, y0, x1, y1)``, ``commit()``, ``undo()``,
   ``set_plane(z)``, ``labels``; asynchronous forms for a GUI (the SAM annotator dock is one).
-- ``FolderAnnotation(annotator, in_dir, out_dir)``: go through a folder of images with an
-  ``AnnotationSession``:
+- ``FolderAnnotation(AnnotationSession(engine), in_dir, out_dir)``: go through a folder of
+  images with the annotator:
   ``next()``, ``previous()``, ``skip()``, ``goto(i)``, ``commit()``, ``undo()``; labels saved to
   ``OUT/<name>_labels.tif`` as they change, progress kept in ``OUT``, reopening resumes; the next
   image is read and embedded in the background.
