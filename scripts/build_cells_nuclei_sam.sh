@@ -34,7 +34,8 @@ $CMD train-sam \
     --views-per-image 1 --polarity random \
   --zoom 1 --zoom 1.5 --click-zoom 1.5 --contrast-jitter 1.5 \
   --model nuclei_sam --out "$OUT" ${EMB_CACHE:+--cache "$EMB_CACHE"} \
-  --max-steps 5000 --max-time "${MAX_TIME:-2700}" --views-per-step 4 --objects-per-view 3 --lr 3e-4 \
-  --box-fraction 0.25 --corrections 2 --eval-every 20 --val-objects 48 --val-fraction 0.1 --patience 8 --seed 4
+  --max-steps 5000 --max-time "${MAX_TIME:-2700}" --views-per-step "${VIEWS_PER_STEP:-4}" --objects-per-view 3 --lr 3e-4 \
+  --box-fraction 0.25 --corrections 2 --eval-every "${EVAL_EVERY:-20}" --val-objects 48 --val-fraction 0.1 \
+  --patience "${PATIENCE:-8}" --seed 4 ${DEVICE:+--device "$DEVICE"} ${PRECISION:+--precision "$PRECISION"}
 
 sha256sum "$OUT"
