@@ -41,3 +41,36 @@ def gt_boxes(gt: np.ndarray, margin: int = 3, inside_only: bool = True):
 def iou(a: np.ndarray, b: np.ndarray) -> float:
     u = np.logical_or(a, b).sum()
     return float(np.logical_and(a, b).sum() / u) if u else 1.0
+
+
+def adapted_decoder(shared_data: Path, folder: Path, steps: int = 1) -> tuple[str, str]:
+    """A real adapted decoder in the user's list at ``folder`` (``<cache>/adapted_sam``):
+    the default model adapted for ``steps`` step(s) on native views to the cells of the left
+    96 px of scratch-assay t00 (a training frame), saved by ``adapt_to_objects`` as
+    ``t00_adapted`` from ``/data/scratch/t00.tif``. ``(path, label the model lists show)``."""
+    import tifffile
+
+    from napari_gpuseg.engine.sam.training.adapt import adapt_to_objects, few_object_config
+    from napari_gpuseg.models.registry import DEFAULT_MODEL
+
+    require_lite_medsam()
+    d = shared_data / "scratch_assay" / "cells"
+    cut = np.s_[:, :96]
+    img, gt = tifffile.imread(d / "images" / "t00.tif")[cut], tifffile.imread(d / "masks" / "t00.tif")[cut]
+    cfg = few_object_config(4, minutes=1)
+    cfg.max_steps, cfg.max_time, cfg.view_zooms = steps, None, (1.0,)
+    res = adapt_to_objects(img, gt, model=DEFAULT_MODEL, image_name="/data/scratch/t00.tif", folder=folder,
+                           config=cfg)
+    assert res.path is not None and res.steps == steps
+    return res.path, "t00_adapted (from t00.tif)"
+
+
+def decoder_matches(engine, path) -> bool:
+    """Whether ``engine``'s prompt encoder and mask decoder hold the decoder file ``path``'s
+    weights (as stored: fp16)."""
+    import torch
+
+    from napari_gpuseg.models.sam.decoder_checkpoint import decoder_state, read_decoder
+
+    saved, held = read_decoder(path)["state"], decoder_state(engine.sam)
+    return saved.keys() == held.keys() and all(torch.equal(saved[k], held[k]) for k in saved)

@@ -136,3 +136,79 @@ def test_commit_effort_speaks_only_when_most_recent_commits_were_hard():
     assert e.struggling() == "3 of the last 3 began unsure"
     e.clear()
     assert e.struggling() is None and len(e) == 0
+
+
+@pytest.fixture(scope="module")
+def adapted_file(shared_data, tmp_path_factory):
+    """A real adapted decoder (one step) in an adapted-decoders folder: (cache folder, path)."""
+    from sam_fixtures import adapted_decoder
+
+    cache = tmp_path_factory.mktemp("cache")
+    return cache, adapted_decoder(shared_data, cache / "adapted_sam")[0]
+
+
+def unsure_first_click(s: AnnotationSession, score: float) -> None:
+    """The session's current object: a first click whose mask the model rates ``score``."""
+    from napari_gpuseg.engine.sam.interactive.prompt_types import MaskResult, Prompt
+
+    s.prompt = Prompt(points=np.array([[5.0, 5.0]]), labels=np.array([1]))
+    s.result = MaskResult(mask=np.ones((4, 4), bool), y0=0, x0=0, score=score, low_res=None, view=None)
+
+
+def test_with_an_adapted_decoder_the_hints_offer_a_box_or_clicks_not_adapting(adapted_file, monkeypatch):
+    """An unsure first mask, and commits that were hard work: with the default model the hints
+    offer adapting; once the session uses an adapted decoder (from the user's list, or any
+    decoder file saved as adapted) they offer a box or corrective clicks instead."""
+    from napari_gpuseg.engine.sam.training.adapt import is_adapted
+    from napari_gpuseg.models import registry
+
+    cache, path = adapted_file
+    monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(cache))
+    gt = np.zeros((64, 64), np.int32)
+    gt[5:15, 5:15], gt[20:30, 20:30], gt[40:50, 40:50] = 1, 2, 3
+    s = AnnotationSession(registry.DEFAULT_MODEL)  # nothing is decoded here: no model is loaded
+    s.set_image(np.zeros((64, 64), np.uint16), labels=gt.copy())
+    assert not s.adapted
+    unsure_first_click(s, 0.41)
+    assert "unsure (predicted IoU 0.41)" in s.unsure() and "adapt SAM to these objects" in s.unsure()
+    for _ in range(3):
+        s.effort.record(True, 0)
+    assert adapt_offer(s) == "3 of the last 3 began unsure: try 'Adapt to these objects'"
+
+    s.set_model(path)
+    assert s.adapted and is_adapted(path)
+    unsure_first_click(s, 0.41)
+    hint = s.unsure()
+    assert hint.startswith("unsure (predicted IoU 0.41): draw a box around the object, or correct the mask with clicks")
+    assert "adapt" not in hint.lower()
+    for _ in range(3):
+        s.effort.record(True, 0)
+    assert adapt_offer(s) == "3 of the last 3 began unsure: try a box around each object"
+    effort = CommitEffort()  # corrections count the same way
+    for c in (2, 3, 0):
+        effort.record(False, c)
+    s.effort = effort
+    assert adapt_offer(s) == "2 of the last 3 needed 2+ corrections: try a box around each object"
+
+    # a decoder file saved as adapted but not in the list (moved, or the list is another
+    # user's) is adapted too; the shipped default decoder and a missing file are not
+    monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(cache / "elsewhere"))
+    assert is_adapted(path) and AnnotationSession(path).adapted
+    assert not is_adapted(registry.cached_path(registry.DEFAULT_MODEL))
+    assert not is_adapted(str(cache / "missing.pt")) and not is_adapted(registry.DEFAULT_MODEL)
+
+
+def test_the_predicted_iou_shown_is_clamped_to_0_1():
+    """SAM's IoU head can give more than 1 (or less than 0): what the user is shown is clamped."""
+    from napari_gpuseg.engine.sam.interactive.prompt_types import MaskResult
+    from napari_gpuseg.engine.sam.training.adapt import unsure_hint
+
+    r = MaskResult(mask=np.ones((2, 2), bool), y0=0, x0=0, score=1.07, low_res=None, view=None)
+    assert r.predicted_iou == 1.0 and r.score == 1.07
+    r.score = -0.2
+    assert r.predicted_iou == 0.0
+    assert unsure_hint(-0.2).startswith("unsure (predicted IoU 0.00)")
+    assert unsure_hint(1.07) is None and unsure_hint(1.07, threshold=1.5).startswith("unsure (predicted IoU 1.00)")
+    s = AnnotationSession("cells_nuclei_sam")
+    unsure_first_click(s, -0.2)
+    assert s.unsure().startswith("unsure (predicted IoU 0.00)")

@@ -63,6 +63,57 @@ def adapted_sam_choices(folder=None) -> list[tuple[str, str]]:
     return [(adapted_label(e), e["path"]) for e in entries]
 
 
+_SAM_COMBOS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def fill_sam_models(combo: QComboBox, browse: bool = True) -> None:
+    """The SAM model list every dock shows: the known models (the default first), the user's
+    adapted decoders newest first (shown as ``name (from image)``, the file as the item's
+    data: :func:`chosen_sam_model`), then *Browse* (with ``browse``). A decoder adapted
+    later joins every list filled here (:func:`offer_adapted_sam`)."""
+    combo.addItems(sam_model_names())
+    for label, path in adapted_sam_choices():
+        combo.addItem(label, path)
+    if browse:
+        combo.addItem(BROWSE)
+    _SAM_COMBOS.add(combo)
+
+
+def chosen_sam_model(combo: QComboBox) -> str:
+    """The model a list from :func:`fill_sam_models` has chosen: a name, or a file (an
+    adapted decoder's entry shows its name and holds its file)."""
+    return combo.currentData() or combo.currentText()
+
+
+def add_adapted_choice(combo: QComboBox, path: str, label: str) -> int:
+    """Put the adapted decoder ``path`` in ``combo`` as ``label``, first of the adapted ones
+    (the newest), unless it is there; its index. The current choice stays (no signals)."""
+    index = combo.findData(path)
+    if index >= 0:
+        return index
+    first = next((i for i in range(combo.count()) if combo.itemData(i)), combo.findText(BROWSE))
+    first = first if first >= 0 else combo.count()
+    combo.blockSignals(True)
+    try:
+        combo.insertItem(first, label, path)
+    finally:
+        combo.blockSignals(False)
+    return first
+
+
+def offer_adapted_sam(path: str, label: str) -> int:
+    """A decoder adapted just now joins every open model list (:func:`fill_sam_models`),
+    none of them switching to it; how many took it."""
+    n = 0
+    for combo in list(_SAM_COMBOS):
+        try:
+            add_adapted_choice(combo, path, label)
+            n += 1
+        except RuntimeError:  # a combo whose Qt object is gone
+            logger.debug("a closed model list missed adapted decoder %s", path)
+    return n
+
+
 def model_kind(model: str) -> str:
     """How a SAM model name or file takes prompts, judged without building the network:
     ``"boxes"`` (LiteMedSAM as published), ``"tuned"`` (a decoder tuned to clicks on

@@ -9,9 +9,10 @@ annotator switches to it.
 """
 from __future__ import annotations
 
+import numpy as np
 from qtpy.QtWidgets import QComboBox, QFormLayout, QSpinBox
 
-from ._choices import image_file, offer_sam_model, sam_model_names
+from ._choices import chosen_sam_model, fill_sam_models, image_file, offer_sam_model
 from ._plot import HistoryPlot
 from ._train_dock import TrainDock
 from ._unet_jobs import default_output, train_worker
@@ -27,12 +28,15 @@ def adapt_config(minutes: int):
                          views_per_image=None, val_fraction=0.0, max_time=60.0 * minutes)
 
 
-def adapt_job(image, labels, model, minutes, out_path, on_event, progress=None, cancel=None):
-    """Runs in the training thread: fine-tune, save, return what the dock shows."""
+def adapt_job(image, labels, model, minutes, out_path, on_event, image_name=None, progress=None, cancel=None):
+    """Runs in the training thread: fine-tune, save (marked as adapted to ``image_name``'s
+    objects, as the annotator's adapted decoders are), return what the dock shows."""
     from ..engine.sam.training.finetune import finetune_sam
 
+    objects = int(len(np.unique(labels[labels > 0])))
     res = finetune_sam([image], [labels], model=model, config=adapt_config(minutes), out_path=out_path,
-                       on_event=on_event, progress=progress, cancel=cancel, policy=train_worker().policy)
+                       on_event=on_event, progress=progress, cancel=cancel, policy=train_worker().policy,
+                       meta={"adapted": {"image": image_name, "objects": objects}})
     return {"path": res.path, "stopped": res.stopped, "seconds": res.seconds,
             "steps": res.history[-1]["step"] if res.history else 0}
 
@@ -48,8 +52,9 @@ class SamAdaptWidget(TrainDock):
         self._init_train_dock(napari_viewer)
         self.setObjectName("SamAdaptWidget")
         self.model_combo = QComboBox()
-        self.model_combo.addItems(sam_model_names())
-        self.model_combo.setToolTip("the decoder to start from (a model adapted here joins the list)")
+        fill_sam_models(self.model_combo, browse=False)  # with the user's adapted decoders, newest first
+        self.model_combo.setToolTip("the decoder to start from (a model adapted here or in the SAM annotator "
+                                    "joins the list)")
         self.minutes = QSpinBox()
         self.minutes.setRange(1, 120)
         self.minutes.setValue(4)
@@ -84,8 +89,13 @@ class SamAdaptWidget(TrainDock):
         from ._bridge import relay
 
         forward = lambda ev: relay().call.emit(self._on_event, (ev,))  # noqa: E731
-        return self._submit_train(adapt_job, image.copy(), labels.copy(), self.model_combo.currentText(),
-                                  self.minutes.value(), out, forward)
+        return self._submit_train(adapt_job, image.copy(), labels.copy(), self.model_name,
+                                  self.minutes.value(), out, forward, image_file(layer) or layer.name)
+
+    @property
+    def model_name(self) -> str:
+        """The decoder to start from: a name, or a file (an adapted decoder's entry shows its name)."""
+        return chosen_sam_model(self.model_combo)
 
     def _on_event(self, ev) -> None:
         self.plot.append(**{LOSS: ev.loss})

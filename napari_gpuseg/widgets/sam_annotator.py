@@ -31,8 +31,8 @@ from ..engine.runtime.worker import InferenceWorker, default_worker
 from ._annotation_layers import (add_rest, ensure_layers, remove_on_plane, select_prompt_tool, spatial_shape,
                                  toggle_click_sign)
 from ._annotator_region import REGION_BUTTON, add_region, region_in_view, too_big
-from ._choices import (BROWSE, adapted_sam_choices, browse_checkpoint, is_box_trained, sam_model_names,
-                       take_sam_models)
+from ._choices import (add_adapted_choice, browse_checkpoint, chosen_sam_model, fill_sam_models,
+                       is_box_trained, offer_adapted_sam, take_sam_models)
 from ._dock import DockWidget, auto_spin, scrollable
 from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
@@ -103,10 +103,7 @@ class SamAnnotatorWidget(DockWidget):
     # -- UI ---------------------------------------------------------------------------
     def _build_ui(self) -> None:
         self.model_combo = QComboBox()
-        self.model_combo.addItems(sam_model_names())
-        for label, path in adapted_sam_choices():  # the user's adapted decoders, newest first
-            self.model_combo.addItem(label, path)
-        self.model_combo.addItem(BROWSE)
+        fill_sam_models(self.model_combo)  # with the user's adapted decoders, newest first
         self.model_combo.activated.connect(self._on_model_chosen)
         self.device_label = QLabel(self.policy.describe())
         self.device_label.setWordWrap(True)
@@ -184,7 +181,7 @@ class SamAnnotatorWidget(DockWidget):
     @property
     def model_name(self) -> str:
         """The model chosen: a name, or a file (an adapted decoder's entry shows its name)."""
-        return self.model_combo.currentData() or self.model_combo.currentText()
+        return chosen_sam_model(self.model_combo)
 
     @property
     def stack_order(self) -> list[tuple]:
@@ -216,10 +213,8 @@ class SamAnnotatorWidget(DockWidget):
         """Switch to a decoder adapted here: it joins the list (``label``, first of the adapted
         ones) and the status line says ``note`` until the next message of the user's work."""
         combo = self.model_combo
-        if combo.findData(path) < 0:
-            first = next((i for i in range(combo.count()) if combo.itemData(i)), combo.findText(BROWSE))
-            combo.insertItem(first if first >= 0 else combo.count(), label, path)
-        combo.setCurrentIndex(combo.findData(path))
+        offer_adapted_sam(path, label)  # the other docks' model lists hold it too
+        combo.setCurrentIndex(add_adapted_choice(combo, path, label))
         self._on_model_chosen(combo.currentIndex())
         self._keep_status = True
         self._set_status(note)
@@ -517,7 +512,7 @@ class SamAnnotatorWidget(DockWidget):
         self.preview_layer.refresh()
         what = "preview" if final else "first look"  # a first look: the full mask follows
         hint = self.session.unsure() if final else None
-        self._set_status(f"{what}: {result.area} px, " + (hint or f"predicted IoU {result.score:.2f}"))
+        self._set_status(f"{what}: {result.area} px, " + (hint or f"predicted IoU {result.predicted_iou:.2f}"))
         self.redraw.release()
         self._after_repaint.post()  # background embedding goes on once the mask is drawn
         self._rest_soon()

@@ -23,8 +23,8 @@ from ..engine.sam.loader import load_engine
 from ..engine.runtime.worker import InferenceWorker, default_worker
 from ..engine.stacks import label_offsets, shift_ids
 from ._big_layer import lazy_data, run_sam_blocks
-from ._choices import (BROWSE, automatic_defaults, browse_checkpoint, fill_layer_combos, is_box_trained,
-                       is_decoder_tuned, sam_model_names, watch_layers)
+from ._choices import (automatic_defaults, browse_checkpoint, chosen_sam_model, fill_layer_combos, fill_sam_models,
+                       is_box_trained, is_decoder_tuned, watch_layers)
 from ._dock import DockWidget, auto_spin
 from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, plane, plane_index
@@ -65,7 +65,8 @@ class SamAutomaticWidget(DockWidget):
         self.model_combo = QComboBox()
         # the default model: in box mode it outlines nuclei more tightly than LiteMedSAM (F1@0.75
         # 0.90 against 0.79 from ground-truth boxes; docs/benchmarks.md, SAM automatic)
-        self.model_combo.addItems(sam_model_names() + [BROWSE])
+        # then the user's adapted decoders (the annotator's "Adapt to these objects"), newest first
+        fill_sam_models(self.model_combo)
         self.model_combo.activated.connect(self._on_model_chosen)
         self.image_combo = QComboBox()
         self.mode_combo = QComboBox()
@@ -153,7 +154,8 @@ class SamAutomaticWidget(DockWidget):
 
     @property
     def model_name(self) -> str:
-        return self.model_combo.currentText()
+        """The model chosen: a name, or a file (an adapted decoder's entry shows its name)."""
+        return chosen_sam_model(self.model_combo)
 
     @property
     def mode(self) -> str:

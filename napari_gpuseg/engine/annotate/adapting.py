@@ -49,9 +49,14 @@ def adapt_blocker(session, min_objects: int = MIN_OBJECTS) -> str | None:
 def adapt_offer(session, min_objects: int = MIN_OBJECTS) -> str | None:
     """The status-line suggestion to adapt, when the recent commits were hard work (the first
     masks unsure, or several corrective clicks each: :class:`~.effort.CommitEffort`) and
-    there are enough objects to learn from; None otherwise."""
+    there are enough objects to learn from; None otherwise. A model already adapted
+    (``session.adapted``) is not offered adapting again: a box around each object is."""
     why = session.effort.struggling()
-    if why is None or adapt_blocker(session, min_objects) is not None:
+    if why is None:
+        return None
+    if getattr(session, "adapted", False):
+        return f"{why}: try a box around each object"
+    if adapt_blocker(session, min_objects) is not None:
         return None
     return f"{why}: try 'Adapt to these objects'"
 

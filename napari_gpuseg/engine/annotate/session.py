@@ -116,11 +116,22 @@ class AnnotationSession:
         from ..sam.loader import DEFAULT_MODEL
 
         self._model = DEFAULT_MODEL if model is None else model
+        self._adapted = None  # whether it is an adapted decoder: asked when first needed
         self._prepared.clear()
         self._early.clear()
         self._tiles.clear()
         self.effort.clear()  # the new model's own effort counts from here
         self.clear()
+
+    @property
+    def adapted(self) -> bool:
+        """Whether the model is a decoder already adapted to the user's objects
+        (:func:`~napari_gpuseg.engine.sam.training.adapt.is_adapted`; judged once per model)."""
+        if self._adapted is None:
+            from ..sam.training.adapt import is_adapted
+
+            self._adapted = is_adapted(self._model)
+        return self._adapted
 
     @property
     def _model_key(self):
@@ -461,7 +472,9 @@ class AnnotationSession:
     def unsure(self) -> str | None:
         """The status-line hint when the current object is a first click (one positive point,
         no box) whose mask the model itself rates low (:func:`~napari_gpuseg.engine.sam.training.adapt.unsure_hint`:
-        predicted IoU under 0.75); None otherwise. Boxes and refined objects get no hint."""
+        predicted IoU, clamped to [0, 1], under ``UNSURE_IOU``); None otherwise. Boxes and
+        refined objects get no hint. With a model already adapted (:attr:`adapted`) the hint
+        offers a box or corrective clicks, not adapting again."""
         from ..sam.training.adapt import unsure_hint
 
         p, r = self.prompt, self.result
@@ -469,7 +482,7 @@ class AnnotationSession:
             return None
         if p.labels is not None and int(np.asarray(p.labels).ravel()[0]) != 1:
             return None
-        return unsure_hint(float(r.score))
+        return unsure_hint(r.predicted_iou, adapted=self.adapted)
 
     def _looked(self, gen: int, result, prompt: Prompt, look: threading.Event, on_look) -> None:
         if result is None or gen != self._generation or self.final and self.prompt is prompt:

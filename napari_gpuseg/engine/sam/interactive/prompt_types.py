@@ -117,6 +117,13 @@ class MaskResult:
     def area(self) -> int:
         return int(self.mask.sum())
 
+    @property
+    def predicted_iou(self) -> float:
+        """:attr:`score` clamped to [0, 1], as the user is shown it (SAM's IoU head is a plain
+        regression: its output can exceed 1, or fall under 0)."""
+        s = float(self.score)
+        return min(1.0, max(0.0, s)) if np.isfinite(s) else s
+
 
 def paste_labels(results: Sequence[MaskResult], shape: tuple[int, int],
                  start_id: int = 1, order: str = "score", out: np.ndarray | None = None) -> np.ndarray:

@@ -14,6 +14,7 @@ model is unsure.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -147,10 +148,50 @@ def adapt_to_objects(images: np.ndarray | Sequence[np.ndarray], labels: np.ndarr
     return AdaptResult(str(out), name, n_objects, steps, res.seconds, res.stopped, res)
 
 
-def unsure_hint(predicted_iou: float, threshold: float = UNSURE_IOU) -> str | None:
-    """The status-line hint for a first mask whose predicted IoU is below ``threshold``
-    (None when the model is confident): the model is unsure, a box or adapting helps."""
-    if predicted_iou is None or not np.isfinite(predicted_iou) or predicted_iou >= threshold:
+def is_adapted(model) -> bool:
+    """Whether ``model`` (a name, a file or a loaded engine) is a decoder already adapted to
+    the user's objects: one in :func:`adapted_models`, or a decoder file saved as adapted
+    (``training["adapted"]``: :func:`adapt_to_objects`, the Adapt SAM dock). Registry models
+    and other files are not."""
+    name = getattr(getattr(model, "info", None), "name", model)  # an engine: the file it came from
+    if not isinstance(name, (str, os.PathLike)):
+        return False
+    path = Path(name)
+    try:
+        if not path.is_file():
+            return False
+        path = path.resolve()
+        if any(Path(e["path"]).resolve() == path for e in adapted_models()):
+            return True
+        return _saved_as_adapted(str(path), path.stat().st_mtime_ns)
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=16)
+def _saved_as_adapted(path: str, _stamp: int) -> bool:
+    from ....models.registry import read_if_decoder
+
+    try:
+        doc = read_if_decoder(path)
+    except Exception:  # noqa: BLE001 - a malformed decoder: not one adapted here
+        return False
+    training = doc.get("training") if doc else None
+    return isinstance(training, dict) and training.get("adapted") is not None
+
+
+def unsure_hint(predicted_iou: float, threshold: float = UNSURE_IOU, adapted: bool = False) -> str | None:
+    """The status-line hint for a first mask whose predicted IoU (clamped to [0, 1], as
+    shown) is below ``threshold`` (None when the model is confident): the model is unsure, a
+    box helps, and so does adapting, unless the model is already ``adapted`` (then a box or
+    corrective clicks)."""
+    if predicted_iou is None or not np.isfinite(predicted_iou):
         return None
-    return (f"unsure (predicted IoU {predicted_iou:.2f}): draw a box around the object, "
+    shown = min(1.0, max(0.0, float(predicted_iou)))
+    if shown >= threshold:
+        return None
+    if adapted:
+        return (f"unsure (predicted IoU {shown:.2f}): draw a box around the object, "
+                "or correct the mask with clicks (Shift-N: a negative click removes a wrong part)")
+    return (f"unsure (predicted IoU {shown:.2f}): draw a box around the object, "
             "or adapt SAM to these objects after a few commits")
