@@ -233,7 +233,7 @@ def test_a_multichannel_image_is_taken_as_folder_jobs_take_it(field, engine):
 
 
 def test_a_first_click_the_model_rates_low_says_so(engine):
-    """A first click whose predicted IoU is under 0.75 gets the unsure hint (draw a box, or
+    """A first click whose predicted IoU is under ``UNSURE_IOU`` gets the unsure hint (draw a box, or
     adapt); a confident click, a box and a refined object do not."""
     from napari_gpuseg.engine.sam.interactive.prompt_types import MaskResult
 
