@@ -255,7 +255,7 @@ def test_the_session_shows_the_engines_masks_for_the_same_prompts(engine, worker
     one) and a box give through the session the masks the engine gives for the same
     prompts (the refinement with the shown logits as mask input, the box decoded near it),
     and ``session_click_ious`` (what benchmarks/clicks.py reports) the click IoUs of the
-    engine's ``click_ious``."""
+    engine's ``click_ious`` and the first masks' predicted IoUs."""
     from napari_gpuseg.engine.annotate.click_eval import session_click_ious
     from napari_gpuseg.engine.sam.training.click_eval import click_ious, pick_objects
     from napari_gpuseg.engine.sam.training.simulated_prompts import corrective_point, interior_point, tight_box
@@ -264,6 +264,7 @@ def test_the_session_shows_the_engines_masks_for_the_same_prompts(engine, worker
     s = AnnotationSession(engine, worker=worker)
     s.set_image(img)
     shape = gt.shape
+    scores = []  # the predicted IoU of each first click's mask
     for oid, sl in pick_objects(gt, max_objects=3, seed=0):
         truth = gt == oid
         x, y = interior_point(truth)
@@ -271,6 +272,7 @@ def test_the_session_shows_the_engines_masks_for_the_same_prompts(engine, worker
         first = s.click(x, y)
         r1 = engine.predict(img, [Prompt(points=[[x, y]], labels=[1])], multimask=True)[0]
         assert np.array_equal(first, r1.full(shape))
+        scores.append(r1.score)
         corr = corrective_point(first, truth)
         if corr is not None:
             (px, py), lab = corr
@@ -285,3 +287,4 @@ def test_the_session_shows_the_engines_masks_for_the_same_prompts(engine, worker
     through = session_click_ious(s, img, gt, clicks=3, max_objects=3)
     assert direct["n"] == through["n"] == 3
     np.testing.assert_allclose(through["clicks"], direct["clicks"], atol=1e-6)
+    np.testing.assert_allclose(through["score"], scores, atol=1e-6)  # benchmarks/unsure_threshold.py's

@@ -21,8 +21,9 @@ from ..sam.training.simulated_prompts import interior_point, mask_iou, tight_box
 def session_click_ious(session, image: np.ndarray, labels: np.ndarray, clicks: int = 5,
                        max_objects: int | None = None, seed: int = 0, box: bool = True,
                        cancel: CancelToken | None = None) -> dict:
-    """Per-object IoUs after 1..``clicks`` clicks (``"clicks"``: (N, clicks)) and with a
-    tight box (``"box"``: (N,)) for the objects of ``labels`` (at most ``max_objects``, drawn
+    """Per-object IoUs after 1..``clicks`` clicks (``"clicks"``: (N, clicks)), the predicted
+    IoU the model gave the first click's mask (``"score"``: (N,), as decoded: SAM's IoU head
+    can exceed 1) and with a tight box (``"box"``: (N,)) for the objects of ``labels`` (at most ``max_objects``, drawn
     with ``seed``), each object annotated in ``session`` (its image set to ``image``; nothing
     is committed). With every object measured, the image's views are embedded first
     (``session.embed``); else each prompt embeds the views it needs."""
@@ -30,7 +31,7 @@ def session_click_ious(session, image: np.ndarray, labels: np.ndarray, clicks: i
     session.set_image(image)
     objs = pick_objects(labels, max_objects, seed)
     n = len(objs)
-    out = {"clicks": np.zeros((n, clicks)), "box": np.zeros(n) if box else None, "n": n}
+    out = {"clicks": np.zeros((n, clicks)), "score": np.zeros(n), "box": np.zeros(n) if box else None, "n": n}
     if n == 0:
         return out
     if max_objects is None:
@@ -41,6 +42,7 @@ def session_click_ious(session, image: np.ndarray, labels: np.ndarray, clicks: i
         session.clear()
         x, y = interior_point(labels[s] == oid) + [s[1].start, s[0].start]
         session.click(x, y)
+        out["score"][k] = float(session.result.score)
         for c in range(clicks):
             res = session.result
             win = window(s, res, shape)
