@@ -43,11 +43,22 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.logical_and(a, b).sum() / u) if u else 1.0
 
 
-def adapted_decoder(shared_data: Path, folder: Path, steps: int = 1) -> tuple[str, str]:
-    """A real adapted decoder in the user's list at ``folder`` (``<cache>/adapted_sam``):
-    the default model adapted for ``steps`` step(s) on native views to the cells of the left
-    96 px of scratch-assay t00 (a training frame), saved by ``adapt_to_objects`` as
-    ``t00_adapted`` from ``/data/scratch/t00.tif``. ``(path, label the model lists show)``."""
+_ADAPTED: dict = {}
+
+
+def adapted_decoder(shared_data: Path, tmp_path_factory) -> tuple[Path, str, str]:
+    """A real adapted decoder in the user's list of a cache folder (``<cache>/adapted_sam``):
+    the default model adapted for one step on native views to the cells of the left 96 px of
+    scratch-assay t00 (a training frame), saved by ``adapt_to_objects`` as ``t00_adapted``
+    from ``/data/scratch/t00.tif``; made once per test run (read it, do not change it).
+    ``(cache folder, path, label the model lists show)``."""
+    if "made" not in _ADAPTED:
+        cache = tmp_path_factory.mktemp("adapted_cache")
+        _ADAPTED["made"] = (cache, _adapt_once(shared_data, cache / "adapted_sam"), "t00_adapted (from t00.tif)")
+    return _ADAPTED["made"]
+
+
+def _adapt_once(shared_data: Path, folder: Path) -> str:
     import tifffile
 
     from napari_gpuseg.engine.sam.training.adapt import adapt_to_objects, few_object_config
@@ -58,11 +69,11 @@ def adapted_decoder(shared_data: Path, folder: Path, steps: int = 1) -> tuple[st
     cut = np.s_[:, :96]
     img, gt = tifffile.imread(d / "images" / "t00.tif")[cut], tifffile.imread(d / "masks" / "t00.tif")[cut]
     cfg = few_object_config(4, minutes=1)
-    cfg.max_steps, cfg.max_time, cfg.view_zooms = steps, None, (1.0,)
+    cfg.max_steps, cfg.max_time, cfg.view_zooms = 1, None, (1.0,)
     res = adapt_to_objects(img, gt, model=DEFAULT_MODEL, image_name="/data/scratch/t00.tif", folder=folder,
                            config=cfg)
-    assert res.path is not None and res.steps == steps
-    return res.path, "t00_adapted (from t00.tif)"
+    assert res.path is not None and res.steps == 1
+    return res.path
 
 
 def decoder_matches(engine, path) -> bool:

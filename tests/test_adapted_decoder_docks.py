@@ -26,8 +26,7 @@ WAIT = 240_000  # ms; the CPU encoder and training are slow on a busy 2-core mac
 @pytest.fixture(scope="module")
 def made(shared_data, tmp_path_factory):
     """A cache folder whose adapted-decoder list holds one real adapted decoder: (cache, path, label)."""
-    cache = tmp_path_factory.mktemp("cache")
-    path, label = adapted_decoder(shared_data, cache / "adapted_sam")
+    cache, path, label = adapted_decoder(shared_data, tmp_path_factory)
     base = read_decoder(registry.cached_path(DEFAULT_MODEL))["state"]
     mine = read_decoder(path)["state"]
     assert any(not torch.equal(base[k], mine[k]) for k in base)  # it is not the base's decoder

@@ -143,8 +143,7 @@ def adapted_file(shared_data, tmp_path_factory):
     """A real adapted decoder (one step) in an adapted-decoders folder: (cache folder, path)."""
     from sam_fixtures import adapted_decoder
 
-    cache = tmp_path_factory.mktemp("cache")
-    return cache, adapted_decoder(shared_data, cache / "adapted_sam")[0]
+    return adapted_decoder(shared_data, tmp_path_factory)[:2]
 
 
 def unsure_first_click(s: AnnotationSession, score: float) -> None:
