@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +90,11 @@ def walk(out: Path, screenshots: Path | None = None, log=print) -> dict:
         window = viewer.window._qt_window
         _pump(app, seconds=0.5)
         w = viewer.window.dock_widgets[f"{DEFAULT_DOCKS[0]} (napari-gpuseg)"]
+        canvas = viewer.window._qt_viewer.canvas.native
+        if min(canvas.width(), canvas.height()) < 100:
+            raise RuntimeError(f"napari opened at {window.width()}x{window.height()} with a "
+                               f"{canvas.width()}x{canvas.height()} px canvas (its settings remember no "
+                               "window size but not a first start either): nothing to click on")
         facts.update(window=(window.width(), window.height()), docks=list(viewer.window.dock_widgets),
                      image=w.image_layer.name, active=viewer.layers.selection.active.name,
                      buttons=[b.text() for b in (w.commit_btn, w.clear_btn, w.undo_btn)],
@@ -104,7 +110,6 @@ def walk(out: Path, screenshots: Path | None = None, log=print) -> dict:
         touching = [i for i in np.unique(gt[gt > 0])
                     if ((ndi.binary_dilation(gt == i, iterations=2) & (gt != i)) & (gt > 0)).any()]
         oid = int(min(touching, key=lambda i: np.hypot(*(np.array(_centre(gt == i)) - middle))))
-        canvas = viewer.window._qt_viewer.canvas.native
 
         def click(y: int, x: int) -> None:
             viewer.scene.camera.center = (float(y), float(x))
@@ -166,10 +171,20 @@ def walk(out: Path, screenshots: Path | None = None, log=print) -> dict:
         path = out / "nuclei_labels.tif"
         saved = viewer.layers.save(str(path), selected=True)
         back = tifffile.imread(path)
+        png = out / "nuclei_labels.png"  # a name ending in .png instead: napari's writer refuses int32
+        with warnings.catch_warnings(record=True) as said:  # napari warns "No data written! ..."
+            warnings.simplefilter("always")
+            try:
+                viewer.layers.save(str(png), selected=True)
+            except Exception as exc:  # noqa: BLE001 - what the user would see, recorded
+                facts["png_error"] = f"{type(exc).__name__}: {exc}"
+        facts["png_saved"] = png.exists()
+        if not png.exists():
+            facts.setdefault("png_error", " ".join(str(m.message) for m in said) or "no file written")
         facts["saved_ids"] = np.unique(back).tolist()
         facts["saved_iou"] = _iou(back == 1, gt == oid)
         step("save", f"5. saved {saved}: ids {facts['saved_ids']}, IoU {facts['saved_iou']:.3f} "
-                     f"with the true nucleus")
+                     f"with the true nucleus; as .png: {facts.get('png_error', 'saved')}")
     finally:
         viewer.close()
     return facts

@@ -18,14 +18,23 @@ def quick_start() -> str:
 
 
 @pytest.fixture
-def walk(qtbot):  # qtbot: the QApplication the viewer joins
+def walk(qtbot, monkeypatch):  # qtbot: the QApplication the viewer joins
+    """:func:`quickstart_check.walk` on a first start, as napari's own viewer fixture does it:
+    napari's settings reset (a start after one that saved no window geometry opens a small
+    window whose docks squeeze the canvas to nothing), and closing saves no window settings."""
+    from napari._qt.qt_main_window import _QtMainWindow
+    from napari.settings import get_settings
+
     require_lite_medsam()
+    get_settings().reset()
+    monkeypatch.setattr(_QtMainWindow, "_save_current_window_settings", lambda self: None)
     sys.path.insert(0, str(ROOT / "docs"))
     try:
         import quickstart_check
     finally:
         sys.path.remove(str(ROOT / "docs"))
-    return quickstart_check.walk
+    yield quickstart_check.walk
+    get_settings().reset()
 
 
 def test_the_quick_start_runs_as_written(walk, tmp_path):
@@ -48,3 +57,6 @@ def test_the_quick_start_runs_as_written(walk, tmp_path):
     menu = re.search(r"\*File > ([^*]+)\*", text).group(1)
     assert menu.rstrip(".") + "..." in facts["file_menu"]
     assert facts["saved_ids"] == [0, 1] and facts["saved_iou"] > 0.8
+    save_step = text[text.index("5. **Save.**"):text.index("Sample images")]
+    assert "`.tif`" in save_step
+    assert "`.png`" not in save_step or facts["png_saved"], facts.get("png_error")  # it said .tif or .png
