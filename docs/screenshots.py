@@ -211,11 +211,19 @@ AT_DEFAULT_SIZE = {"annotator"}  # shown at napari's default window size (no cli
 
 
 def main(names):
+    import tempfile
+
+    # a first start's napari settings: napari sizes the window to its contents only on a first
+    # start, and a saved window geometry (or a first start already spent) would change
+    # AT_DEFAULT_SIZE's pictures; the settings file of this Python environment is not touched
+    os.environ.setdefault("NAPARI_CONFIG", str(Path(tempfile.mkdtemp(prefix="napari-settings-")) / "settings.yaml"))
     import napari
+    from napari.settings import get_settings
     from qtpy.QtWidgets import QApplication
 
     OUT.mkdir(parents=True, exist_ok=True)
     for name in names or SHOTS:
+        get_settings().reset()  # each picture a first start (the file is the temporary one above)
         viewer = napari.Viewer(title="napari-gpuseg")
         if name not in AT_DEFAULT_SIZE:
             viewer.window._qt_window.resize(1500, 900)

@@ -85,16 +85,20 @@ def test_batch_size_boxes_read_Auto_in_every_dock(make_napari_viewer):
 
 
 def test_annotator_rows_are_not_clipped_at_the_default_window_size(make_napari_viewer, qtbot, monkeypatch):
-    """With the GPU monitor docked below it (as in the README screenshot), the annotator
-    shares the window's height; its Model and Image rows must keep their full height and
-    width (a shown scroll bar once covered their right edge), and the monitor both lines of
-    a long CPU name."""
+    """With the GPU monitor docked below it (as ``napari-gpuseg`` opens them and the README
+    screenshot shows), the annotator shares the window's height; its Model and Image rows
+    must keep their full height and width (a shown scroll bar once covered their right edge),
+    its Commit, Clear and Undo buttons must show without scrolling, and the monitor both lines
+    of a long CPU name."""
     from napari_gpuseg.widgets import gpu_monitor
 
     monkeypatch.setattr(gpu_monitor, "device_name",
                         lambda _d: "CPU (Intel(R) Xeon(R) Platinum 8480+ Processor, 2 threads)")
     viewer = make_napari_viewer(show=True)
     viewer.add_image(np.zeros((64, 64), np.uint8), name="img")
+    from napari_gpuseg.cli.main import DEFAULT_DOCKS
+
+    assert DEFAULT_DOCKS == ("SAM annotator", "GPU monitor")
     _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     _d, monitor = viewer.window.add_plugin_dock_widget("napari-gpuseg", "GPU monitor")
     form = w.model_combo.parentWidget().layout().itemAt(0).layout()
@@ -116,6 +120,11 @@ def test_annotator_rows_are_not_clipped_at_the_default_window_size(make_napari_v
             visible = widget.visibleRegion().boundingRect()
             assert visible == widget.rect(), (label.text(), visible, widget.rect())
     assert w.image_label.text() != "no image layer"
+    # what a user needs for every object shows without scrolling: Commit, Clear, Undo (they
+    # were under the fold, below the hint and a checkbox, in the README screenshot)
+    for button in (w.commit_btn, w.clear_btn, w.undo_btn):
+        visible = button.visibleRegion().boundingRect()
+        assert button.isVisible() and visible == button.rect(), (button.text(), visible, button.rect())
     label = monitor.device_label
     assert label.heightForWidth(label.width()) > label.fontMetrics().height() * 1.5  # it wraps
     assert label.height() >= label.heightForWidth(label.width())

@@ -138,12 +138,13 @@ class SamAnnotatorWidget(DockWidget):
         form.addRow("Model", self.model_combo)
         form.addRow("Device", self.device_label)
         form.addRow("Image", self.image_label)
-        form.addRow("Batch size", self.batch_spin)
         rows = [QHBoxLayout() for _ in range(3)]
         for row, pair in zip(rows, ((self.commit_btn, self.clear_btn), (self.undo_btn, self.all_boxes_btn),
                                     (self.precompute_btn, self.cancel_btn))):
             row.addWidget(pair[0])
             row.addWidget(pair[1])
+        encoder = QFormLayout()
+        encoder.addRow("Batch size", self.batch_spin)
         # the rows live in a scroll area: a dock sharing the window's height with others
         # scrolls instead of squeezing its top rows (Model, Image) to nothing
         self.content = QWidget()
@@ -152,15 +153,19 @@ class SamAnnotatorWidget(DockWidget):
         outer.addWidget(scrollable(self.content))
         layout = QVBoxLayout(self.content)
         layout.addLayout(form)
-        # the status line ("5/12 tiles", the last mask) right under the image it is about:
-        # visible without scrolling at napari's default window size
+        # what a user needs for every object comes first, so that at napari's default window
+        # size (the GPU monitor docked below) it shows without scrolling: the status line
+        # ("5/12 tiles", the last mask) right under the image it is about, then Commit, Clear,
+        # Undo. The hint and the settings that are rarely changed come after them
         layout.addWidget(self.status)
         layout.addWidget(self.progress)
-        layout.addWidget(self.hint_label)
         layout.addWidget(self.region_btn)
+        layout.addLayout(rows[0])
+        layout.addLayout(rows[1])
+        layout.addWidget(self.hint_label)
         layout.addWidget(self.multimask)
-        for row in rows:
-            layout.addLayout(row)
+        layout.addLayout(encoder)
+        layout.addLayout(rows[2])
         from ._propagate import PropagatePanel  # Propagate / Segment all objects in 3D
 
         from ._adapt_panel import AdaptPanel  # Adapt to these objects
