@@ -1,0 +1,78 @@
+"""Refit a SAM decoder's IoU head on first clicks of training objects (the second step of
+``scripts/build_cells_nuclei_sam.sh``; see ``napari_gpuseg.engine.sam.training.iou_head``).
+
+    python scripts/calibrate_iou_head.py DECODER.pt OUT.pt [--cache-dir DIR]
+
+Training parts of ``../shared/data`` (or ``$NAPARI_GPUSEG_SHARED_DATA``) only: the whole
+cells of ``scratch_assay`` t00-t06 (15 per frame) and the first 16 BBBC039 fields (6 per
+field); validation frames and fields are never read. Every first click (the object's most
+interior pixel) is decoded in each view the annotator decodes it in, every candidate's IoU
+measured; the IoU head is refitted on those (20 % of them held out to pick the epoch) and
+the decoder written to OUT with the head replaced and the fit recorded under ``iou_head``.
+The masks do not change, only which candidate a first click keeps. Deterministic for a
+given decoder and machine precision (seed 0); ``--cache-dir`` keeps the embeddings.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import tifffile
+import torch
+
+from napari_gpuseg.engine import load_engine
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.training.iou_head import first_click_samples, fit_iou_head
+from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder, save_decoder
+
+
+def training_fields(data: Path) -> list[tuple[Path, Path, int]]:
+    """(image, labels, objects per image): training parts of the shared data only."""
+    cells = data / "scratch_assay" / "cells"
+    out = [(cells / "images" / f"t{t:02d}.tif", cells / "masks" / f"t{t:02d}.tif", 15) for t in range(7)]
+    bbbc = sorted((data / "bbbc039" / "images").glob("*.tif"))[:16]  # the first 16: training
+    out += [(p, data / "bbbc039" / "masks" / p.name, 6) for p in bbbc]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("decoder", help="decoder checkpoint to start from")
+    ap.add_argument("out", help="where to write the decoder with the refitted IoU head")
+    ap.add_argument("--cache-dir", default=None, help="keep the embeddings in this folder across runs")
+    args = ap.parse_args(argv)
+    env = os.environ.get("NAPARI_GPUSEG_SHARED_DATA")
+    data = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not data.is_dir():
+        raise SystemExit(f"real data not found at {data} (set NAPARI_GPUSEG_SHARED_DATA)")
+    doc = read_decoder(args.decoder)
+    engine = load_engine(args.decoder, cache=EmbeddingCache(max_bytes=4 << 30, disk_dir=args.cache_dir))
+    t0 = time.perf_counter()
+    feats, ious = [], []
+    for image, labels, cap in training_fields(data):
+        f, i = first_click_samples(engine, tifffile.imread(image), tifffile.imread(labels), cap, seed=0)
+        feats.append(f)
+        ious.append(i)
+        print(f"{image.parent.parent.name}/{image.name}: {len(f)} views of first clicks "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    features, targets = np.concatenate(feats), np.concatenate(ious)
+    head = engine.sam.mask_decoder.iou_prediction_head
+    fit = fit_iou_head(head, features, targets)
+    print(f"held-out squared error {fit.held_out_mse_before:.4f} -> {fit.held_out_mse_after:.4f} "
+          f"(epoch {fit.epoch}; {fit.fitted} samples fitted, {fit.held_out} held out)")
+    engine.sam.float()
+    meta = {k: doc[k] for k in ("training", "click_zoom", "metrics") if k in doc}
+    meta["iou_head"] = {"samples": int(len(features)), "held_out_mse_before": round(fit.held_out_mse_before, 5),
+                        "held_out_mse_after": round(fit.held_out_mse_after, 5), "epoch": int(fit.epoch),
+                        "data": "scratch_assay cells t00-t06 (15 per frame), bbbc039 first 16 (6 per field)"}
+    save_decoder(args.out, engine.sam, doc["base"], doc.get("base_sha256"), **meta)
+    print(f"wrote {args.out} in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
