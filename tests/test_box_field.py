@@ -165,43 +165,52 @@ def lite_engine():
     return load_engine("lite_medsam", FP32)
 
 
-def test_field_box_mode_on_a_real_field_is_as_good_with_fewer_encoder_passes(lite_engine, shared_data,
-                                                                            monkeypatch):
-    """A 300 x 400 corner of a held-out BBBC039 field (4 tiles or a field map 1.8 inputs
-    large), ground-truth boxes, native views only: the field map gives the same F1 as the
-    tiles with about half the encoder work (counted in encoded pixels)."""
+@pytest.fixture(scope="module")
+def corner_runs(lite_engine, shared_data):
+    """Box mode on a 300 x 400 corner of a held-out BBBC039 field with its ground-truth boxes,
+    native views only, run once with ``field=False`` and once with the default: per run the
+    encoder's input shapes, the pixels it encoded, and the labels (the two tests below read
+    the same two runs)."""
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-2]
     image = tifffile.imread(f)[:300, :400]
     gt = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[:300, :400]
     boxes = boxes_from_labels(gt)
-    px = []
+    shapes = []
     real = lite_engine.encode
-    monkeypatch.setattr(lite_engine, "encode", lambda x: px.append(x.shape[0] * x.shape[2] * x.shape[3]) or real(x))
+    runs = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lite_engine, "encode", lambda x: shapes.append(tuple(x.shape)) or real(x))
+        for field in (False, None):
+            lite_engine.cache.clear()
+            shapes.clear()
+            kw = {} if field is None else {"field": field}
+            res = segment_boxes(lite_engine, image, boxes, padding=2, zoom_small=False, **kw)
+            runs[field] = (list(shapes), res.labels)
+    lite_engine.cache.clear()
+    return gt, runs
+
+
+def test_field_box_mode_on_a_real_field_is_as_good_with_fewer_encoder_passes(corner_runs):
+    """A 300 x 400 corner of a held-out BBBC039 field (4 tiles or a field map 1.8 inputs
+    large), ground-truth boxes, native views only: the field map (box mode's default for
+    this model; the next test checks that it is the field map) gives the same F1 as the
+    tiles with about half the encoder work (counted in encoded pixels)."""
+    gt, runs = corner_runs
     scores, work = {}, {}
-    for use in (False, True):
-        lite_engine.cache.clear()
-        px.clear()
-        res = segment_boxes(lite_engine, image, boxes, padding=2, zoom_small=False, field=use)
-        m = pooled_stats([gt], [res.labels], 0.5)
-        scores[use], work[use] = 2 * m.tp / (2 * m.tp + m.fp + m.fn), sum(px)
+    for field, use in ((False, False), (None, True)):
+        shapes, labels = runs[field]
+        m = pooled_stats([gt], [labels], 0.5)
+        scores[use], work[use] = 2 * m.tp / (2 * m.tp + m.fp + m.fn), sum(b * h * w for b, _c, h, w in shapes)
     print(f"\nF1@0.5 tiles {scores[False]:.3f}, field map {scores[True]:.3f}")
     assert work[True] == 300 * 400 and work[False] == 4 * 256 * 256
     assert scores[True] >= 0.9 and scores[True] >= scores[False] - 0.02, scores
 
 
-def test_box_mode_cuts_native_views_from_the_field_unless_told_not_to(lite_engine, shared_data, monkeypatch):
-    f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-2]
-    image = tifffile.imread(f)[:300, :400]
-    boxes = boxes_from_labels(tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[:300, :400])
-    shapes = []
-    real = lite_engine.encode
-    monkeypatch.setattr(lite_engine, "encode", lambda x: shapes.append(tuple(x.shape[2:])) or real(x))
+def test_box_mode_cuts_native_views_from_the_field_unless_told_not_to(corner_runs):
+    _gt, runs = corner_runs
     for field, expected in ((False, {(256, 256)}), (None, {(300, 400)})):
-        lite_engine.cache.clear()
-        shapes.clear()
-        kw = {} if field is None else {"field": field}
-        segment_boxes(lite_engine, image, boxes, padding=2, zoom_small=False, **kw)
-        assert set(shapes) == expected, (field, shapes)
+        shapes, _labels = runs[field]
+        assert {s[2:] for s in shapes} == expected, (field, shapes)
 
 
 def test_local_minmax_stretches_each_neighbourhood_to_its_own_range():

@@ -206,12 +206,14 @@ def test_training_views_follow_the_models_click_zoom_and_the_checkpoint_keeps_it
         zoomed, shared_data, tmp_path):
     import tifffile
 
+    # 256 x 171: one native view (256 rows) and two zoomed 171 px views, three encoder passes
+    # (a 256 x 256 crop needs five: four zoomed views)
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[0]
-    img = tifffile.imread(f)[:256, :256]
-    lab = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[:256, :256]
+    img = tifffile.imread(f)[:256, :171]
+    lab = tifffile.imread(shared_data / "bbbc039" / "masks" / f.name)[:256, :171]
     views = collect_views(zoomed, [img], [lab], zooms=(1.0, 1.5))
     sizes = sorted({v.view.h for v in views})
-    assert sizes == [171, 256] and all(len(v.ids) for v in views)
+    assert sizes == [171, 256] and len(views) == 3 and all(len(v.ids) for v in views)
     # the labels of a zoomed view are resized the way its pixels are
     z = next(v for v in views if v.view.h == 171)
     assert z.labels.shape == (256, 256) and set(np.unique(z.labels)) - {0} >= set(z.ids)
