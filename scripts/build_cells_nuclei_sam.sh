@@ -20,7 +20,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${NAPARI_GPUSEG_SHARED_DATA:-../shared/data}"
 OUT="${1:-napari_gpuseg/weights/cells_nuclei_sam_decoder.pt}"
-STAGE1="${OUT%.pt}.stage1.pt"
 CMD="${NAPARI_GPUSEG_CMD:-napari-gpuseg}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 
@@ -34,13 +33,9 @@ $CMD train-sam \
   --images "$DATA/dsb2018_more/images" --labels "$DATA/dsb2018_more/masks" --limit 0 \
     --views-per-image 1 --polarity random \
   --zoom 1 --zoom 1.5 --click-zoom 1.5 --contrast-jitter 1.5 \
-  --model nuclei_sam --out "$STAGE1" ${EMB_CACHE:+--cache "$EMB_CACHE"} \
+  --model nuclei_sam --out "$OUT" ${EMB_CACHE:+--cache "$EMB_CACHE"} \
   --max-steps 5000 --max-time "${MAX_TIME:-2700}" --views-per-step "${VIEWS_PER_STEP:-4}" --objects-per-view 3 --lr 3e-4 \
   --box-fraction 0.25 --corrections 2 --eval-every "${EVAL_EVERY:-20}" --val-objects 48 --val-fraction 0.1 \
   --patience "${PATIENCE:-8}" --seed 4 ${DEVICE:+--device "$DEVICE"} ${PRECISION:+--precision "$PRECISION"}
 
-# step 2: refit the IoU head on first clicks of the same training frames and fields, so a
-# first click keeps the candidate that fits (the masks stay those of step 1)
-"${PYTHON:-python}" scripts/calibrate_iou_head.py "$STAGE1" "$OUT" ${EMB_CACHE:+--cache-dir "$EMB_CACHE"}
-rm -f "$STAGE1"
 sha256sum "$OUT"
