@@ -33,6 +33,14 @@ def test_fit_lowers_the_held_out_error_and_never_raises_it():
     assert fit2.held_out_mse_after <= fit2.held_out_mse_before
     if fit2.epoch == 0:
         assert all(torch.equal(a, b) for a, b in zip(start, head2.parameters()))
+    # bias only: the hidden layers stay as they were, the output offsets move
+    head3 = MLP(8, 16, 4, 3)
+    hidden = [p.detach().clone() for layer in head3.layers[:-1] for p in layer.parameters()]
+    weight, bias = head3.layers[-1].weight.detach().clone(), head3.layers[-1].bias.detach().clone()
+    fit3 = fit_iou_head(head3, x, y + 0.3, epochs=200, lr=1e-2, bias_only=True)
+    assert fit3.held_out_mse_after < fit3.held_out_mse_before
+    assert all(torch.equal(a, b) for a, b in zip(hidden, [p for la in head3.layers[:-1] for p in la.parameters()]))
+    assert torch.equal(weight, head3.layers[-1].weight) and not torch.equal(bias, head3.layers[-1].bias)
     with pytest.raises(ValueError, match="too few"):
         fit_iou_head(MLP(8, 16, 4, 3), x[:3], y[:3])
 

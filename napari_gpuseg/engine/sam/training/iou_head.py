@@ -90,11 +90,12 @@ class HeadFit:
 
 
 def fit_iou_head(head: nn.Module, features: np.ndarray, ious: np.ndarray, holdout: float = 0.2,
-                 epochs: int = 400, lr: float = 3e-4, seed: int = 0) -> HeadFit:
+                 epochs: int = 400, lr: float = 3e-4, seed: int = 0, bias_only: bool = False) -> HeadFit:
     """Refit ``head`` (in place, on the CPU in fp32) to predict ``ious`` from ``features``
     by mean squared error with Adam, full batch; a ``holdout`` fraction of the samples
     (drawn with ``seed``) picks the epoch kept (the lowest held-out error, the starting
-    weights included, so the head never gets worse on them)."""
+    weights included, so the head never gets worse on them). ``bias_only``: only the last
+    layer's bias moves (one offset per candidate: the smallest change that reorders them)."""
     x = torch.as_tensor(features, dtype=torch.float32)
     y = torch.as_tensor(ious, dtype=torch.float32)
     if len(x) < 5:
@@ -103,7 +104,9 @@ def fit_iou_head(head: nn.Module, features: np.ndarray, ious: np.ndarray, holdou
     n_hold = max(1, int(round(len(x) * holdout)))
     hold, fit = order[:n_hold], order[n_hold:]
     head.float().cpu()
-    params = list(head.parameters())
+    for p in head.parameters():
+        p.requires_grad_(False)
+    params = [head.layers[-1].bias] if bias_only else list(head.parameters())
     for p in params:
         p.requires_grad_(True)
     loss_fn = nn.functional.mse_loss
@@ -124,6 +127,6 @@ def fit_iou_head(head: nn.Module, features: np.ndarray, ious: np.ndarray, holdou
             if err < best:
                 best, best_state, best_epoch = err, copy.deepcopy(head.state_dict()), epoch
     head.load_state_dict(best_state)
-    for p in params:
+    for p in head.parameters():
         p.requires_grad_(False)
     return HeadFit(before, best, best_epoch, len(fit), len(hold))
