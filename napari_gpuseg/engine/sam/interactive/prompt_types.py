@@ -119,10 +119,15 @@ class MaskResult:
 
     @property
     def predicted_iou(self) -> float:
-        """:attr:`score` clamped to [0, 1], as the user is shown it (SAM's IoU head is a plain
-        regression: its output can exceed 1, or fall under 0)."""
-        s = float(self.score)
-        return min(1.0, max(0.0, s)) if np.isfinite(s) else s
+        """:attr:`score` as the user is shown it (:func:`shown_iou`)."""
+        return shown_iou(self.score)
+
+
+def shown_iou(score: float) -> float:
+    """A predicted IoU clamped to [0, 1] (SAM's IoU head is a plain regression: its output
+    can exceed 1, or fall under 0); a non-finite one as it is."""
+    s = float(score)
+    return min(1.0, max(0.0, s)) if np.isfinite(s) else s
 
 
 def paste_labels(results: Sequence[MaskResult], shape: tuple[int, int],

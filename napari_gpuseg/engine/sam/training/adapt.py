@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...runtime.cancel import CancelToken, ProgressFn
+from ..interactive.prompt_types import shown_iou
 from .finetune import SamTuneEvent, SamTuneResult, finetune_sam
 from .tune_config import SamTuneConfig
 
@@ -197,7 +198,7 @@ def unsure_hint(predicted_iou: float, threshold: float = UNSURE_IOU, adapted: bo
     corrective clicks)."""
     if predicted_iou is None or not np.isfinite(predicted_iou):
         return None
-    shown = min(1.0, max(0.0, float(predicted_iou)))
+    shown = shown_iou(predicted_iou)
     if shown >= threshold:
         return None
     if adapted:
