@@ -34,7 +34,8 @@ from ._annotator_region import REGION_BUTTON, add_region, region_in_view, too_bi
 from ._choices import (add_adapted_choice, browse_checkpoint, chosen_sam_model, fill_sam_models,
                        is_box_trained, offer_adapted_sam, take_sam_models)
 from ._dock import DockWidget, auto_spin, scrollable
-from ._first_layer import warm_up
+from ._first_layer import freeze_heap, thaw_heap, warm_up
+from ._preview_paint import PreviewPaint
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
 
@@ -71,6 +72,7 @@ class SamAnnotatorWidget(DockWidget):
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
         self._after_repaint = AfterRepaint(self.session.release_background, self)
+        self._painter = PreviewPaint()  # the preview layer's pixels that changed, not the whole plane
         self._looks_waiting: list = []  # ``shown`` callbacks of first looks painted next
         self._look_painted = AfterRepaint(self._on_look_painted, self)
         self._follow = PostedCall(self._follow_active, self)
@@ -81,7 +83,7 @@ class SamAnnotatorWidget(DockWidget):
         self._keep_status = False  # a model switch's message outlives the embedding it starts
         self._build_ui()
         session = self.session
-        self.destroyed.connect(lambda *_: (self.redraw.release(), session.close()))
+        self.destroyed.connect(lambda *_: (self.redraw.release(), session.close(), thaw_heap()))
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
         self.viewer.camera.events.center.connect(self._on_camera)
@@ -90,7 +92,7 @@ class SamAnnotatorWidget(DockWidget):
             self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
         self.session.set_model(self.model_name)
         self._preload_model()
-        warm_up(self, self.session.schedule)  # napari's one-off work for its first layers, before the first drop
+        warm_up(self, self.session.schedule, freeze=True)  # napari's one-off work for its first layers, before the first drop
         take_sam_models(self)
         active = self.viewer.layers.selection.active
         if isinstance(active, Image):
@@ -241,6 +243,7 @@ class SamAnnotatorWidget(DockWidget):
         (a one-off GUI hiccup in torch's unpickler and Python's collector) is over
         before any interaction. A missing model is reported now, not at the first prompt."""
         def done(seconds):
+            freeze_heap()  # the model's objects live as long as the dock: out of full collections
             if self.image_layer is None:
                 self._set_status(f"model {self.model_name} ready ({seconds:.1f} s)")
 
@@ -508,13 +511,7 @@ class SamAnnotatorWidget(DockWidget):
         """Paint the current object (the session checked it is not stale)."""
         if not self._image_alive() or self.preview_layer is None:
             return
-        data = self.preview_layer.data
-        index = self.session.plane
-        target = data[index] if index else data
-        if index:
-            data[...] = 0
-        target[...] = result.full(target.shape)
-        self.preview_layer.refresh()
+        self._painter.show(self.preview_layer, self.session.plane, result.mask, result.y0, result.x0)
         what = "preview" if final else "first look"  # a first look: the full mask follows
         hint = self.session.unsure() if final else None
         self._set_status(f"{what}: {result.area} px, " + (hint or f"predicted IoU {result.predicted_iou:.2f}"))
@@ -543,9 +540,8 @@ class SamAnnotatorWidget(DockWidget):
     def _clear_preview(self) -> None:
         self.redraw.release()
         self.session.release_background()
-        if self.preview_layer is not None and self.preview_layer.data.any():
-            self.preview_layer.data[...] = 0
-            self.preview_layer.refresh()
+        if self.preview_layer is not None:
+            self._painter.clear(self.preview_layer)
 
     def has_preview(self) -> bool:
         return self.session.result is not None
