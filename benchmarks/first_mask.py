@@ -28,9 +28,7 @@ per drop where the dock's following goes: napari's ``add_image``, each of the do
 ``--wait-for-tile alternate`` switches, field by field, the preview's ``Job.defer`` off (the
 box's view is embedded again at a pause point even when the background encoder is computing
 it; the way before) and on (the prompt waits for that view), the same-run baseline for it.
-``--rest alternate`` makes, field by field, SAM negative and the labels layer while the dock
-follows the drop (``at-follow``, the way before) or after the first mask, once the prompts
-rest (``later``, as shipped), the same-run baseline for that. ``--prompt click`` measures
+``--prompt click`` measures
 a first click instead of a box (at the object's most interior pixel, in SAM positive; a
 first click is decoded in its native tile and in a 1.5x finer one, so it needs two views),
 its edits moving the click by a few pixels; ``--first-look alternate`` then shows, field
@@ -41,16 +39,10 @@ look to be painted (its finer view's encoder would hold Python's lock through th
 outside the first tile (the background starts at the canvas centre), so the box needs a view
 of its own; ``--crop-look alternate`` shows, field by field, a first look from a 128 px crop
 (as shipped) or none.
-``--freeze alternate`` unfreezes, in pairs of fields, what the window holds (the annotator
-freezes it out of full garbage collections), the same-run baseline for that; each field
-reports the full collections that ran while its tiles embedded. ``--paint alternate``
-paints, in fours of fields, the preview's whole plane and refreshes it (the way before)
-instead of the pixels that changed.
 """
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
@@ -95,22 +87,6 @@ def corners(box: np.ndarray) -> np.ndarray:
     return np.array([[y0, x0], [y0, x1], [y1, x1], [y1, x0]], float)
 
 
-class WholePlanePaint:
-    """The preview painted the way before ``PreviewPaint``: the whole plane and a refresh."""
-
-    def show(self, layer, index, mask, y0=0, x0=0):
-        data = layer.data
-        data[...] = 0
-        target = data[index] if index else data
-        target[y0:y0 + mask.shape[0], x0:x0 + mask.shape[1]] = mask
-        layer.refresh()
-
-    def clear(self, layer):
-        if layer.data.any():
-            layer.data[...] = 0
-            layer.refresh()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fields", type=int, default=3)
@@ -122,8 +98,6 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="SAM model of the dock (default: the dock's default)")
     ap.add_argument("--prompt", choices=("box", "click"), default="box")
     ap.add_argument("--first-look", choices=("alternate", "on", "off"), default="on")
-    ap.add_argument("--rest", choices=("alternate", "later", "at-follow"), default="later",
-                    help="when the dock makes SAM negative and the labels layer")
     ap.add_argument("--look-paint", choices=("alternate", "on", "off"), default="on",
                     help="a first click's full decode waits for its first look to be painted")
     ap.add_argument("--box-at", choices=("centre", "corner"), default="centre",
@@ -131,13 +105,6 @@ def main() -> None:
     ap.add_argument("--crop-look", choices=("alternate", "on", "off"), default="on",
                     help="a box's or first click's first look from a small crop (off: a box has "
                          "none, a click's comes from its native tile)")
-    ap.add_argument("--freeze", choices=("alternate", "on", "off"), default="on",
-                    help="what the window holds frozen out of full garbage collections (as the "
-                         "annotator does) or not; alternate: in pairs of fields, so that it "
-                         "crosses the other alternations")
-    ap.add_argument("--paint", choices=("alternate", "changed", "whole"), default="changed",
-                    help="the preview layer gets the pixels that changed (as shipped) or the whole "
-                         "plane and a refresh (the way before); alternate: in fours of fields")
     args = ap.parse_args()
 
     import napari
@@ -148,7 +115,6 @@ def main() -> None:
     from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
     from napari_gpuseg.engine.sam.interactive.predictor import SamEngine
     from napari_gpuseg.engine.annotate import steps
-    from napari_gpuseg.widgets._preview_paint import PreviewPaint
     from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S
 
     policy = set_policy("auto", args.precision)
@@ -158,15 +124,6 @@ def main() -> None:
         raise SystemExit(f"no BBBC039 fields under {data} (--data or NAPARI_GPUSEG_SHARED_DATA)")
     viewer = napari.Viewer(show=True)
     app = QApplication.instance()
-    collections: list[tuple[int, float]] = []  # (generation, ms) of the collector's passes
-
-    def on_gc(phase, info, _t=[0.0]):
-        if phase == "start":
-            _t[0] = time.perf_counter()
-        else:
-            collections.append((info["generation"], (time.perf_counter() - _t[0]) * 1000))
-
-    gc.callbacks.append(on_gc)
 
     def pump(until, timeout=900.0):
         pump_until(app, until, timeout)
@@ -249,7 +206,7 @@ def main() -> None:
             return [i % 2 == 0 for i in range(n)]
         return [args.hold == "on"] * n
     rows = []
-    defer_for, set_image_layer, first_look = w.session._defer_for, w.set_image_layer, steps.first_look
+    defer_for, first_look = w.session._defer_for, steps.first_look
     supports_look = steps.supports_look
 
     def stamped_look(engine_of, image, prompt, look=None, cancel=None):
@@ -263,24 +220,14 @@ def main() -> None:
         if look is not None:  # nothing to show: the full decode need not wait for a paint
             look.set()
 
-    def follow_with_rest(layer):
-        set_image_layer(layer)
-        w._make_rest()  # the way before: all five layers while following the drop
     for n_field, f in enumerate(files):
         waits = args.wait_for_tile == "on" or (args.wait_for_tile == "alternate" and n_field % 2 == 1)
         w.session._defer_for = defer_for if waits else (lambda *_a: None)
-        rest_later = args.rest == "later" or (args.rest == "alternate" and n_field % 2 == 1)
-        w.set_image_layer = set_image_layer if rest_later else follow_with_rest
         look = args.first_look == "on" or (args.first_look == "alternate" and n_field % 2 == 1)
         steps.first_look = stamped_look if look else no_look
         look_paint["on"] = args.look_paint == "on" or (args.look_paint == "alternate" and n_field % 2 == 1)
         crop = args.crop_look == "on" or (args.crop_look == "alternate" and n_field % 2 == 1)
         steps.supports_look = supports_look if crop else (lambda _engine: False)
-        frozen = args.freeze == "on" or (args.freeze == "alternate" and (n_field // 2) % 2 == 1)
-        gc.collect()
-        gc.freeze() if frozen else gc.unfreeze()
-        changed = args.paint == "changed" or (args.paint == "alternate" and (n_field // 4) % 2 == 1)
-        w._painter = PreviewPaint() if changed else WholePlanePaint()
         img = tifffile.imread(f)
         gt = tifffile.imread(data / "bbbc039" / "masks" / f.name)
         box = central_box(gt, (0.5, 0.5) if args.box_at == "centre" else (0.2, 0.15))
@@ -321,7 +268,6 @@ def main() -> None:
         probe = QTimer()
         probe.timeout.connect(lambda: ticks.append(time.perf_counter()))
         probe.start(10)
-        collections.clear()  # full collections from here until every tile is ready
         lat, during, views = [], 0, {w.session.result.view}
         lat_off, split = [], {True: [], False: [], "idle": []}
         edit_t: list[tuple[float, bool]] = []  # (start, held) of each edit
@@ -349,7 +295,6 @@ def main() -> None:
         # served inside it have ended: a box's own view inside the first tile's wait)
         follow_split["encodes"] = [(a - t_add, b - t_add) for a, b in sorted(encodes)[:2]]
         probe.stop()
-        full_gc = [ms for gen, ms in collections if gen == 2]
         gaps = np.diff(ticks) * 1000
         kinds = {"hold": [], "no hold": [], "no edit": []}
         for end, gap in zip(ticks[1:], gaps):
@@ -380,7 +325,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, crop=crop, look=look, look_paint=look_paint["on"], waits=waits, paint_changed=changed, rest_later=rest_later, frozen=frozen, full_gc=full_gc, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, crop=crop, look=look, look_paint=look_paint["on"], waits=waits, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, mask_iou=mask_iou, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -392,8 +337,7 @@ def main() -> None:
               f"edits while tiles embed: {r['during']}/{len(lat)}, median "
               f"{statistics.median(lat) if lat else float('nan'):.0f} ms ({r['views']} view(s) decoded "
               f"in), worker idle {statistics.median(idle) if idle else float('nan'):.0f} ms; "
-              f"stall max {r['stall']:.0f} ms; full collections {len(r['full_gc'])}, longest "
-              f"{max(r['full_gc'], default=0):.0f} ms ({'frozen' if r['frozen'] else 'not frozen'})",
+              f"stall max {r['stall']:.0f} ms",
               flush=True)
         print(f"  IoU with the object: first mask {r['mask_iou']['first']:.3f}, final "
               f"{r['mask_iou']['final']:.3f}", flush=True)
@@ -426,18 +370,7 @@ def main() -> None:
                          f"{np.mean([r['mask_iou']['first'] for r in sub]):.3f}, final "
                          f"{np.mean([r['mask_iou']['final'] for r in sub]):.3f}"),
             (args.look_paint, "look_paint", ("full decode at once", "full decode after the first look's paint"),
-             lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s"),
-            (args.rest, "rest_later", ("SAM negative and labels while following",
-                                       "SAM negative and labels after the first mask"),
-             lambda sub: f"dock following median {med(r['follow'] for r in sub):.2f} s"),
-            (args.paint, "paint_changed", ("whole plane painted", "changed pixels painted"),
-             lambda sub: "box edit -> mask while tiles embed median "
-                         f"{med(x for r in sub for x in r['lat']):.0f} ms, show + repaint median "
-                         f"{med(p[-1] for r in sub for p in r['split'][True]):.0f} ms"),
-            (args.freeze, "frozen", ("heap not frozen", "heap frozen"),
-             lambda sub: f"stall max {max(r['stall'] for r in sub):.0f} ms (per field "
-                         + ", ".join(f"{r['stall']:.0f}" for r in sub) + "); longest full collection "
-                         f"{max((max(r['full_gc'], default=0) for r in sub)):.0f} ms")):
+             lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s")):
         if flag != "alternate":
             continue
         for on in (False, True):  # the same-run baseline, then the variant

@@ -475,8 +475,8 @@ def test_a_second_image_keeps_the_prompt_layers_above_it_and_embeds_first(make_n
     """An image dropped beside an annotated one lands on top of the layer list: the shared
     prompt and preview layers move above it (its pixels would hide the boxes drawn on it)
     and are kept, the preview taking the new shape, rather than made again. The encoder
-    starts on the new image, and its labels layer is made only once a first prompt has
-    its mask, where a first drop puts it (under the preview)."""
+    starts on the new image before its labels layer is made, where a first drop puts it
+    (under the preview)."""
     img, gt = crop
     viewer = make_napari_viewer()
     viewer.add_image(img[:128, :128], name="first")
@@ -493,7 +493,7 @@ def test_a_second_image_keeps_the_prompt_layers_above_it_and_embeds_first(make_n
     viewer.layers.events.inserted.connect(lambda e: order.append(("layer", e.value.name)))
     viewer.add_image(img, name="second")
     qtbot.waitUntil(lambda: w.image_layer.name == "second", timeout=WAIT)
-    assert ("submit", "embed") in order and ("layer", "second SAM labels") not in order
+    assert order.index(("submit", "embed")) < order.index(("layer", "second SAM labels"))
     active = viewer.layers.selection.active
     assert (w.pos_layer, w._layers.neg, w.box_layer, w.preview_layer) == kept
     assert w.preview_layer.data.shape == img.shape and not w.preview_layer.data.any()
@@ -502,32 +502,29 @@ def test_a_second_image_keeps_the_prompt_layers_above_it_and_embeds_first(make_n
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
     assert w.image_layer.name == "second"
     assert iou(w.preview_layer.data > 0, gt == ids[0]) > 0.6
-    qtbot.waitUntil(lambda: "second SAM labels" in viewer.layers, timeout=WAIT)
     names = [ly.name for ly in viewer.layers]
     assert names[names.index("second"):] == ["second", "SAM positive", "SAM negative", "SAM boxes",
                                              "second SAM labels", "SAM preview"]
     assert viewer.layers.selection.active.name == active.name  # the user's tool stays active
 
-def test_following_a_drop_makes_the_layers_a_first_prompt_needs_then_the_rest(make_napari_viewer, qtbot, crop):
-    """A first drop makes SAM positive, SAM boxes and SAM preview at once; SAM negative
-    and the labels layer come once the first mask is shown, each where it belongs, and
-    the user's tool stays active."""
+def test_following_a_drop_makes_all_five_layers_at_once(make_napari_viewer, qtbot, crop):
+    """A first drop makes SAM positive, SAM negative, SAM boxes, the labels layer and SAM
+    preview while the dock follows it (made later, each was a half-second freeze while the
+    tiles embedded: benchmarks/first_mask.py --rest alternate), in that order, with the click
+    tool active; a layer the user deletes is not made again behind their back."""
     img, gt = crop
     viewer = make_napari_viewer()
     w = open_dock(viewer)
     viewer.add_image(img, name="cells")
     qtbot.waitUntil(lambda: w.image_layer is not None and w.box_layer is not None, timeout=WAIT)
-    assert w._layers.neg is None and w._layers.labels is None
-    assert [ly.name for ly in viewer.layers] == ["cells", "SAM positive", "SAM boxes", "SAM preview"]
+    assert [ly.name for ly in viewer.layers] == ["cells", "SAM positive", "SAM negative", "SAM boxes",
+                                                 "cells SAM labels", "SAM preview"]
+    assert w._layers.neg.mode == "add"
     active = viewer.layers.selection.active
     ids, boxes = gt_boxes(gt)
     add_box(w, boxes[0])
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
-    qtbot.waitUntil(lambda: "cells SAM labels" in viewer.layers, timeout=WAIT)
-    assert [ly.name for ly in viewer.layers] == ["cells", "SAM positive", "SAM negative", "SAM boxes",
-                                                 "cells SAM labels", "SAM preview"]
     assert viewer.layers.selection.active.name == active.name
-    assert w.neg_layer.mode == "add"
     ids_committed = w.commit()
     assert iou(w.labels_layer.data == ids_committed[0], gt == ids[0]) > 0.6
     viewer.layers.remove("SAM negative")  # the user's choice: not made again behind their back
@@ -539,16 +536,17 @@ def test_following_a_drop_makes_the_layers_a_first_prompt_needs_then_the_rest(ma
     assert viewer.layers.selection.active.name == "SAM negative"
 
 
-def test_the_rest_of_the_layers_come_at_once_when_needed(make_napari_viewer, qtbot, crop):
-    """Before the first mask, Shift-N makes SAM negative (and makes it the click tool), and
-    anything that reads the labels layer (commit, propagate, Segment all boxes) gets it."""
+def test_deleted_layers_come_back_where_they_belong_when_needed(make_napari_viewer, qtbot, crop):
+    """SAM negative and the labels layer deleted: Shift-N makes SAM negative again (and
+    makes it the click tool), and anything that reads the labels layer (commit, propagate,
+    Segment all boxes) gets it again; undo with nothing committed makes nothing."""
     img, gt = crop
     viewer = make_napari_viewer()
     w = open_dock(viewer)
-    w._rest_soon = lambda: None  # only what needs them makes them
     viewer.add_image(img, name="cells")
     qtbot.waitUntil(lambda: w.image_layer is not None and w.box_layer is not None, timeout=WAIT)
-    assert "SAM negative" not in viewer.layers
+    viewer.layers.remove("SAM negative")
+    viewer.layers.remove("cells SAM labels")
     w.undo()  # nothing committed: no labels layer made for it
     assert "cells SAM labels" not in viewer.layers and "nothing to undo" in w.status.text()
     w._toggle_click_sign()

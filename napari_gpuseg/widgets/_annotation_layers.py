@@ -13,7 +13,7 @@ POSITIVE, NEGATIVE, BOXES, PREVIEW = "SAM positive", "SAM negative", "SAM boxes"
 @dataclass
 class AnnotationLayers:
     pos: Layer
-    neg: Layer | None  # None until :func:`add_rest` (a first prompt does not need it)
+    neg: Layer | None  # None or gone from the viewer: made again by :func:`add_rest` when needed
     boxes: Shapes
     labels: Layer | None  # idem
     preview: Layer
@@ -62,7 +62,7 @@ def _make_neg(viewer, ndim: int):
     return lambda: viewer.add_points(ndim=ndim, name=NEGATIVE, face_color="red", size=8)
 
 
-def ensure_layers(viewer, image, rest: bool = True) -> AnnotationLayers:
+def ensure_layers(viewer, image) -> AnnotationLayers:
     """The annotator's layers for ``image``: the shared prompt and preview layers (made
     again only when their dimensionality does not fit; the preview takes a new shape in
     place) and ``<image> SAM labels`` (kept; a differently shaped one of the same name gets
@@ -70,20 +70,19 @@ def ensure_layers(viewer, image, rest: bool = True) -> AnnotationLayers:
 
     Making a layer is the slow part of following a new image (napari builds its visuals
     and overlays on the GUI thread: 0.2-0.75 s per layer on a 2-core AVX2 CPU), so a layer
-    that can serve the new image is kept rather than made again. With ``rest=False`` only
-    what a first prompt needs is made (SAM positive, SAM boxes, SAM preview); SAM negative
-    and the labels layer are taken if they exist and are otherwise left to :func:`add_rest`."""
+    that can serve the new image is kept rather than made again. :func:`add_rest` makes SAM
+    negative and the labels layer again if the user deletes them later."""
     shape = spatial_shape(image)
     ndim = len(shape)
     layers = viewer.layers
     place = _place(image)
     pos = _shared(viewer, POSITIVE, ndim,
                   lambda: viewer.add_points(ndim=ndim, name=POSITIVE, face_color="lime", size=8))
-    neg = _shared(viewer, NEGATIVE, ndim, _make_neg(viewer, ndim) if rest else None)
+    neg = _shared(viewer, NEGATIVE, ndim, _make_neg(viewer, ndim))
     boxes = _shared(viewer, BOXES, ndim, lambda: viewer.add_shapes(
         ndim=ndim, name=BOXES, edge_color="yellow", face_color="transparent", edge_width=2))
     label_name = _labels_name(layers, image, shape)
-    if rest and label_name not in layers:
+    if label_name not in layers:
         viewer.add_labels(np.zeros(shape, np.int32), name=label_name, **place)
     labels = layers[label_name] if label_name in layers else None
     preview = _shared(viewer, PREVIEW, ndim, lambda: viewer.add_labels(

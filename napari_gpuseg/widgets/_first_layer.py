@@ -29,7 +29,6 @@ layers) froze the window 1.15 s, 0.47 s with the warm-up (``--docks batch``, sam
   otherwise paid (0.25 s) in the middle of making the dock's layers. It holds Python's
   lock while it runs, and its cost grows with everything the process holds, so a dock
   opened beside layers (the first drop is past) skips it.
-* :func:`freeze_heap` then takes what survived out of every later full collection.
 """
 from __future__ import annotations
 
@@ -113,56 +112,17 @@ def collect_garbage() -> float:
     return time.perf_counter() - t0
 
 
-def freeze_heap(collect_young: bool = True) -> int:
-    """Move every object the garbage collector tracks now into its permanent generation
-    (``gc.freeze``) and return how many it holds. What a napari window holds once it is up
-    (napari, Qt's wrappers, torch, the model: about 0.5 million objects) lives as long as
-    the process, yet a full collection walks it whenever enough new objects have survived
-    (an encoder's Python work in the worker thread, a new layer's visuals). That walk holds
-    Python's lock: 0.3 s on a 2-core AVX2 CPU, a freeze of the window at a moment no one
-    chose (``benchmarks/first_mask.py --freeze alternate``). Frozen, it costs nothing; full
-    collections walk only what came after. ``collect_young`` first collects the two young
-    generations (cheap), so that little garbage is frozen with the rest; an object frozen
-    is never collected, so this runs at a few moments (the annotator: after start-up's
-    collection and once a model is loaded) and :func:`thaw_heap` undoes it when the dock
-    that asked closes (what it held becomes collectable again)."""
-    if collect_young:
-        gc.collect(1)
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
-def thaw_heap() -> None:
-    """Give every frozen object back to the collector (``gc.unfreeze``)."""
-    gc.unfreeze()
-
-
 def _imports_then_collect() -> float:
     return import_layer_modules() + collect_garbage()
 
 
-def _imports_collect_freeze() -> float:
-    t = _imports_then_collect()
-    freeze_heap(collect_young=False)
-    return t
-
-
-def _imports_then_freeze() -> float:
-    t = import_layer_modules()
-    freeze_heap()
-    return t
-
-
-def warm_up(dock, submit=None, freeze: bool = False) -> None:
+def warm_up(dock, submit=None) -> None:
     """For a ``dock`` that has just opened: the imports as a background job of its worker
     (``submit``, default the dock's ``_submit_job``), then (only while the viewer has no
-    layer) a garbage-collector pass, then (``freeze``) :func:`freeze_heap`; the registry (only while the viewer has no layer) and
+    layer) a garbage-collector pass; the registry (only while the viewer has no layer) and
     the visuals by zero-delay timers."""
     first = not len(dock.viewer.layers)
-    if freeze:
-        job = _imports_collect_freeze if first else _imports_then_freeze
-    else:
-        job = _imports_then_collect if first else import_layer_modules
+    job = _imports_then_collect if first else import_layer_modules
     (submit or dock._submit_job)(job, tag="first-layer", priority=BACKGROUND, inference=False)
     if first:
         QTimer.singleShot(0, build_unit_registry)

@@ -7,8 +7,10 @@ reports (the current object in SAM preview, commits in ``<image> SAM labels``, t
 line). The session schedules the work on the shared inference worker; its callbacks come
 back on the GUI thread (``_bridge``). What stays here is the window's side of latency: a
 prompt and its mask are painted in one repaint (``RedrawHold``), background embedding waits
-until the mask is on screen (``AfterRepaint``), a first look is reported shown once painted,
-and SAM negative and the labels layer are made once the prompts rest. The Adapt panel
+until the mask is on screen (``AfterRepaint``), and a first look is reported shown once
+painted. All five layers are made while the dock follows a drop, when napari is busy adding
+the image anyway: made later, once the first prompt rested, each was a freeze of half a second
+while the tiles embedded (``benchmarks/first_mask.py --rest alternate``). The Adapt panel
 (``_adapt_panel``) adapts the model to the objects committed; the model list holds the user's
 adapted decoders (named with the image each came from).
 """
@@ -18,9 +20,8 @@ import logging
 
 from napari.layers import Image
 from napari.utils.notifications import show_info
-from qtpy.QtCore import Qt, QTimer
 from qtpy.QtWidgets import (
-    QApplication, QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
 
 from ..engine.annotate import region as regions
@@ -34,8 +35,7 @@ from ._annotator_region import REGION_BUTTON, add_region, region_in_view, too_bi
 from ._choices import (add_adapted_choice, browse_checkpoint, chosen_sam_model, fill_sam_models,
                        is_box_trained, offer_adapted_sam, take_sam_models)
 from ._dock import DockWidget, auto_spin, scrollable
-from ._first_layer import freeze_heap, thaw_heap, warm_up
-from ._preview_paint import PreviewPaint
+from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
 from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
 
@@ -44,11 +44,6 @@ logger = logging.getLogger(__name__)
 BACKGROUND_HOLD_S = 0.3
 """At most this long after a preview's decode, background embedding waits for the window
 to show the mask (it is released as soon as the repaint is done)."""
-
-REST_IDLE_MS = 600
-"""How long the prompts rest before a later layer (SAM negative, the labels layer) is made
-(making one freezes the window for a moment: never while the user edits a prompt, a decode
-runs or a mouse button is down)."""
 
 
 class SamAnnotatorWidget(DockWidget):
@@ -72,18 +67,13 @@ class SamAnnotatorWidget(DockWidget):
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
         self._after_repaint = AfterRepaint(self.session.release_background, self)
-        self._painter = PreviewPaint()  # the preview layer's pixels that changed, not the whole plane
         self._looks_waiting: list = []  # ``shown`` callbacks of first looks painted next
         self._look_painted = AfterRepaint(self._on_look_painted, self)
         self._follow = PostedCall(self._follow_active, self)
-        self._rest_timer = QTimer(self)  # SAM negative and the labels layer, after a first prompt
-        self._rest_timer.setSingleShot(True)
-        self._rest_timer.timeout.connect(self._rest_when_idle)
-        self._rest_pending = False  # following the image left them for later
         self._keep_status = False  # a model switch's message outlives the embedding it starts
         self._build_ui()
         session = self.session
-        self.destroyed.connect(lambda *_: (self.redraw.release(), session.close(), thaw_heap()))
+        self.destroyed.connect(lambda *_: (self.redraw.release(), session.close()))
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
         self.viewer.camera.events.center.connect(self._on_camera)
@@ -92,7 +82,7 @@ class SamAnnotatorWidget(DockWidget):
             self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
         self.session.set_model(self.model_name)
         self._preload_model()
-        warm_up(self, self.session.schedule, freeze=True)  # napari's one-off work for its first layers, before the first drop
+        warm_up(self, self.session.schedule)  # napari's one-off work for its first layers, before the first drop
         take_sam_models(self)
         active = self.viewer.layers.selection.active
         if isinstance(active, Image):
@@ -243,7 +233,6 @@ class SamAnnotatorWidget(DockWidget):
         (a one-off GUI hiccup in torch's unpickler and Python's collector) is over
         before any interaction. A missing model is reported now, not at the first prompt."""
         def done(seconds):
-            freeze_heap()  # the model's objects live as long as the dock: out of full collections
             if self.image_layer is None:
                 self._set_status(f"model {self.model_name} ready ({seconds:.1f} s)")
 
@@ -284,8 +273,7 @@ class SamAnnotatorWidget(DockWidget):
             return
         self.session.set_plane(plane_index(layer, self.viewer))
         self._embed_current()  # the tiles first, then the layers (napari's part, the slow one)
-        self._ensure_layers(rest=False)  # the others once a first prompt has its mask
-        self._rest_pending = bool(self._missing())
+        self._ensure_layers()
         self._clear_preview()
 
     def _offer_region(self, layer, whole: bool) -> None:
@@ -333,8 +321,8 @@ class SamAnnotatorWidget(DockWidget):
             self.session.focus = view_focus(self.viewer, self.image_layer)
 
     # -- layers -------------------------------------------------------------------------------
-    def _ensure_layers(self, rest: bool = True) -> None:
-        lay = self._layers = ensure_layers(self.viewer, self.image_layer, rest=rest)
+    def _ensure_layers(self) -> None:
+        lay = self._layers = ensure_layers(self.viewer, self.image_layer)
         self.pos_layer, self.box_layer, self.preview_layer = lay.pos, lay.boxes, lay.preview
         self._connect_prompts(lay)
         select_prompt_tool(self.viewer, lay, is_box_trained(self.model_name))
@@ -351,14 +339,14 @@ class SamAnnotatorWidget(DockWidget):
 
     @property
     def neg_layer(self):
-        """SAM negative (made now if following the image left it for later)."""
+        """SAM negative (made again now if the user deleted it)."""
         self._make_rest(labels=False)
         return None if self._layers is None else self._layers.neg
 
     @property
     def labels_layer(self):
-        """``<image> SAM labels`` (made now if following the image left it for later); the
-        session writes into its data."""
+        """``<image> SAM labels`` (made again now if the user deleted it); the session writes
+        into its data."""
         self._make_rest(neg=False)
         layer = None if self._layers is None else self._layers.labels
         if layer is not None and self._image_alive():
@@ -381,31 +369,6 @@ class SamAnnotatorWidget(DockWidget):
         self._connect_prompts(self._layers)
         if neg:
             self._layers.neg.mode = "add"
-
-    def _postpone_rest(self) -> None:
-        if self._rest_timer.isActive():
-            self._rest_timer.start(REST_IDLE_MS)
-
-    def _rest_soon(self) -> None:
-        """Make the rest once the prompts are left alone for :data:`REST_IDLE_MS` (only what
-        following the image left for later: a layer the user deleted since stays deleted
-        until something needs it)."""
-        if self._rest_pending and self._missing() and not self._rest_timer.isActive():
-            self._rest_timer.start(REST_IDLE_MS)
-
-    def _rest_when_idle(self) -> None:
-        """One layer of the rest per call (each is a short freeze of the window, not one
-        long one), never while a prompt decodes or is being drawn."""
-        missing = self._missing()
-        if not (missing and self._rest_pending):
-            self._rest_pending = False
-            return
-        if not self.session.busy("preview") and QApplication.mouseButtons() == Qt.MouseButton.NoButton:
-            self._make_rest(neg=missing[0] == "neg", labels=missing[0] == "labels")
-        if self._missing():
-            self._rest_timer.start(REST_IDLE_MS)
-        else:
-            self._rest_pending = False
 
     def _toggle_click_sign(self) -> None:
         self._make_rest(labels=False)
@@ -435,8 +398,6 @@ class SamAnnotatorWidget(DockWidget):
     def _on_tiles(self, key: tuple, done: int, total: int) -> None:
         if key != self.session.key():
             return
-        if done and self._image_alive():
-            self._rest_soon()
         self._on_progress(done, total)
         self._set_status(self._status_text)
 
@@ -480,7 +441,6 @@ class SamAnnotatorWidget(DockWidget):
 
     # -- prompts and the current object ---------------------------------------------------------
     def _on_prompts_changed(self, event=None) -> None:
-        self._postpone_rest()  # the user is at work: the later layers wait
         if self._removing:
             return
         action = str(getattr(event, "action", "") or "")
@@ -511,13 +471,18 @@ class SamAnnotatorWidget(DockWidget):
         """Paint the current object (the session checked it is not stale)."""
         if not self._image_alive() or self.preview_layer is None:
             return
-        self._painter.show(self.preview_layer, self.session.plane, result.mask, result.y0, result.x0)
+        data = self.preview_layer.data
+        index = self.session.plane
+        target = data[index] if index else data
+        if index:
+            data[...] = 0
+        target[...] = result.full(target.shape)
+        self.preview_layer.refresh()
         what = "preview" if final else "first look"  # a first look: the full mask follows
         hint = self.session.unsure() if final else None
         self._set_status(f"{what}: {result.area} px, " + (hint or f"predicted IoU {result.predicted_iou:.2f}"))
         self.redraw.release()
         self._after_repaint.post()  # background embedding goes on once the mask is drawn
-        self._rest_soon()
 
     def _show_look(self, result, shown) -> None:
         """A first look (a box's or a first click's mask from a small crop, or a first click's
@@ -540,8 +505,9 @@ class SamAnnotatorWidget(DockWidget):
     def _clear_preview(self) -> None:
         self.redraw.release()
         self.session.release_background()
-        if self.preview_layer is not None:
-            self._painter.clear(self.preview_layer)
+        if self.preview_layer is not None and self.preview_layer.data.any():
+            self.preview_layer.data[...] = 0
+            self.preview_layer.refresh()
 
     def has_preview(self) -> bool:
         return self.session.result is not None
@@ -574,7 +540,7 @@ class SamAnnotatorWidget(DockWidget):
         self._clear_preview()
 
     def undo(self) -> None:
-        if self._layers is None or self._layers.labels is None:  # nothing committed yet
+        if self._layers is None or "labels" in self._missing():  # no labels layer: nothing to undo
             self._set_status("nothing to undo")
             return
         labels = self.labels_layer
