@@ -9,9 +9,7 @@ decoder under test never saw a cell) of one training frame (``--frame``, t00-t06
 left-middle, as a user annotates one region); :func:`engine.sam.training.adapt.adapt_to_objects`
 adapts ``--model`` to them (its few-object schedule, ``--minutes`` of training), then every
 cell of the validation frames t07-t09 is clicked (``click_ious``: 1 and 3 clicks, a box)
-with the starting decoder and the adapted one, in the same run: the adapted one before
-and after Adapt SAM's last step, the IoU head's refit on the annotated cells' first clicks
-(run apart here: ``refit_head=False``, then ``refit_decoder_file``). The wall time printed
+with the starting decoder and the adapted one, in the same run. The wall time printed
 includes the embedding of the annotated frame. ``--cache-dir`` keeps the validation
 frames' embeddings on disk between runs (the adapted decoder's own embedding cache is
 fresh, so its time is what a user waits).
@@ -28,10 +26,9 @@ from scipy import ndimage as ndi
 from _data import shared_data
 from _machine import machine_line
 from napari_gpuseg.engine import load_engine
-from napari_gpuseg.engine.sam.training.adapt import HEAD_OBJECTS, adapt_to_objects, few_object_config
+from napari_gpuseg.engine.sam.training.adapt import adapt_to_objects, few_object_config
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.click_eval import click_ious
-from napari_gpuseg.engine.sam.training.iou_head import refit_decoder_file
 
 
 def annotated(lab: np.ndarray, n: int) -> np.ndarray:
@@ -104,31 +101,19 @@ def main(argv=None) -> int:
     folder = tempfile.mkdtemp()
     t0 = time.perf_counter()
     fresh = load_engine(args.model, cache=EmbeddingCache(max_bytes=2 << 30))  # embedding is part of the wait
-    # the IoU head's refit (adapt_to_objects' last step) is run apart, to measure without it too
-    res = adapt_to_objects(img, ann, model=fresh, image_name=f"t{args.frame:02d}.tif", folder=folder, config=cfg,
-                           refit_head=False)
+    res = adapt_to_objects(img, ann, model=fresh, image_name=f"t{args.frame:02d}.tif", folder=folder, config=cfg)
     wall = time.perf_counter() - t0
-    no_head = measure(load_engine(res.path, cache=cache))
+    adapted = load_engine(res.path, cache=cache)
+    after = measure(adapted)
     print(f"adapted: {res.objects} objects, {res.steps} steps, {res.seconds:.0f} s training, "
           f"{wall:.0f} s wall (embedding included)", flush=True)
-    print(row("adapted, IoU head as trained", no_head), flush=True)
-    t1 = time.perf_counter()
-    fit = refit_decoder_file(res.path, [img], [ann], max_objects=HEAD_OBJECTS)
-    head_s = time.perf_counter() - t1
-    wall += head_s
-    print(f"IoU head refit: {head_s:.0f} s, held-out squared error "
-          + (f"{fit.held_out_mse_before:.4f} -> {fit.held_out_mse_after:.4f} ({fit.fitted} + {fit.held_out} samples)"
-             if fit else "(too few samples)"), flush=True)
-    after = measure(load_engine(res.path, cache=cache))
     print()
     print("| decoder | cells | 1 click | 3 clicks | box |")
     print("| --- | ---: | ---: | ---: | ---: |")
     print(row(f"start ({args.model})", before))
-    print(row("adapted, IoU head as trained (the way before)", no_head))
-    print(row(f"adapted ({res.objects} cells, {wall / 60:.1f} min with the head's refit)", after))
+    print(row(f"adapted ({res.objects} cells, {wall / 60:.1f} min)", after))
     gain = after["clicks"][:, 0].mean() - before["clicks"][:, 0].mean()
-    print(f"1-click gain {gain:+.3f} (without the head's refit "
-          f"{no_head['clicks'][:, 0].mean() - before['clicks'][:, 0].mean():+.3f})")
+    print(f"1-click gain {gain:+.3f}")
     return 0
 
 

@@ -17,10 +17,11 @@ Measured on the shipped ``cells_nuclei_sam`` (2026-11-28, AMD EPYC, 2 cores, avx
 ``benchmarks/clicks.py --models nuclei_sam cells_nuclei_sam OUT.pt --data cells bbbc039 dsb2018
 --clicks 5 --cap 15 --per-field 6``): one click on the validation cells 0.437 -> 0.541, but on
 the ``dsb2018/`` field 0.766 -> 0.716 (without the ``dsb2018_more`` fields: 0.551 and 0.728),
-under the 0.76 kept for nuclei; the shipped decoder does not use it yet. ``--bias-only``
-moves one offset per candidate instead of the whole head; fitted on the t00-t06 cells alone
-and replayed on recorded candidates (not through ``clicks.py``), it gave cells 0.529, BBBC039
-0.895, ``dsb2018/`` 0.760.
+under the 0.76 kept for nuclei; the shipped decoder does not use it. ``--bias-only``
+moves one offset per candidate instead of the whole head: through ``clicks.py`` (same run as
+the shipped decoder) cells 0.470, BBBC039 0.896, ``dsb2018/`` 0.744, again under 0.76; not
+shipped either. Run after Adapt SAM on the annotated objects' own first clicks it changed
+nothing: training has already fitted the head on them (``docs/benchmarks.md``, Adapt SAM).
 """
 from __future__ import annotations
 

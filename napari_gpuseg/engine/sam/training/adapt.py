@@ -28,7 +28,6 @@ import numpy as np
 from ...runtime.cancel import CancelToken, ProgressFn
 from ..interactive.prompt_types import shown_iou
 from .finetune import SamTuneEvent, SamTuneResult, finetune_sam
-from .iou_head import HeadFit, refit_decoder_file
 from .tune_config import SamTuneConfig
 
 UNSURE_IOU = 0.85
@@ -43,8 +42,6 @@ before, 0.75, flagged 39 and caught 24 (0.62, 0.73, F1 0.67); 0.90 flags 12 more
 9 of 120, 6 of the 7 bad); on whole cells it hardly ranks them (it flags all 45, 26 of them
 bad): every first click on a cell is flagged, where a box is the better prompt."""
 INDEX = "index.json"
-HEAD_OBJECTS = 64
-"""At most this many annotated objects per image refit the IoU head after adapting."""
 
 
 def few_object_config(n_objects: int, minutes: float = 4.0) -> SamTuneConfig:
@@ -73,7 +70,6 @@ class AdaptResult:
     seconds: float
     stopped: str
     tune: SamTuneResult | None  # None when cancelled before training began
-    head: HeadFit | None = None  # the IoU head's refit on the objects' first clicks (None: not run)
 
 
 def adapted_dir(folder: str | os.PathLike | None = None) -> Path:
@@ -128,17 +124,14 @@ def adapt_to_objects(images: np.ndarray | Sequence[np.ndarray], labels: np.ndarr
                      name: str | None = None, folder: str | os.PathLike | None = None,
                      config: SamTuneConfig | None = None, on_event: Callable[[SamTuneEvent], None] | None = None,
                      progress: ProgressFn = None, cancel: CancelToken | None = None, policy=None,
-                     cache_dir: str | os.PathLike | None = None, refit_head: bool = True) -> AdaptResult:
+                     cache_dir: str | os.PathLike | None = None) -> AdaptResult:
     """Adapt the decoder of ``model`` (a name, a file or a loaded engine) to the objects
     in ``labels`` (one 2D label image per image; 0 = not annotated) for at most
     ``minutes`` of training (embedding not counted), then save it as ``name`` (default
     ``<image stem>_adapted``, numbered when taken) in :func:`adapted_dir` and record it with
     ``image_name`` in the list :func:`adapted_models` reads. ``on_event`` gets every step
-    (live loss), ``cancel`` stops it with nothing saved. ``refit_head`` (default): then the
-    IoU head's four output offsets are refitted on the first click of each annotated object
-    (:func:`.iou_head.refit_decoder_file`; at most :data:`HEAD_OBJECTS`), which decides
-    which candidate mask a first click keeps. ``ValueError`` (one line) when the labels hold
-    no object."""
+    (live loss), ``cancel`` stops it with nothing saved. ``ValueError`` (one line) when the
+    labels hold no object."""
     if isinstance(images, np.ndarray) and images.ndim == 2 or (
             isinstance(images, np.ndarray) and images.ndim == 3 and images.shape[-1] in (3, 4)):
         images, labels = [images], [labels]
@@ -160,14 +153,10 @@ def adapt_to_objects(images: np.ndarray | Sequence[np.ndarray], labels: np.ndarr
     steps = res.history[-1]["step"] if res.history else 0
     if res.path is None:
         return AdaptResult(None, None, n_objects, steps, res.seconds, res.stopped, res)
-    head = None
-    if refit_head and not (cancel is not None and cancel.cancelled):
-        head = refit_decoder_file(out, images, labels, policy=policy, cache_dir=cache_dir,
-                                  max_objects=HEAD_OBJECTS, note=f"first clicks of {n_objects} annotated objects")
     _record(d, {"name": name, "path": str(out), "image": image_name, "base": str(base), "objects": n_objects,
                 "steps": steps, "seconds": round(res.seconds, 1),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    return AdaptResult(str(out), name, n_objects, steps, res.seconds, res.stopped, res, head)
+    return AdaptResult(str(out), name, n_objects, steps, res.seconds, res.stopped, res)
 
 
 def is_adapted(model) -> bool:

@@ -130,39 +130,3 @@ def fit_iou_head(head: nn.Module, features: np.ndarray, ious: np.ndarray, holdou
     for p in head.parameters():
         p.requires_grad_(False)
     return HeadFit(before, best, best_epoch, len(fit), len(hold))
-
-
-def refit_decoder_file(path, images, labels, *, bias_only: bool = True, policy=None, cache_dir=None,
-                       max_objects: int | None = None, note: str = "") -> HeadFit | None:
-    """Refit the IoU head of the decoder file at ``path`` on the first clicks of the objects
-    in ``labels`` (one label image per image in ``images``) and write the file again with
-    the refitted head, recorded under ``iou_head``, when that lowered the held-out error;
-    returns the fit (None: fewer than 5 samples, the file unchanged). ``bias_only`` (the
-    default): one offset per candidate, four numbers, which a few objects can fit without
-    learning them by heart. The last step of Adapt SAM: a decoder tuned on a few cells still
-    rated its smallest candidate highest, so a first click gave part of a cell although a
-    better candidate was there."""
-    from ....models.sam.decoder_checkpoint import read_decoder, save_decoder
-    from .finetune import _engine
-
-    doc = read_decoder(path)
-    engine = _engine(str(path), policy, cache_dir)
-    feats, ious = [], []
-    for image, lab in zip(images, labels):
-        f, i = first_click_samples(engine, image, lab, max_objects)
-        feats.append(f)
-        ious.append(i)
-    features, targets = np.concatenate(feats), np.concatenate(ious)
-    if len(features) < 5:
-        return None
-    fit = fit_iou_head(engine.sam.mask_decoder.iou_prediction_head, features, targets, bias_only=bias_only,
-                       lr=1e-2 if bias_only else 3e-4)
-    if fit.held_out_mse_after < fit.held_out_mse_before:
-        engine.sam.float()
-        meta = {k: v for k, v in doc.items() if k not in ("format", "version", "base", "base_sha256", "arch",
-                                                        "image_size", "state")}
-        meta["iou_head"] = {"samples": int(len(features)), "held_out_mse_before": round(fit.held_out_mse_before, 5),
-                            "held_out_mse_after": round(fit.held_out_mse_after, 5), "epoch": int(fit.epoch),
-                            "bias_only": bool(bias_only), "data": note}
-        save_decoder(path, engine.sam, doc["base"], doc.get("base_sha256"), **meta)
-    return fit
