@@ -3,6 +3,23 @@ import warnings
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# pytest-xdist workers share the machine's cores: each gets its part, at most OMP_NUM_THREADS.
+# Two workers with two torch threads each on 2 cores spend their time waiting for each other
+# (OpenMP threads spin at every barrier): the encoder-heavy files took 140-172 s that way and
+# 83 s with one thread per worker (test_box_field, test_click_decoding, test_crop_look; -n 2,
+# 2-core AVX2 EPYC).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, min(int(os.environ["OMP_NUM_THREADS"]), _cores() // _WORKERS)))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
@@ -14,6 +31,10 @@ from napari_gpuseg.engine.runtime.allocator import configure_allocator  # noqa: 
 # speed depends on whether a worker ran earlier in the session. The allocator tests keep
 # their own state. The encoder-heavy files ran 13 % faster (114 -> 99 s, 2-core AVX2 EPYC).
 configure_allocator()
+if _WORKERS > 1:
+    import torch  # noqa: E402
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 if not SHARED_DATA.exists():  # CI clones next to ../shared as well; allow an override
