@@ -510,7 +510,7 @@ def test_a_second_image_keeps_the_prompt_layers_above_it_and_embeds_first(make_n
 def test_following_a_drop_makes_all_five_layers_at_once(make_napari_viewer, qtbot, crop):
     """A first drop makes SAM positive, SAM negative, SAM boxes, the labels layer and SAM
     preview while the dock follows it (made later, each was a half-second freeze while the
-    tiles embedded: benchmarks/first_mask.py --rest alternate), in that order, with the click
+    tiles embedded: docs/benchmarks.md, SAM annotator), in that order, with the click
     tool active; a layer the user deletes is not made again behind their back."""
     img, gt = crop
     viewer = make_napari_viewer()

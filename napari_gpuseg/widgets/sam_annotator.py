@@ -10,7 +10,8 @@ prompt and its mask are painted in one repaint (``RedrawHold``), background embe
 until the mask is on screen (``AfterRepaint``), and a first look is reported shown once
 painted. All five layers are made while the dock follows a drop, when napari is busy adding
 the image anyway: made later, once the first prompt rested, each was a freeze of half a second
-while the tiles embedded (``benchmarks/first_mask.py --rest alternate``). The Adapt panel
+while the tiles embedded, for a first mask only 1.23x sooner (``docs/benchmarks.md``, SAM
+annotator). The Adapt panel
 (``_adapt_panel``) adapts the model to the objects committed; the model list holds the user's
 adapted decoders (named with the image each came from).
 """
