@@ -48,19 +48,6 @@ def _pump(app, until=None, seconds: float = WAIT_S, what: str = "") -> float:
     return seconds
 
 
-def _centre(mask: np.ndarray) -> tuple[int, int]:
-    """The pixel of ``mask`` farthest from its edge (where a user clicks)."""
-    from scipy import ndimage as ndi
-
-    d = ndi.distance_transform_edt(mask)
-    y, x = np.unravel_index(int(np.argmax(d)), d.shape)
-    return int(y), int(x)
-
-
-def _iou(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.logical_and(a, b).sum() / max(1, np.logical_or(a, b).sum()))
-
-
 def walk(out: Path, screenshots: Path | None = None, log=print) -> dict:
     """Do the five steps; returns what the window showed (names, texts, times, the IoU of the
     saved object with the true nucleus). ``screenshots``: a folder for the two pictures."""
@@ -71,6 +58,7 @@ def walk(out: Path, screenshots: Path | None = None, log=print) -> dict:
     from qtpy.QtWidgets import QApplication
 
     from napari_gpuseg.cli.main import DEFAULT_DOCKS, main
+    from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point, mask_iou
     from napari_gpuseg.sample_data import sample_dir
 
     out = Path(out)
@@ -109,7 +97,7 @@ def walk(out: Path, screenshots: Path | None = None, log=print) -> dict:
         middle = np.array(gt.shape) / 2
         touching = [i for i in np.unique(gt[gt > 0])
                     if ((ndi.binary_dilation(gt == i, iterations=2) & (gt != i)) & (gt > 0)).any()]
-        oid = int(min(touching, key=lambda i: np.hypot(*(np.array(_centre(gt == i)) - middle))))
+        oid = int(min(touching, key=lambda i: np.hypot(*(interior_point(gt == i)[::-1] - middle))))
 
         def click(y: int, x: int) -> None:
             viewer.scene.camera.center = (float(y), float(x))
@@ -118,12 +106,12 @@ def walk(out: Path, screenshots: Path | None = None, log=print) -> dict:
                              QPoint(canvas.width() // 2, canvas.height() // 2))
 
         viewer.scene.camera.zoom = 2.0
-        y, x = _centre(gt == oid)
+        x, y = (int(v) for v in interior_point(gt == oid))  # the pixel farthest from its edge
         click(y, x)
         _pump(app, lambda: len(w.pos_layer.data) == 1, 10, "a point in SAM positive")
         _pump(app, lambda: w.has_preview() and w.status.text().startswith("preview"), what="the mask")
         first = w.session.result
-        facts["click_iou"] = _iou(first.full(gt.shape), gt == oid)
+        facts["click_iou"] = mask_iou(first.full(gt.shape), gt == oid)
         facts["preview_layer"] = w.preview_layer.name
         facts["positive_layer"] = w.pos_layer.name
         step("click", f"2. click on nucleus {oid} at ({y}, {x}): IoU {facts['click_iou']:.3f} "
@@ -143,7 +131,7 @@ def walk(out: Path, screenshots: Path | None = None, log=print) -> dict:
         _pump(app, lambda: len(w.neg_layer.data) == 1, 10, "a point in SAM negative")
         _pump(app, lambda: w.has_preview() and w.session.result is not first
               and w.status.text().startswith("preview"), what="the corrected mask")
-        facts["corrected_iou"] = _iou(w.session.result.full(gt.shape), gt == oid)
+        facts["corrected_iou"] = mask_iou(w.session.result.full(gt.shape), gt == oid)
         QTest.keyClick(canvas, Qt.Key.Key_N, Qt.KeyboardModifier.ShiftModifier)
         _pump(app, lambda: viewer.layers.selection.active.name == "SAM positive", 10, "Shift-N back")
         step("correct", f"3. Shift-N, a negative click just outside: IoU {facts['corrected_iou']:.3f}; "
@@ -182,7 +170,7 @@ def walk(out: Path, screenshots: Path | None = None, log=print) -> dict:
         if not png.exists():
             facts.setdefault("png_error", " ".join(str(m.message) for m in said) or "no file written")
         facts["saved_ids"] = np.unique(back).tolist()
-        facts["saved_iou"] = _iou(back == 1, gt == oid)
+        facts["saved_iou"] = mask_iou(back == 1, gt == oid)
         step("save", f"5. saved {saved}: ids {facts['saved_ids']}, IoU {facts['saved_iou']:.3f} "
                      f"with the true nucleus; as .png: {facts.get('png_error', 'saved')}")
     finally:

@@ -3,6 +3,17 @@ import warnings
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+from napari_gpuseg.engine.runtime.allocator import configure_allocator  # noqa: E402
+
+# The tests run the engine in this process, as a script does. Give it the allocator set-up
+# the CLI and the plugin's workers use on a CPU (README, *Use from Python*); otherwise a test's
+# speed depends on whether a worker ran earlier in the session. The allocator tests keep
+# their own state. The encoder-heavy files ran 13 % faster (114 -> 99 s, 2-core AVX2 EPYC).
+configure_allocator()
 
 
 def _cores() -> int:
@@ -18,23 +29,12 @@ def _cores() -> int:
 # 83 s with one thread per worker (test_box_field, test_click_decoding, test_crop_look; -n 2,
 # 2-core AVX2 EPYC).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
-if _WORKERS > 1:
-    os.environ["OMP_NUM_THREADS"] = str(max(1, min(int(os.environ["OMP_NUM_THREADS"]), _cores() // _WORKERS)))
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-
-import pytest  # noqa: E402
-
-from napari_gpuseg.engine.runtime.allocator import configure_allocator  # noqa: E402
-
-# The tests run the engine in this process, as a script does. Give it the allocator set-up
-# the CLI and the plugin's workers use on a CPU (README, *Use from Python*); otherwise a test's
-# speed depends on whether a worker ran earlier in the session. The allocator tests keep
-# their own state. The encoder-heavy files ran 13 % faster (114 -> 99 s, 2-core AVX2 EPYC).
-configure_allocator()
-if _WORKERS > 1:
+if _WORKERS > 1:  # this process's torch, and the environment its subprocesses inherit
     import torch  # noqa: E402
 
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    _threads = max(1, min(int(os.environ["OMP_NUM_THREADS"]), _cores() // _WORKERS))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 if not SHARED_DATA.exists():  # CI clones next to ../shared as well; allow an override
