@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,7 +39,8 @@ import torch
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.iou_head import first_click_samples, fit_iou_head
-from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder, save_decoder
+from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
+from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder, save_decoder, set_decoder_fields
 
 
 def training_fields(data: Path) -> list[tuple[Path, Path, int]]:
@@ -59,6 +61,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None, help="keep the embeddings in this folder across runs")
     ap.add_argument("--bias-only", action="store_true",
                     help="move only the head's output biases (one offset per candidate)")
+    ap.add_argument("--choose-output", action="store_true",
+                    help="leave the head as it is: measure which candidate a first click should keep "
+                         "(click_choice.choose_click_output) and store it in OUT as click_output")
     args = ap.parse_args(argv)
     env = os.environ.get("NAPARI_GPUSEG_SHARED_DATA")
     data = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -67,6 +72,8 @@ def main(argv=None) -> int:
     doc = read_decoder(args.decoder)
     engine = load_engine(args.decoder, cache=EmbeddingCache(max_bytes=4 << 30, disk_dir=args.cache_dir))
     t0 = time.perf_counter()
+    if args.choose_output:
+        return choose_output(engine, data, args.decoder, args.out, t0)
     feats, ious = [], []
     for image, labels, cap in training_fields(data):
         f, i = first_click_samples(engine, tifffile.imread(image), tifffile.imread(labels), cap, seed=0)
@@ -86,6 +93,29 @@ def main(argv=None) -> int:
                         "data": "scratch_assay cells t00-t06 (15 per frame), bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"}
     save_decoder(args.out, engine.sam, doc["base"], doc.get("base_sha256"), **meta)
     print(f"wrote {args.out} in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
+    return 0
+
+
+def choose_output(engine, data: Path, decoder: str, out: str, t0: float) -> int:
+    """``--choose-output``: one click per training object with each rule; OUT is the decoder
+    with the best rule stored (``click_output``) and what was measured (``click_choice``)."""
+    fields = training_fields(data)
+    choice = choose_click_output(engine, [(tifffile.imread(i), tifffile.imread(m), cap) for i, m, cap in fields])
+    groups: dict[str, list[dict]] = {}
+    for (image, _m, _c), row in zip(fields, choice.per_field):
+        groups.setdefault(image.parent.parent.name, []).append(row)
+    print("| training objects | n | " + " | ".join(choice.ious) + " |")
+    print("| --- | ---: |" + " ---: |" * len(choice.ious))
+    for name, rows in groups.items():
+        cat = {k: np.concatenate([r[k] for r in rows]) for k in choice.ious}
+        print(f"| {name} | {len(cat['head'])} | " + " | ".join(f"{v.mean():.3f}" for v in cat.values()) + " |")
+    print(f"| all | {choice.objects} | " + " | ".join(f"{v:.3f}" for v in choice.ious.values()) + " |")
+    print(f"click_output: {choice.output} (None: the IoU head's choice)")
+    shutil.copyfile(decoder, out)
+    set_decoder_fields(out, click_output=choice.output,
+                       click_choice={**choice.record(), "data": "scratch_assay cells t00-t06 (15 per frame), "
+                                     "bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})
+    print(f"wrote {out} in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
     return 0
 
 

@@ -10,6 +10,7 @@ from napari_gpuseg.engine.runtime.cancel import CancelToken
 from napari_gpuseg.engine.sam.training.adapt import (adapt_to_objects, adapted_dir, adapted_models, few_object_config,
                                             unsure_hint)
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder
 
 from sam_fixtures import require_lite_medsam
 
@@ -40,7 +41,12 @@ def test_adapt_saves_into_the_users_list_with_the_image_name(cells, tmp_path, mo
     listed = adapted_models()
     assert [m["name"] for m in listed] == ["my_cells_adapted"]
     assert listed[0]["image"] == "/data/my cells.tif" and listed[0]["objects"] == 6
-    assert load_engine(listed[0]["path"], cache=engine.cache).info.decoder_tuned
+    adapted = load_engine(listed[0]["path"], cache=engine.cache)
+    assert adapted.info.decoder_tuned
+    # which candidate a first click keeps was measured on the six cells and travels with the file
+    doc = read_decoder(listed[0]["path"])
+    assert doc["click_choice"]["objects"] == 6 and set(doc["click_choice"]["one_click_iou"]) == {"head", "0", "1", "2", "3"}
+    assert adapted.click_output == doc["click_output"] == doc["click_choice"]["output"]
     # a second adaptation of the same image gets its own name; a vanished file drops out
     cfg.max_steps = 1
     res2 = adapt_to_objects(img, ann, model=engine, image_name="/data/my cells.tif", config=cfg)

@@ -168,6 +168,9 @@ def test_shipped_decoder_is_the_default_and_clicks_work(lite, val_crop):
     tuned = load_engine(cache=lite.cache)  # the public API's default
     assert tuned.info.name == "cells_nuclei_sam" and not tuned.info.box_trained and tuned.info.decoder_tuned
     assert lite.info.box_trained and not lite.info.decoder_tuned
+    # the candidate a first click keeps, measured on training objects when it shipped
+    # (scripts/calibrate_iou_head.py --choose-output); a stock decoder keeps its head's choice
+    assert tuned.click_output == 1 and lite.click_output is None
     img, lab = val_crop
     ours = click_ious(tuned, img, lab, clicks=1, max_objects=24)
     base = click_ious(lite, img, lab, clicks=1, max_objects=24)

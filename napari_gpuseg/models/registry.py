@@ -68,7 +68,7 @@ class ModelSpec:
         return (58.395, 57.12, 57.375) if self.normalization == "sam" else (1.0, 1.0, 1.0)
 
 
-CELLS_NUCLEI_SAM_SHA256 = "2bba0ce4d0a7036bb935ab4ca326d6835c3ac3af89569ce677c5dd4d4ab37849"  # weights/cells_nuclei_sam_decoder.pt (card: CELLS_NUCLEI_SAM_CARD.md)
+CELLS_NUCLEI_SAM_SHA256 = "a158530e1d15f74c8d77a6728db5da7274a29e385b56448bb539b246098afaff"  # weights/cells_nuclei_sam_decoder.pt (card: CELLS_NUCLEI_SAM_CARD.md)
 NUCLEI_SAM_SHA256 = "fc51a2a549e17eab49925aaa0766034909014dafe737625715760865a3ece9b4"  # weights/nuclei_sam_decoder.pt (card: NUCLEI_SAM_CARD.md)
 _SAM_SRC = "https://github.com/facebookresearch/segment-anything"
 _SAM_URL = "https://dl.fbaipublicfiles.com/segment_anything/"
@@ -84,7 +84,7 @@ MODELS: Dict[str, ModelSpec] = {
         ),
         ModelSpec(
             "cells_nuclei_sam", "lite_medsam", 256, "minmax", "cells_nuclei_sam_decoder.pt", None,
-            CELLS_NUCLEI_SAM_SHA256, 8200557, "Apache-2.0",
+            CELLS_NUCLEI_SAM_SHA256, 8200941, "Apache-2.0",
             "shipped with napari-gpuseg (weights/CELLS_NUCLEI_SAM_CARD.md); encoder: LiteMedSAM",
             "LiteMedSAM with a decoder tuned on whole cells and nuclei: clicks and boxes (default)",
             base="lite_medsam",

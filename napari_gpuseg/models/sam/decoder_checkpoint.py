@@ -28,6 +28,7 @@ FORMAT = "napari-gpuseg-sam-decoder"
 PARTS = ("prompt_encoder", "mask_decoder")
 ARCHS = ("vit_b", "vit_l", "vit_h", "vit_t", "lite_medsam")  # as models.sam.build.ARCHS
 CLICK_ZOOM = (1.0, 4.0)  # the click scales a decoder may be trained at (finetune's limits)
+CANDIDATES = 4  # a tuned decoder's first-click candidates: its single-mask output, then SAM's three
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -50,6 +51,19 @@ def save_decoder(path: str | os.PathLike, sam: nn.Module, base: str, base_sha256
     doc = {"format": FORMAT, "version": 1, "base": str(base), "base_sha256": base_sha256,
            "arch": str(getattr(sam, "arch", "")), "image_size": int(getattr(sam, "image_size", 0)),
            "state": decoder_state(sam), **meta}
+    return _write(path, doc)
+
+
+def set_decoder_fields(path: str | os.PathLike, **fields: Any) -> Path:
+    """Rewrite the decoder checkpoint at ``path`` with ``fields`` (plain types) set, the
+    tensors unchanged (checked by :func:`check_decoder` first; written atomically)."""
+    doc = read_decoder(path)
+    doc.update(fields)
+    return _write(Path(path), check_decoder(doc, path))
+
+
+def _write(path: Path, doc: dict) -> Path:
+    """``doc`` to ``path`` through a temp file in the same folder and a rename."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -90,7 +104,8 @@ def check_decoder(doc: Mapping, source=None) -> dict:
     """``doc`` as a plain dict when every field a loader reads is well formed: ``base`` a
     non-empty string, ``base_sha256`` None or 64 hex digits, ``arch`` empty or a known
     architecture, ``image_size`` a positive integer (0 or None: unknown), ``click_zoom`` a number
-    in :data:`CLICK_ZOOM`, ``state`` a non-empty mapping of names to tensors, all of
+    in :data:`CLICK_ZOOM`, ``click_output`` None or a candidate index (0 the single-mask
+    output, 1-3 SAM's three), ``state`` a non-empty mapping of names to tensors, all of
     them finite. Else :class:`CheckpointError` naming the file and the field. ``source``:
     the file, for the message."""
     if not is_decoder_checkpoint(doc):
@@ -113,6 +128,10 @@ def check_decoder(doc: Mapping, source=None) -> dict:
     if (isinstance(zoom, bool) or not isinstance(zoom, (int, float)) or not math.isfinite(zoom)
             or not lo <= zoom <= hi):
         raise _bad(source, f"'click_zoom' must be a number from {lo:g} to {hi:g}, got {zoom!r:.80}")
+    out = doc.get("click_output")
+    if out is not None and (isinstance(out, bool) or not isinstance(out, int) or not 0 <= out < CANDIDATES):
+        raise _bad(source, f"'click_output' must be None or a candidate index from 0 to {CANDIDATES - 1}, "
+                           f"got {out!r:.80}")
     state = doc.get("state")
     if not isinstance(state, Mapping) or not state:
         raise _bad(source, f"'state' must map parameter names to tensors, got {type(state).__name__}")
@@ -179,5 +198,6 @@ def apply_decoder(sam: nn.Module, doc: Mapping) -> nn.Module:
         module.load_state_dict({k: v.to(ref[k].dtype) for k, v in sub.items()}, strict=True)
     sam.decoder_tuned = True
     sam.click_zoom = float(doc.get("click_zoom", 1.0))  # the scale its clicks were trained at
+    sam.click_output = doc.get("click_output")  # the candidate a first click keeps (None: the head's)
     sam.decoder_base = doc.get("base")
     return sam

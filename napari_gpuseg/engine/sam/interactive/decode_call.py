@@ -57,11 +57,15 @@ def module_outputs(sam, device, emb: torch.Tensor, sparse, dense, outputs: str,
     return torch.cat([one, three], 1), torch.cat([iou1, iou3], 1)
 
 
-def keep_best(low_res: torch.Tensor, iou: torch.Tensor, multimask: bool):
+def keep_best(low_res: torch.Tensor, iou: torch.Tensor, multimask: bool, output: int | None = None):
     """(logits (N, L, L), scores (N,)): per prompt the candidate with the highest predicted
-    IoU when ``multimask``, else the first (the only) output."""
+    IoU when ``multimask`` (candidate ``output`` instead when given: a decoder's measured
+    :attr:`~.predictor.SamEngine.click_output`), else the first (the only) output."""
     if not multimask:
         return low_res[:, 0], iou[:, 0]
+    if output is not None:
+        k = min(int(output), low_res.shape[1] - 1)
+        return low_res[:, k], iou[:, k]
     best = iou.argmax(dim=1)
     ar = torch.arange(low_res.shape[0], device=low_res.device)
     return low_res[ar, best], iou[ar, best]

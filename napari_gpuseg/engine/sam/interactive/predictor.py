@@ -62,6 +62,11 @@ class SamEngine(ViewSets):
         # output on every corrective click and box, so that output competes as a fourth
         # candidate (measured: docs/benchmarks.md); a stock SAM decoder offers its three
         self.candidates = "all" if getattr(sam, "decoder_tuned", False) else "multi"
+        # the candidate a first click keeps: None, the highest predicted IoU (SAM's rule); k,
+        # candidate k of :attr:`candidates` in every view, chosen by measuring first clicks on
+        # labelled objects (scripts/calibrate_iou_head.py --choose-output, Adapt SAM) and
+        # stored with the decoder (decoder_checkpoint.apply_decoder)
+        self.click_output: int | None = getattr(sam, "click_output", None)
         self.last_batch_size: int | None = None
         self._extra_views: dict[str, list[View]] = {}  # ad-hoc views made per image digest
         # per embedding: the decoder's work that depends on the image alone (see fast_decoder)
@@ -269,7 +274,8 @@ class SamEngine(ViewSets):
 
         ``multimask=True`` asks for the candidates (:attr:`candidates`: SAM's three, and
         for a decoder tuned here its single-mask output too) and keeps the one with the
-        highest predicted IoU (``all_scores`` keeps every candidate's score). ``near_box=True``: the mask
+        highest predicted IoU, or candidate :attr:`click_output` when the decoder names one
+        (``all_scores`` keeps every candidate's score). ``near_box=True``: the mask
         of a prompt with a box (and no mask input) is computed near its box only, the box
         grown by half its size per side (``fast_decoder.mask_region``, as box mode does);
         a mask reaching further is cut there. The same numbers inside; the decoder's mask
@@ -348,7 +354,7 @@ class SamEngine(ViewSets):
             else:
                 low_res, iou = self._decode_module(emb, sparse, dense, outputs)
         low_res, iou = low_res.float(), iou.float()
-        chosen, scores = keep_best(low_res, iou, multimask)
+        chosen, scores = keep_best(low_res, iou, multimask, self.click_output)
         full_np = render_masks(chosen, view, self.MASK_RENDER_BYTES)
         scores_np = scores.cpu().numpy()
         all_scores = iou.cpu().numpy()

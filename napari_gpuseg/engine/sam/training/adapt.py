@@ -6,7 +6,9 @@
 ``labels`` holds the objects the user committed (5-20 is the case this is tuned for; 0 is
 unannotated). The image encoder stays frozen; the prompt encoder and mask decoder learn
 from simulated clicks, boxes and corrective clicks on those objects with
-:func:`few_object_config`'s schedule, and the decoder is saved into the user's list of
+:func:`few_object_config`'s schedule; then one click on each of them measures which
+candidate a first click should keep (:func:`~.click_choice.choose_click_output`, stored
+as the file's ``click_output``), and the decoder is saved into the user's list of
 adapted decoders (:func:`adapted_dir`: ``<cache folder>/adapted_sam``, an ``index.json``
 beside the files naming the image each came from), which :func:`adapted_models` reads.
 :func:`unsure_hint` turns a first mask's predicted IoU into the hint to show when the
@@ -26,7 +28,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...runtime.cancel import CancelToken, ProgressFn
+from ....models.sam.decoder_checkpoint import set_decoder_fields
 from ..interactive.prompt_types import shown_iou
+from .click_choice import choose_click_output
 from .finetune import SamTuneEvent, SamTuneResult, finetune_sam
 from .tune_config import SamTuneConfig
 
@@ -153,6 +157,10 @@ def adapt_to_objects(images: np.ndarray | Sequence[np.ndarray], labels: np.ndarr
     steps = res.history[-1]["step"] if res.history else 0
     if res.path is None:
         return AdaptResult(None, None, n_objects, steps, res.seconds, res.stopped, res)
+    # which candidate a first click on these objects should keep, measured on them
+    choice = choose_click_output(res.engine, [(im, lab, len(np.unique(lab[lab > 0])))
+                                              for im, lab in zip(images, labels)], cancel=cancel)
+    set_decoder_fields(out, click_output=choice.output, click_choice=choice.record())
     _record(d, {"name": name, "path": str(out), "image": image_name, "base": str(base), "objects": n_objects,
                 "steps": steps, "seconds": round(res.seconds, 1),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")})

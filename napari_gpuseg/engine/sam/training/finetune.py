@@ -179,6 +179,9 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
         best.evaluate(step)
     best.restore()
     sam.decoder_tuned = True
+    # a base decoder's measured first-click candidate (click_choice) says nothing about the
+    # retrained one: the IoU head's choice until it is measured again
+    sam.click_output = engine.click_output = None
     seconds = time.perf_counter() - t0
     path = None
     if out_path is not None and stopped != "cancelled":

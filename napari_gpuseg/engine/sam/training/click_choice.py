@@ -1,0 +1,80 @@
+"""Which candidate mask an object's first click keeps, chosen by measuring it.
+
+A first click asks the decoder for all its candidates (a tuned decoder's single-mask output
+and SAM's three) and, by SAM's rule, keeps the one its IoU head rates highest. The head can
+rate the wrong one highest on a kind of object: on whole cells in transmitted light the
+shipped decoder's head always chose its single-mask output, which covered the nucleus or
+half the cell, while its first multimask output covered the cell (one click on the training
+cells 0.51 with the head's choice, 0.59 with that output). :func:`choose_click_output`
+clicks every labelled object once (its most interior pixel, through
+:func:`~.click_eval.click_ious`, as the annotator clicks) with each rule -- the head's
+choice, then each candidate in turn -- and returns the rule with the highest mean IoU. The
+decoder file stores it (``click_output``: ``scripts/calibrate_iou_head.py --choose-output``
+for a shipped decoder, :func:`~.adapt.adapt_to_objects` on the user's annotated objects),
+and :attr:`SamEngine.click_output` applies it. The masks do not change; which one a first
+click keeps does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from .click_eval import click_ious
+
+
+@dataclass
+class ClickChoice:
+    """``output``: the rule chosen (None: the IoU head's choice; k: candidate k). ``ious``:
+    mean one-click IoU per rule (key ``"head"`` or the candidate index as a string), over
+    ``objects`` objects. ``per_field``: each field's one-click IoUs per rule (same keys;
+    arrays, one value per object)."""
+
+    output: int | None
+    ious: dict = field(default_factory=dict)
+    objects: int = 0
+    per_field: list = field(default_factory=list)
+
+    def record(self) -> dict:
+        """What a decoder file keeps of it (plain types)."""
+        return {"output": self.output, "objects": self.objects,
+                "one_click_iou": {k: round(float(v), 4) for k, v in self.ious.items()}}
+
+
+def candidate_count(engine) -> int:
+    """How many candidates a first click decodes (4 for a decoder tuned here, else SAM's 3)."""
+    return 4 if engine.candidates == "all" else 3
+
+
+def choose_click_output(engine, fields: Iterable[tuple], margin: float = 0.01, cancel=None) -> ClickChoice:
+    """Measure one click per object of each ``(image, labels, max_objects)`` in ``fields``
+    (``max_objects`` None: every object; else that many drawn with seed 0) with the IoU head's
+    choice and with each candidate kept instead; the candidate whose mean IoU beats the
+    head's by more than ``margin`` (the best of those), else None. ``engine.click_output`` is
+    left as it was."""
+    fields = list(fields)
+    rules: list[int | None] = [None, *range(candidate_count(engine))]
+    per_field: list[dict] = []
+    before = engine.click_output
+    try:
+        for image, labels, cap in fields:
+            row = {}
+            for rule in rules:
+                engine.click_output = rule
+                # a cap: only the views the clicks use are embedded (lazily), not the whole image
+                res = click_ious(engine, image, labels, clicks=1, max_objects=cap, box=False, cancel=cancel)
+                row[_key(rule)] = res["clicks"][:, 0]
+            per_field.append(row)
+    finally:
+        engine.click_output = before
+    n = int(sum(len(row["head"]) for row in per_field))
+    means = {_key(r): float(np.concatenate([row[_key(r)] for row in per_field]).mean()) if n else float("nan")
+             for r in rules}
+    best = max(rules[1:], key=lambda r: means[_key(r)])
+    chosen = best if n and means[_key(best)] > means["head"] + margin else None
+    return ClickChoice(chosen, means, n, per_field)
+
+
+def _key(rule: int | None) -> str:
+    return "head" if rule is None else str(rule)

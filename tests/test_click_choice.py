@@ -1,0 +1,70 @@
+"""Which candidate a first click keeps: measured on labelled objects, stored with the decoder,
+applied by the engine and the session alike."""
+import shutil
+
+import numpy as np
+import pytest
+import tifffile
+
+from napari_gpuseg.engine import AnnotationSession, load_engine
+from napari_gpuseg.engine.annotate.click_eval import session_click_ious
+from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.interactive.prompt_types import Prompt
+from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
+from napari_gpuseg.models import registry
+from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder, set_decoder_fields
+from napari_gpuseg.models.state_dict_loading import CheckpointError
+
+from sam_fixtures import require_lite_medsam
+
+SHIPPED = registry.WEIGHTS_DIR / registry.MODELS["cells_nuclei_sam"].filename
+
+
+@pytest.fixture(scope="module")
+def cache():
+    require_lite_medsam()
+    return EmbeddingCache()
+
+
+@pytest.fixture(scope="module")
+def cells(shared_data):
+    """Whole cells of a training frame of the scratch assay (transmitted light)."""
+    d = shared_data / "scratch_assay" / "cells"
+    return tifffile.imread(d / "images" / "t02.tif"), tifffile.imread(d / "masks" / "t02.tif")
+
+
+def test_the_engine_keeps_the_candidate_the_decoder_file_names(cache, tmp_path):
+    path = tmp_path / "decoder.pt"
+    shutil.copyfile(SHIPPED, path)
+    set_decoder_fields(path, click_output=2)
+    engine = load_engine(str(path), cache=cache)
+    assert engine.click_output == 2 and read_decoder(path)["state"].keys() == read_decoder(SHIPPED)["state"].keys()
+    image = np.zeros((96, 96), np.float32)
+    image[30:60, 35:70] = 1.0
+    prompt = Prompt(points=np.array([[50.0, 45.0]]), labels=np.array([1]))
+    res = engine.predict(image, [prompt], multimask=True)[0]
+    assert res.score == pytest.approx(float(res.all_scores[2]))  # candidate 2, whatever the head rates best
+    engine.click_output = None
+    res = engine.predict(image, [prompt], multimask=True)[0]
+    assert res.score == pytest.approx(float(res.all_scores.max()))
+    # a value the engine could not use is refused, and the file stays as it was
+    with pytest.raises(CheckpointError, match="'click_output' must be None or a candidate index"):
+        set_decoder_fields(path, click_output=7)
+    assert read_decoder(path)["click_output"] == 2
+
+
+def test_the_shipped_decoder_keeps_the_candidate_measured_on_training_cells(cache, cells):
+    """On whole cells of a training frame the IoU head's own choice is the worse rule: the
+    choice made when the decoder shipped holds here, and the session's clicks give what was
+    measured for it."""
+    engine = load_engine(cache=cache)
+    assert engine.click_output == read_decoder(SHIPPED)["click_output"] is not None
+    img, lab = cells
+    choice = choose_click_output(engine, [(img, lab, 12)])
+    assert engine.click_output == read_decoder(SHIPPED)["click_output"]  # left as it was
+    assert choice.objects == 12 and set(choice.ious) == {"head", "0", "1", "2", "3"}
+    assert choice.output == engine.click_output
+    assert choice.ious[str(choice.output)] > choice.ious["head"] + 0.02, choice.ious  # 0.589 vs 0.545 here
+    # the annotator's path (a session, one object at a time) gives the same first masks
+    through = session_click_ious(AnnotationSession(engine, cache=cache), img, lab, clicks=1, max_objects=12, box=False)
+    assert through["clicks"][:, 0].mean() == pytest.approx(choice.ious[str(choice.output)], abs=1e-6)
