@@ -22,6 +22,17 @@ moves one offset per candidate instead of the whole head: through ``clicks.py`` 
 the shipped decoder) cells 0.470, BBBC039 0.896, ``dsb2018/`` 0.744, again under 0.76; not
 shipped either. Run after Adapt SAM on the annotated objects' own first clicks it changed
 nothing: training has already fitted the head on them (``docs/benchmarks.md``, Adapt SAM).
+
+``--choose-output`` leaves the head alone and measures instead which candidate a first click
+should keep (one click per training object with the head's choice and with each candidate
+kept; :func:`napari_gpuseg.engine.sam.training.click_choice.choose_click_output`), storing
+the best as the decoder's ``click_output`` (OUT may be DECODER). On the shipped
+``cells_nuclei_sam`` (2026-11-28, same machine; 181 s with the embeddings on disk) candidate
+1, SAM's first multimask output: training cells 0.513 -> 0.588, BBBC039 0.865 -> 0.862,
+``dsb2018_more`` 0.704 -> 0.688, all 291 objects 0.685 -> 0.706; on validation (the
+``clicks.py`` command above, same run as before) cells 0.437 -> **0.539**, BBBC039 0.888 ->
+0.905, ``dsb2018/`` 0.766 -> 0.765. The shipped decoder keeps it
+(``scripts/build_cells_nuclei_sam.sh`` runs this step last).
 """
 from __future__ import annotations
 
@@ -111,7 +122,8 @@ def choose_output(engine, data: Path, decoder: str, out: str, t0: float) -> int:
         print(f"| {name} | {len(cat['head'])} | " + " | ".join(f"{v.mean():.3f}" for v in cat.values()) + " |")
     print(f"| all | {choice.objects} | " + " | ".join(f"{v:.3f}" for v in choice.ious.values()) + " |")
     print(f"click_output: {choice.output} (None: the IoU head's choice)")
-    shutil.copyfile(decoder, out)
+    if Path(decoder).resolve() != Path(out).resolve():
+        shutil.copyfile(decoder, out)
     set_decoder_fields(out, click_output=choice.output,
                        click_choice={**choice.record(), "data": "scratch_assay cells t00-t06 (15 per frame), "
                                      "bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})

@@ -79,3 +79,24 @@ def test_unsure_hint_speaks_only_below_the_threshold():
     assert unsure_hint(0.95) is None and unsure_hint(float("nan")) is None
     hint = unsure_hint(0.42)
     assert "0.42" in hint and "box" in hint and "adapt" in hint
+
+
+def test_a_cancel_while_the_first_click_choice_is_measured_keeps_nothing(cells, tmp_path, monkeypatch):
+    from napari_gpuseg.engine.sam.training import adapt as sam_adapt
+
+    require_lite_medsam()
+    img, ann = cells
+    cfg = few_object_config(6, minutes=1)
+    cfg.max_steps, cfg.max_time, cfg.view_zooms = 1, None, (1.0,)
+    token = CancelToken()
+    measure = sam_adapt.choose_click_output
+
+    def cancel_then_measure(*args, **kwargs):  # the user presses Cancel once training is done
+        token.cancel()
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(sam_adapt, "choose_click_output", cancel_then_measure)
+    res = adapt_to_objects(img, ann, model=load_engine("nuclei_sam", cache=EmbeddingCache()), folder=tmp_path,
+                           config=cfg, cancel=token)
+    assert res.path is None and res.stopped == "cancelled"
+    assert adapted_models(tmp_path) == [] and not list(tmp_path.glob("*.pt"))

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ...runtime.cancel import CancelToken, ProgressFn
+from ...runtime.cancel import CancelToken, Cancelled, ProgressFn
 from ....models.sam.decoder_checkpoint import set_decoder_fields
 from ..interactive.prompt_types import shown_iou
 from .click_choice import choose_click_output
@@ -158,8 +158,12 @@ def adapt_to_objects(images: np.ndarray | Sequence[np.ndarray], labels: np.ndarr
     if res.path is None:
         return AdaptResult(None, None, n_objects, steps, res.seconds, res.stopped, res)
     # which candidate a first click on these objects should keep, measured on them
-    choice = choose_click_output(res.engine, [(im, lab, len(np.unique(lab[lab > 0])))
-                                              for im, lab in zip(images, labels)], cancel=cancel)
+    try:
+        choice = choose_click_output(res.engine, [(im, lab, len(np.unique(lab[lab > 0])))
+                                                  for im, lab in zip(images, labels)], cancel=cancel)
+    except Cancelled:  # cancelled after training: nothing is kept, as during it
+        out.unlink(missing_ok=True)
+        return AdaptResult(None, None, n_objects, steps, res.seconds, "cancelled", res)
     set_decoder_fields(out, click_output=choice.output, click_choice=choice.record())
     _record(d, {"name": name, "path": str(out), "image": image_name, "base": str(base), "objects": n_objects,
                 "steps": steps, "seconds": round(res.seconds, 1),
