@@ -89,13 +89,13 @@ def test_a_cancel_while_the_first_click_choice_is_measured_keeps_nothing(cells, 
     cfg = few_object_config(6, minutes=1)
     cfg.max_steps, cfg.max_time, cfg.view_zooms = 1, None, (1.0,)
     token = CancelToken()
-    measure = sam_adapt.choose_click_output
+    measure = sam_adapt.store_click_choice
 
     def cancel_then_measure(*args, **kwargs):  # the user presses Cancel once training is done
         token.cancel()
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(sam_adapt, "choose_click_output", cancel_then_measure)
+    monkeypatch.setattr(sam_adapt, "store_click_choice", cancel_then_measure)
     res = adapt_to_objects(img, ann, model=load_engine("nuclei_sam", cache=EmbeddingCache()), folder=tmp_path,
                            config=cfg, cancel=token)
     assert res.path is None and res.stopped == "cancelled"

@@ -50,6 +50,11 @@ def test_adapt_sam_saves_beside_the_image_and_the_annotator_switches(make_napari
     qtbot.waitUntil(lambda: dock.result is not None, timeout=WAIT)
     path = str(src.with_name("dsb_sam_adapted.pt"))
     assert dock.model_path == path and dock.result["steps"] == 3
+    # the first-click candidate, measured on the committed objects, travels with the file
+    from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder
+
+    choice = read_decoder(path)["click_choice"]
+    assert choice["objects"] == len(np.unique(gt[:, :128][gt[:, :128] > 0])) and "head" in choice["one_click_iou"]
     assert len(dock.plot.series["train loss"]) == 3
     assert annotator.model_name == path and "Click" in annotator.hint_label.text()
     assert "annotator uses it" in dock.status.text()

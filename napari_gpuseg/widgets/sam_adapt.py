@@ -9,6 +9,8 @@ annotator switches to it.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from qtpy.QtWidgets import QComboBox, QFormLayout, QSpinBox
 
@@ -31,13 +33,22 @@ def adapt_config(minutes: int):
 def adapt_job(image, labels, model, minutes, out_path, on_event, image_name=None, progress=None, cancel=None):
     """Runs in the training thread: fine-tune, save (marked as adapted to ``image_name``'s
     objects, as the annotator's adapted decoders are), return what the dock shows."""
+    from ..engine.runtime.cancel import Cancelled
+    from ..engine.sam.training.click_choice import store_click_choice
     from ..engine.sam.training.finetune import finetune_sam
 
     objects = int(len(np.unique(labels[labels > 0])))
     res = finetune_sam([image], [labels], model=model, config=adapt_config(minutes), out_path=out_path,
                        on_event=on_event, progress=progress, cancel=cancel, policy=train_worker().policy,
                        meta={"adapted": {"image": image_name, "objects": objects}})
-    return {"path": res.path, "stopped": res.stopped, "seconds": res.seconds,
+    path, stopped = res.path, res.stopped
+    if path is not None:  # which candidate a first click on these objects keeps, measured on them
+        try:
+            store_click_choice(res.engine, path, [image], [labels], cancel=cancel)
+        except Cancelled:  # cancelled after training: nothing is kept, as during it
+            Path(path).unlink(missing_ok=True)
+            path, stopped = None, "cancelled"
+    return {"path": path, "stopped": stopped, "seconds": res.seconds,
             "steps": res.history[-1]["step"] if res.history else 0}
 
 
@@ -113,3 +124,5 @@ class SamAdaptWidget(TrainDock):
             taken = offer_sam_model(self.model_path)
             where = "; the SAM annotator uses it now" if taken else ""
             self._set_status(f"Saved {self.model_path} ({result['steps']} steps, {result['seconds']:.0f} s){where}.")
+        else:  # cancelled once training was done, while its first-click choice was measured
+            self._set_status(self.CANCELLED)

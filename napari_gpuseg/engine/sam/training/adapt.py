@@ -7,8 +7,8 @@
 unannotated). The image encoder stays frozen; the prompt encoder and mask decoder learn
 from simulated clicks, boxes and corrective clicks on those objects with
 :func:`few_object_config`'s schedule; then one click on each of them measures which
-candidate a first click should keep (:func:`~.click_choice.choose_click_output`, stored
-as the file's ``click_output``), and the decoder is saved into the user's list of
+candidate a first click should keep (:func:`~.click_choice.store_click_choice`: the
+file's ``click_output``), and the decoder is saved into the user's list of
 adapted decoders (:func:`adapted_dir`: ``<cache folder>/adapted_sam``, an ``index.json``
 beside the files naming the image each came from), which :func:`adapted_models` reads.
 :func:`unsure_hint` turns a first mask's predicted IoU into the hint to show when the
@@ -28,9 +28,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...runtime.cancel import CancelToken, Cancelled, ProgressFn
-from ....models.sam.decoder_checkpoint import set_decoder_fields
 from ..interactive.prompt_types import shown_iou
-from .click_choice import choose_click_output
+from .click_choice import store_click_choice
 from .finetune import SamTuneEvent, SamTuneResult, finetune_sam
 from .tune_config import SamTuneConfig
 
@@ -159,12 +158,10 @@ def adapt_to_objects(images: np.ndarray | Sequence[np.ndarray], labels: np.ndarr
         return AdaptResult(None, None, n_objects, steps, res.seconds, res.stopped, res)
     # which candidate a first click on these objects should keep, measured on them
     try:
-        choice = choose_click_output(res.engine, [(im, lab, len(np.unique(lab[lab > 0])))
-                                                  for im, lab in zip(images, labels)], cancel=cancel)
+        store_click_choice(res.engine, out, images, labels, cancel=cancel)
     except Cancelled:  # cancelled after training: nothing is kept, as during it
         out.unlink(missing_ok=True)
         return AdaptResult(None, None, n_objects, steps, res.seconds, "cancelled", res)
-    set_decoder_fields(out, click_output=choice.output, click_choice=choice.record())
     _record(d, {"name": name, "path": str(out), "image": image_name, "base": str(base), "objects": n_objects,
                 "steps": steps, "seconds": round(res.seconds, 1),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")})

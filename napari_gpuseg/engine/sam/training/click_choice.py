@@ -21,6 +21,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ....models.sam.decoder_checkpoint import set_decoder_fields
 from .click_eval import click_ious
 
 
@@ -74,6 +75,17 @@ def choose_click_output(engine, fields: Iterable[tuple], margin: float = 0.01, c
     best = max(rules[1:], key=lambda r: means[_key(r)])
     chosen = best if n and means[_key(best)] > means["head"] + margin else None
     return ClickChoice(chosen, means, n, per_field)
+
+
+def store_click_choice(engine, path, images, labels, cancel=None) -> ClickChoice:
+    """After training on ``labels`` (one label image per image, 0 = not annotated): measure
+    the choice on every annotated object (:func:`choose_click_output`; only the views their
+    clicks need are embedded) and store it in the decoder file at ``path`` (``click_output``
+    and the ``click_choice`` record). :class:`Cancelled` from ``cancel`` leaves the file as it was."""
+    fields = [(im, lab, len(np.unique(lab[lab > 0]))) for im, lab in zip(images, labels)]
+    choice = choose_click_output(engine, fields, cancel=cancel)
+    set_decoder_fields(path, click_output=choice.output, click_choice=choice.record())
+    return choice
 
 
 def _key(rule: int | None) -> str:
