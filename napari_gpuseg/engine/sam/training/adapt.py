@@ -33,17 +33,18 @@ from .click_choice import store_click_choice
 from .finetune import SamTuneEvent, SamTuneResult, finetune_sam
 from .tune_config import SamTuneConfig
 
-UNSURE_IOU = 0.85
+UNSURE_IOU = 0.70
 """A first mask whose predicted IoU (clamped to [0, 1]) is below this is flagged unsure.
-Calibrated with ``benchmarks/unsure_threshold.py`` (``cells_nuclei_sam``, one click at each
-object's most interior pixel; 45 scratch-assay validation cells and 120 BBBC039 validation
-nuclei, 15 per frame; a first mask is bad when its true IoU is under 0.5: 33 of 165; AMD EPYC,
-avx2, 2 threads, 2026-11-28): 0.85 flags 54 of the 165 first masks and catches 32 of the 33 bad
-ones (precision 0.59, recall 0.97, F1 0.74: the best F1 of 0.50, 0.55, ..., 0.95). The guess
-before, 0.75, flagged 39 and caught 24 (0.62, 0.73, F1 0.67); 0.90 flags 12 more, good ones
-(precision 0.50). On nuclei the predicted IoU ranks the bad masks almost perfectly (0.85 flags
-9 of 120, 6 of the 7 bad); on whole cells it hardly ranks them (it flags all 45, 26 of them
-bad): every first click on a cell is flagged, where a box is the better prompt."""
+Calibrated with ``benchmarks/unsure_threshold.py`` (``cells_nuclei_sam`` keeping candidate 1,
+its ``click_output``; one click at each object's most interior pixel; 45 scratch-assay
+validation cells and 120 BBBC039 validation nuclei, 15 per frame; a first mask is bad when its
+true IoU is under 0.5: 19 of 165; AMD EPYC, avx2, 2 threads, 2026-11-28): 0.70 flags 48 of the
+165 first masks and catches 17 of the 19 bad ones (precision 0.35, recall 0.89, F1 0.51: the
+best F1 of 0.50, 0.55, ..., 0.95); 0.80 catches all 19 but flags 59 (F1 0.49); the 0.85 used
+while first clicks kept the IoU head's choice now flags 72 (F1 0.42), 27 of the 120 nuclei of
+which 6 are bad. On nuclei 0.70 flags 4 of 120 (4 of the 6 bad); on whole cells the predicted
+IoU hardly ranks the masks (0.70 flags 44 of the 45 cells, 13 of them bad): nearly every first
+click on a cell is flagged, where a box is the better prompt."""
 INDEX = "index.json"
 
 
