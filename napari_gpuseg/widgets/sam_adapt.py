@@ -9,8 +9,6 @@ annotator switches to it.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from qtpy.QtWidgets import QComboBox, QFormLayout, QSpinBox
 
@@ -33,7 +31,6 @@ def adapt_config(minutes: int):
 def adapt_job(image, labels, model, minutes, out_path, on_event, image_name=None, progress=None, cancel=None):
     """Runs in the training thread: fine-tune, save (marked as adapted to ``image_name``'s
     objects, as the annotator's adapted decoders are), return what the dock shows."""
-    from ..engine.runtime.cancel import Cancelled
     from ..engine.sam.training.click_choice import store_click_choice
     from ..engine.sam.training.finetune import finetune_sam
 
@@ -42,12 +39,10 @@ def adapt_job(image, labels, model, minutes, out_path, on_event, image_name=None
                        on_event=on_event, progress=progress, cancel=cancel, policy=train_worker().policy,
                        meta={"adapted": {"image": image_name, "objects": objects}})
     path, stopped = res.path, res.stopped
-    if path is not None:  # which candidate a first click on these objects keeps, measured on them
-        try:
-            store_click_choice(res.engine, path, [image], [labels], cancel=cancel)
-        except Cancelled:  # cancelled after training: nothing is kept, as during it
-            Path(path).unlink(missing_ok=True)
-            path, stopped = None, "cancelled"
+    # which candidate a first click on these objects keeps, measured on them (a cancel meanwhile
+    # removes the file: nothing is kept)
+    if path is not None and store_click_choice(res.engine, path, [image], [labels], cancel=cancel) is None:
+        path, stopped = None, "cancelled"
     return {"path": path, "stopped": stopped, "seconds": res.seconds,
             "steps": res.history[-1]["step"] if res.history else 0}
 

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ...runtime.cancel import CancelToken, Cancelled, ProgressFn
+from ...runtime.cancel import CancelToken, ProgressFn
 from ..interactive.prompt_types import shown_iou
 from .click_choice import store_click_choice
 from .finetune import SamTuneEvent, SamTuneResult, finetune_sam
@@ -158,10 +158,7 @@ def adapt_to_objects(images: np.ndarray | Sequence[np.ndarray], labels: np.ndarr
     if res.path is None:
         return AdaptResult(None, None, n_objects, steps, res.seconds, res.stopped, res)
     # which candidate a first click on these objects should keep, measured on them
-    try:
-        store_click_choice(res.engine, out, images, labels, cancel=cancel)
-    except Cancelled:  # cancelled after training: nothing is kept, as during it
-        out.unlink(missing_ok=True)
+    if store_click_choice(res.engine, out, images, labels, cancel=cancel) is None:  # cancelled: file gone
         return AdaptResult(None, None, n_objects, steps, res.seconds, "cancelled", res)
     _record(d, {"name": name, "path": str(out), "image": image_name, "base": str(base), "objects": n_objects,
                 "steps": steps, "seconds": round(res.seconds, 1),

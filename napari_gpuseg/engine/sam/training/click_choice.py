@@ -17,11 +17,13 @@ click keeps does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
 from ....models.sam.decoder_checkpoint import set_decoder_fields
+from ...runtime.cancel import Cancelled
 from .click_eval import click_ious
 
 
@@ -77,13 +79,18 @@ def choose_click_output(engine, fields: Iterable[tuple], margin: float = 0.01, c
     return ClickChoice(chosen, means, n, per_field)
 
 
-def store_click_choice(engine, path, images, labels, cancel=None) -> ClickChoice:
+def store_click_choice(engine, path, images, labels, cancel=None) -> ClickChoice | None:
     """After training on ``labels`` (one label image per image, 0 = not annotated): measure
     the choice on every annotated object (:func:`choose_click_output`; only the views their
     clicks need are embedded) and store it in the decoder file at ``path`` (``click_output``
-    and the ``click_choice`` record). :class:`Cancelled` from ``cancel`` leaves the file as it was."""
+    and the ``click_choice`` record). Cancelled by ``cancel`` meanwhile: the file is removed
+    (nothing is kept, as when training is cancelled) and None returned."""
     fields = [(im, lab, len(np.unique(lab[lab > 0]))) for im, lab in zip(images, labels)]
-    choice = choose_click_output(engine, fields, cancel=cancel)
+    try:
+        choice = choose_click_output(engine, fields, cancel=cancel)
+    except Cancelled:
+        Path(path).unlink(missing_ok=True)
+        return None
     set_decoder_fields(path, click_output=choice.output, click_choice=choice.record())
     return choice
 
