@@ -68,3 +68,29 @@ def test_the_shipped_decoder_keeps_the_candidate_measured_on_training_cells(cach
     # the annotator's path (a session, one object at a time) gives the same first masks
     through = session_click_ious(AnnotationSession(engine, cache=cache), img, lab, clicks=1, max_objects=12, box=False)
     assert through["clicks"][:, 0].mean() == pytest.approx(choice.ious[str(choice.output)], abs=1e-6)
+
+
+def test_every_rule_measured_from_one_decode_gives_each_rules_own_masks(cache, cells, monkeypatch):
+    """Inside ``reuse_decodes`` the decoder runs once per view for the same first clicks; each
+    rule then keeps its own candidate: the masks and scores of a separate ``predict`` per rule."""
+    engine = load_engine(cache=cache)
+    img, lab = cells
+    img, lab = img[:, :200], lab[:, :200]
+    prompts = [Prompt(points=np.array([[x, y]], float), labels=np.array([1])) for x, y in ((40, 60), (150, 120))]
+    alone = {}
+    for rule in (None, 0, 1, 2, 3):
+        engine.click_output = rule
+        alone[rule] = engine.predict(img, prompts, multimask=True)
+    runs = []
+    real = engine._decoder_outputs
+    monkeypatch.setattr(engine, "_decoder_outputs", lambda *a, **k: runs.append(1) or real(*a, **k))
+    with engine.reuse_decodes():
+        for rule in (None, 0, 1, 2, 3):
+            engine.click_output = rule
+            for mine, theirs in zip(engine.predict(img, prompts, multimask=True), alone[rule]):
+                assert mine.view == theirs.view and mine.score == pytest.approx(theirs.score)
+                assert np.array_equal(mine.mask, theirs.mask)
+        once = len(runs)
+    assert 1 <= once <= 4  # the first rule's decodes (a click view and a native view per group)
+    engine.predict(img, prompts, multimask=True)
+    assert len(runs) > once  # outside it, the decoder runs again

@@ -10,6 +10,7 @@ Coordinates follow SAM: (x, y) in image pixels. Nothing here imports Qt or napar
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -74,6 +75,8 @@ class SamEngine(ViewSets):
         self._nonfinite: set = set()  # keys of views whose embedding was not finite (never cached)
         self._encoding: frozenset = frozenset()  # keys of the views the encoder is computing
         self._factored = supports_factored(self.sam)
+        # the decoder's outputs per (image, view, prompts), kept inside reuse_decodes() only
+        self._reused: dict | None = None
         encoder = getattr(self.sam, "image_encoder", None)
         if isinstance(encoder, torch.nn.Module):  # stand-in models in tests may have none
             add_pause_points(encoder)
@@ -117,6 +120,20 @@ class SamEngine(ViewSets):
         """Drop what the decoder computed per embedding (call after its weights change);
         the embeddings themselves stay valid."""
         self._memos.clear()
+
+    @contextmanager
+    def reuse_decodes(self):
+        """Inside it, a decoder call repeated for the same prompts on the same view (no mask
+        input) reuses the decoder's outputs: the candidates and their predicted IoUs do not
+        depend on :attr:`click_output`, only which one is kept does. Measuring first clicks
+        under every rule (``click_choice``) decodes once instead of once per rule. The
+        decoder's weights must not change inside it."""
+        outer = self._reused
+        self._reused = {} if outer is None else outer
+        try:
+            yield self
+        finally:
+            self._reused = outer
 
     # -- images and views ----------------------------------------------------
     @property
@@ -333,16 +350,39 @@ class SamEngine(ViewSets):
             check(cancel)
             emb = self.embedding(image, view)
             memo = self.decoder_memo(image, view)
-            for i, res in zip(idx, self._decode(emb, view, [prompts[i] for i in idx], multimask, memo,
-                                                near_box)):
+            group = [prompts[i] for i in idx]
+            reuse = None
+            if self._reused is not None and not _hasmask:
+                reuse = (image.digest, view, multimask, near_box, tuple(_prompt_key(p) for p in group))
+            for i, res in zip(idx, self._decode(emb, view, group, multimask, memo, near_box, reuse)):
                 results[i] = res
         return results  # type: ignore[return-value]
 
     def _decode(self, emb: torch.Tensor, view: View, prompts: list[Prompt],
-                multimask: bool, memo: dict | None = None, near_box: bool = False) -> list[MaskResult]:
+                multimask: bool, memo: dict | None = None, near_box: bool = False,
+                reuse: tuple | None = None) -> list[MaskResult]:
         """One decoder call (:mod:`decode_call`). Without a mask input, the factored decoder
         (fp32; the same numbers as the module up to rounding) reuses ``memo`` from earlier
-        prompts on this embedding, which makes interactive prompts several times cheaper."""
+        prompts on this embedding, which makes interactive prompts several times cheaper.
+        ``reuse``: the key under which :meth:`reuse_decodes` keeps the decoder's outputs."""
+        kept = self._reused.get(reuse) if reuse is not None and self._reused is not None else None
+        if kept is not None:
+            low_res, iou = kept
+        else:
+            low_res, iou = self._decoder_outputs(emb, view, prompts, multimask, memo, near_box)
+            if reuse is not None and self._reused is not None:
+                self._reused[reuse] = (low_res, iou)
+        chosen, scores = keep_best(low_res, iou, multimask, self.click_output)
+        full_np = render_masks(chosen, view, self.MASK_RENDER_BYTES)
+        scores_np = scores.cpu().numpy()
+        all_scores = iou.cpu().numpy()
+        return [MaskResult(full_np[i], view.y0, view.x0, float(scores_np[i]), chosen[i].detach(),
+                           view, all_scores[i]) for i in range(len(prompts))]
+
+    def _decoder_outputs(self, emb: torch.Tensor, view: View, prompts: list[Prompt], multimask: bool,
+                         memo: dict | None, near_box: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(low-res logits (N, M, L, L), predicted IoUs (N, M)) in fp32 of the candidates
+        ``multimask`` asks for (:attr:`candidates`, else the single-mask output)."""
         dev = self.policy.device
         points, boxes, masks, roi = prompt_tensors(view, prompts, dev, self.input_size, emb.shape[-1], near_box)
         with torch.inference_mode(), self.policy.autocast():
@@ -353,13 +393,7 @@ class SamEngine(ViewSets):
                                                    memo=memo, roi=roi, device=dev)  # emb copied once per memo
             else:
                 low_res, iou = self._decode_module(emb, sparse, dense, outputs)
-        low_res, iou = low_res.float(), iou.float()
-        chosen, scores = keep_best(low_res, iou, multimask, self.click_output)
-        full_np = render_masks(chosen, view, self.MASK_RENDER_BYTES)
-        scores_np = scores.cpu().numpy()
-        all_scores = iou.cpu().numpy()
-        return [MaskResult(full_np[i], view.y0, view.x0, float(scores_np[i]), chosen[i].detach(),
-                           view, all_scores[i]) for i in range(len(prompts))]
+        return low_res.float(), iou.float()
 
     def _decode_module(self, emb, sparse, dense, outputs: str):
         """The mask decoder module's (low-res logits, IoU) for ``outputs`` (see decode_sparse)."""
@@ -376,3 +410,10 @@ class SamEngine(ViewSets):
         needed = sorted({self.route(image, p) for p in prompts})
         self.embed([image], [needed], batch_size=embed_batch_size, cancel=cancel)
         return self.predict(image, prompts, cancel=cancel)
+
+
+def _prompt_key(prompt: Prompt) -> tuple:
+    """A prompt without a mask input as a hashable value (its points, labels and box)."""
+    def raw(a):
+        return None if a is None else (a.shape, np.ascontiguousarray(a).tobytes())
+    return raw(prompt.points), raw(prompt.labels), raw(prompt.box)

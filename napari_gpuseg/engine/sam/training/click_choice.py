@@ -61,14 +61,17 @@ def choose_click_output(engine, fields: Iterable[tuple], margin: float = 0.01, c
     per_field: list[dict] = []
     before = engine.click_output
     try:
-        for image, labels, cap in fields:
-            row = {}
-            for rule in rules:
-                engine.click_output = rule
-                # a cap: only the views the clicks use are embedded (lazily), not the whole image
-                res = click_ious(engine, image, labels, clicks=1, max_objects=cap, box=False, cancel=cancel)
-                row[_key(rule)] = res["clicks"][:, 0]
-            per_field.append(row)
+        # the rules differ in which candidate is kept, not in what the decoder computes: each
+        # object's clicks are decoded once, for the first rule, and kept for the others
+        with engine.reuse_decodes():
+            for image, labels, cap in fields:
+                row = {}
+                for rule in rules:
+                    engine.click_output = rule
+                    # a cap: only the views the clicks use are embedded (lazily), not the whole image
+                    res = click_ious(engine, image, labels, clicks=1, max_objects=cap, box=False, cancel=cancel)
+                    row[_key(rule)] = res["clicks"][:, 0]
+                per_field.append(row)
     finally:
         engine.click_output = before
     n = int(sum(len(row["head"]) for row in per_field))
