@@ -84,7 +84,7 @@ def test_a_mask_reaching_a_cut_edge_of_its_zoomed_view_is_decoded_again_natively
     prepared = zoomed.prepare(img)
     seen = []
 
-    def whole_view(emb, view, prompts, multimask, memo=None, near_box=False):
+    def whole_view(emb, view, prompts, multimask, memo=None, near_box=False, reuse=None):
         seen.append(view)
         return [MaskResult(np.ones((view.h, view.w), bool), view.y0, view.x0, 0.9,
                            torch.zeros(256, 256), view, np.zeros(3)) for _ in prompts]
@@ -143,7 +143,7 @@ def test_carried_logits_keep_the_mask_where_it_lies_in_the_image():
 
 
 def _recording(seen, cut=False):
-    def decode(emb, view, prompts, multimask, memo=None, near_box=False):
+    def decode(emb, view, prompts, multimask, memo=None, near_box=False, reuse=None):
         m = np.zeros((view.h, view.w), bool)
         if cut:
             m[:, :] = True
@@ -190,7 +190,7 @@ def test_a_first_click_keeps_the_scale_with_the_higher_predicted_iou(zoomed, mon
     img = np.random.default_rng(1).integers(0, 1000, (512, 512)).astype(np.uint16)
     prepared = zoomed.prepare(img)
 
-    def small_mask(emb, view, prompts, multimask, memo=None, near_box=False):
+    def small_mask(emb, view, prompts, multimask, memo=None, near_box=False, reuse=None):
         m = np.zeros((view.h, view.w), bool)
         m[view.h // 2 - 5:view.h // 2 + 5, view.w // 2 - 5:view.w // 2 + 5] = True  # inside, no cut
         score = zoom_score if view.h == 171 else 0.8
