@@ -94,8 +94,13 @@ def main(argv=None) -> int:
     for item in args.set:
         key, value = item.split("=", 1)
         cur = getattr(cfg, key)
-        setattr(cfg, key, type(cur)(value) if cur is not None and not isinstance(cur, tuple)
-                else tuple(float(v) for v in value.split(",")))
+        if value == "None":
+            setattr(cfg, key, None)
+        elif cur is None and value.lstrip("-").isdigit():
+            setattr(cfg, key, int(value))
+        else:
+            setattr(cfg, key, type(cur)(value) if cur is not None and not isinstance(cur, tuple)
+                    else tuple(float(v) for v in value.split(",")))
     if args.set:
         print("schedule overrides:", ", ".join(args.set))
     folder = tempfile.mkdtemp()

@@ -180,7 +180,8 @@ def test_no_import_cycles_inside_the_package():
                       from typing import TYPE_CHECKING
                       if TYPE_CHECKING:
                           from .finetune import SamTuneResult
-                  """}, ["napari_gpuseg.engine.sam.training.episode_loss",  # finetune -> episode_loss -> config
+                  """}, ["napari_gpuseg.engine.sam.training.click_choice",  # finetune -> click_choice -> config
+                         "napari_gpuseg.engine.sam.training.episode_loss",  # finetune -> episode_loss -> config
                          "napari_gpuseg.engine.sam.training.finetune",
                          "napari_gpuseg.engine.sam.training.tune_config"], id="type-checking-import"),
     pytest.param({"engine/sam/interactive/views.py": """

@@ -7,6 +7,7 @@ import tifffile
 
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.runtime.cancel import CancelToken
+from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
 from napari_gpuseg.engine.sam.training.adapt import (adapt_to_objects, adapted_dir, adapted_models, few_object_config,
                                             unsure_hint)
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
@@ -43,6 +44,12 @@ def test_adapt_saves_into_the_users_list_with_the_image_name(cells, tmp_path, mo
     assert listed[0]["image"] == "/data/my cells.tif" and listed[0]["objects"] == 6
     adapted = load_engine(listed[0]["path"], cache=engine.cache)
     assert adapted.info.decoder_tuned
+    # the first clicks trained the candidate measured on these cells before training (the base
+    # keeps none of its own): the one choose_click_output picks with the base's decoder
+    aimed = read_decoder(listed[0]["path"])["training"]["config"]["first_output"]
+    base = load_engine("nuclei_sam", cache=engine.cache)
+    assert base.click_output is None
+    assert aimed == choose_click_output(base, [(img, ann, None)]).output == 1  # 0.557 vs the head's 0.403
     # which candidate a first click keeps was measured on the six cells and travels with the file
     doc = read_decoder(listed[0]["path"])
     assert doc["click_choice"]["objects"] == 6 and set(doc["click_choice"]["one_click_iou"]) == {"head", "0", "1", "2", "3"}

@@ -333,6 +333,38 @@ def test_a_first_click_trains_the_candidates_the_engine_offers(lite, train_crop,
         tiny_config(first_candidates="two").check()
 
 
+def test_a_first_click_can_train_the_candidate_the_engine_keeps(lite, train_crop):
+    """``first_output`` (the engine's numbering: 0 the single-mask output, 1-3 SAM's three):
+    a first click's mask loss goes to that candidate alone, not to the best one, and the
+    corrective click goes on from its mask; the IoU head still learns every candidate."""
+    from napari_gpuseg.engine.sam.training.episode_loss import episode
+
+    img, lab = train_crop
+    engine = load_engine("lite_medsam", cache=lite.cache)
+    views = collect_views(engine, [img], [lab])
+    gt = np.stack([views[0].labels == o for o in views[0].ids[:4]])
+    emb = views[0].embedding[None].to(engine.policy.device, torch.float32).expand(len(gt), -1, -1, -1)
+    sam = engine.sam
+    for p in sam.mask_decoder.parameters():
+        p.requires_grad_(True)
+    hyper = sam.mask_decoder.output_hypernetworks_mlps  # one per output: single, then SAM's three
+    for first, keep, trained in (("multi", 2, {2}), ("all", 3, {3}), ("all", 0, {0})):
+        sam.mask_decoder.zero_grad(set_to_none=True)
+        cfg = tiny_config(first_candidates=first, first_output=keep)
+        cfg.check()
+        rec = []
+        episode(sam, emb, gt, False, np.random.default_rng(0), cfg, engine.policy.device, n_corr=0,
+                record=rec).backward()
+        got = {i for i, mlp in enumerate(hyper) if mlp.layers[-1].weight.grad is not None
+               and mlp.layers[-1].weight.grad.abs().sum() > 0}
+        assert got == trained, (first, keep, got)
+        head = sam.mask_decoder.iou_prediction_head.layers[-1].weight.grad
+        assert (head[1:].abs().sum(1) > 0).all()  # the IoU head: every candidate
+    for first, bad in (("multi", 0), ("all", 4), ("all", -1)):
+        with pytest.raises(ValueError, match="first_output"):
+            tiny_config(first_candidates=first, first_output=bad).check()
+
+
 def test_train_sam_options_reach_the_config(tmp_path):
     import argparse
 

@@ -21,11 +21,13 @@ LOSS = "train loss"
 
 
 def adapt_config(minutes: int):
-    """The Adapt SAM schedule: time-bound, small steps (one image, no validation split)."""
+    """The Adapt SAM schedule: time-bound, small steps (one image, no validation split); a
+    first click trains the candidate the annotator will keep."""
     from ..engine.sam.training.tune_config import SamTuneConfig
 
     return SamTuneConfig(max_steps=400, views_per_step=2, objects_per_view=4, lr=1e-4, warmup=5,
-                         views_per_image=None, val_fraction=0.0, max_time=60.0 * minutes)
+                         views_per_image=None, val_fraction=0.0, max_time=60.0 * minutes,
+                         first_output="measured")
 
 
 def adapt_job(image, labels, model, minutes, out_path, on_event, image_name=None, progress=None, cancel=None):

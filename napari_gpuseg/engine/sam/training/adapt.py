@@ -55,11 +55,13 @@ def few_object_config(n_objects: int, minutes: float = 4.0) -> SamTuneConfig:
     first prompt for 40 % of the objects (the fast way to annotate an unfamiliar kind, and
     the decoder's most reliable prompt, which the clicks learn beside), one corrective
     click, native views and views 1.5x finer (objects larger and smaller than nuclei), and
-    a mild random gamma per embedded picture. No validation split: every object teaches."""
+    a mild random gamma per embedded picture. A first click trains the candidate the
+    annotator will keep (``first_output`` "measured"). No validation split: every object
+    teaches."""
     return SamTuneConfig(max_steps=100000, views_per_step=1, objects_per_view=max(1, min(4, int(n_objects))),
                          lr=1e-3, warmup=3, box_fraction=0.4, corrections=1, views_per_image=None,
                          val_fraction=0.0, max_time=60.0 * float(minutes), contrast_jitter=1.25,
-                         view_zooms=(1.0, 1.5))
+                         view_zooms=(1.0, 1.5), first_output="measured")
 
 
 @dataclass

@@ -37,16 +37,18 @@ def _iou(logits: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
     return torch.where(union > 0, inter / union.clamp(min=1), torch.ones_like(union))
 
 
-def _mask_loss(logits: torch.Tensor, iou_pred: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+def _mask_loss(logits: torch.Tensor, iou_pred: torch.Tensor, gt: torch.Tensor,
+               keep: int | None = None) -> torch.Tensor:
     """(N, M, S, S) logits against (N, S, S) truth: BCE + Dice of the best candidate per
-    object, plus MSE of the predicted IoUs (all candidates) against the true ones; with
-    four candidates the IoU head learns to rank the single-mask output beside the three."""
+    object (of candidate ``keep`` when given), plus MSE of the predicted IoUs (all
+    candidates) against the true ones; with four candidates the IoU head learns to rank the
+    single-mask output beside the three."""
     logits = logits.float()
     g = gt[:, None].expand_as(logits).float()
     bce = F.binary_cross_entropy_with_logits(logits, g, reduction="none").flatten(-2).mean(-1)
     p = torch.sigmoid(logits)
     dice = 1 - (2 * (p * g).flatten(-2).sum(-1) + 1) / ((p + g).flatten(-2).sum(-1) + 1)
-    per = (bce + dice).min(dim=1).values
+    per = (bce + dice)[:, keep] if keep is not None else (bce + dice).min(dim=1).values
     true_iou = _iou(logits.detach(), gt[:, None].expand_as(logits))
     return per.mean() + F.mse_loss(iou_pred.float(), true_iou)
 
@@ -116,12 +118,14 @@ def episode(sam, emb: torch.Tensor, gt: np.ndarray, use_box: bool, rng: np.rando
         raise ValueError(f"prompts for {len(boxes if boxes is not None else pts)} objects, masks for {n}")
     # a first click: the 3 multimask outputs, or with the single-mask one ("all")
     first = False if use_box else ("all" if cfg.first_candidates == "all" else True)
+    # the candidate the engine keeps for a first click, when the schedule names one
+    keep = None if use_box or cfg.first_output is None else cfg.first_output - (0 if first == "all" else 1)
     with torch.set_grad_enabled(train):
         logits, iou = _decode(sam, emb, None if pts is None else torch.as_tensor(pts, dtype=torch.float32, device=device),
                               None if labs is None else torch.as_tensor(labs, device=device),
                               boxes, None, multimask=first)
-        loss = _mask_loss(logits, iou, gt_t)
-    prev = _best(logits, iou).detach().float()
+        loss = _mask_loss(logits, iou, gt_t, keep)
+    prev = (_best(logits, iou) if keep is None else logits[:, keep]).detach().float()
     del logits, iou
     if record is not None:
         record.append(_iou(prev, gt_t).cpu().numpy())

@@ -36,6 +36,7 @@ import torch
 from ...runtime.batching import is_oom
 from ...runtime.cancel import CancelToken, Cancelled, ProgressFn, check
 from ...runtime.memory import empty_cache
+from .click_choice import output_to_train
 from .episode_loss import episode, evaluate, first_prompts, sample_objects  # noqa: F401 - evaluate re-exported
 from .train_views import TrainView, collect_views
 from .tune_config import SamTuneConfig
@@ -124,6 +125,8 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     views = collect_views(engine, images, labels, cfg.views_per_image, rng, progress, cancel,
                           zooms=tuple(dict.fromkeys(float(z) for z in zooms)), polarity=cfg.polarity,
                           contrast_jitter=cfg.contrast_jitter)
+    if cfg.first_output == "measured":  # before training: the base decoder's candidate
+        cfg = dataclasses.replace(cfg, first_output=output_to_train(engine, images, labels, cfg.first_candidates, cancel))
     train_imgs, val_imgs = _split(len(images), cfg)
     train = [i for i, v in enumerate(views) if v.source in train_imgs]
     val = [i for i, v in enumerate(views) if v.source in val_imgs]

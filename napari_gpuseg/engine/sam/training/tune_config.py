@@ -21,6 +21,10 @@ class SamTuneConfig:
     corrections: int = 2  # corrective rounds per object: 1..corrections, the last one trained
     first_candidates: str = "multi"  # a first click's masks: "multi" (the 3 multimask outputs,
     # as SAM trains) or "all" (single + 3, as the engine offers a tuned decoder's first click)
+    first_output: int | str | None = None  # the candidate a first click's mask loss trains and
+    # its episode goes on from, numbered as SamEngine.click_output (0 the single-mask output, 1-3
+    # SAM's three); None: the best of them (SAM's rule); "measured": the one the engine keeps
+    # (its click_output), else the one measured on the training objects (click_choice)
     click_spread: float = 0.3  # first click anywhere within 30 % of the deepest interior
     box_jitter: float = 0.1
     views_per_image: int | list | None = 4  # None = all; a list: one number per image (per zoom)
@@ -51,6 +55,9 @@ class SamTuneConfig:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.first_candidates not in ("all", "multi"):
             raise ValueError(f"first_candidates must be 'all' or 'multi', got {self.first_candidates!r}")
+        if self.first_output not in (None, "measured", *first_outputs(self.first_candidates)):
+            raise ValueError(f"first_output must be None, 'measured' or a candidate the first click decodes "
+                             f"(0-3 with first_candidates 'all', 1-3 with 'multi'), got {self.first_output!r}")
         if self.view_zooms is not None and (not self.view_zooms or min(float(z) for z in self.view_zooms) < 1):
             raise ValueError(f"view_zooms must be one or more scales >= 1, got {self.view_zooms}")
         if self.click_zoom is not None and not 1 <= self.click_zoom <= 4:
@@ -62,3 +69,9 @@ class SamTuneConfig:
             raise ValueError(f"contrast_jitter must be between 1 and 4, got {self.contrast_jitter}")
         if self.max_time is not None and self.max_time <= 0:
             raise ValueError(f"max_time must be positive, got {self.max_time}")
+
+
+def first_outputs(first_candidates: str) -> range:
+    """The candidates a training first click decodes, numbered as ``SamEngine.click_output``:
+    all four, or SAM's three (1-3) without the single-mask output (0)."""
+    return range(4) if first_candidates == "all" else range(1, 4)
