@@ -360,7 +360,7 @@ def test_a_first_click_can_train_the_candidate_the_engine_keeps(lite, train_crop
         assert got == trained, (first, keep, got)
         head = sam.mask_decoder.iou_prediction_head.layers[-1].weight.grad
         assert (head[1:].abs().sum(1) > 0).all()  # the IoU head: every candidate
-    for first, bad in (("multi", 0), ("all", 4), ("all", -1)):
+    for first, bad in (("multi", 0), ("all", 4), ("all", -1), ("all", 1.0), ("all", True), ("all", "best")):
         with pytest.raises(ValueError, match="first_output"):
             tiny_config(first_candidates=first, first_output=bad).check()
 

@@ -55,7 +55,8 @@ class SamTuneConfig:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.first_candidates not in ("all", "multi"):
             raise ValueError(f"first_candidates must be 'all' or 'multi', got {self.first_candidates!r}")
-        if self.first_output not in (None, "measured", *first_outputs(self.first_candidates)):
+        if not (self.first_output is None or self.first_output == "measured" or (
+                type(self.first_output) is int and self.first_output in first_outputs(self.first_candidates))):
             raise ValueError(f"first_output must be None, 'measured' or a candidate the first click decodes "
                              f"(0-3 with first_candidates 'all', 1-3 with 'multi'), got {self.first_output!r}")
         if self.view_zooms is not None and (not self.view_zooms or min(float(z) for z in self.view_zooms) < 1):
