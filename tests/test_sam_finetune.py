@@ -368,6 +368,7 @@ def test_a_first_click_can_train_the_candidate_the_engine_keeps(lite, train_crop
 def test_train_sam_options_reach_the_config(tmp_path):
     import argparse
 
+    from napari_gpuseg.cli.train import TrainInputError
     from napari_gpuseg.cli.train_sam import add_train_sam_parser, config_from
 
     parser = argparse.ArgumentParser()
@@ -378,6 +379,13 @@ def test_train_sam_options_reach_the_config(tmp_path):
     cfg = config_from(parser.parse_args(
         base + ["--first-candidates", "all", "--zoom", "1", "--zoom", "1.5", "--click-zoom", "1.5"]))
     assert cfg.first_candidates == "all" and cfg.view_zooms == (1.0, 1.5) and cfg.click_zoom == 1.5
+    assert cfg.first_output is None
+    assert config_from(parser.parse_args(base + ["--first-output", "measured"])).first_output == "measured"
+    assert config_from(parser.parse_args(base + ["--first-output", "2"])).first_output == 2
+    # the single-mask output is not among the three a first click trains over by default
+    with pytest.raises(TrainInputError, match="first-output must be None, 'measured' or a candidate"):
+        config_from(parser.parse_args(base + ["--first-output", "0"]))
+    assert config_from(parser.parse_args(base + ["--first-output", "0", "--first-candidates", "all"])).first_output == 0
 
 
 def _seeded_step(engine, views, cfg):

@@ -54,6 +54,11 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--first-candidates", default="multi", choices=("multi", "all"),
                    help="a first click's masks in training: multi = the three multimask outputs, "
                         "all = the single-mask output as well (as the annotator picks)")
+    p.add_argument("--first-output", default="best", choices=("best", "measured", "0", "1", "2", "3"),
+                   help="the candidate a first click's mask loss trains: best = whichever fits (SAM's rule), "
+                        "measured = the one the starting model's first clicks keep (measured on the training "
+                        "objects when it names none), 0-3 = that candidate (0 the single-mask output, "
+                        "which needs --first-candidates all)")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--val-objects", type=int, default=96)
     p.add_argument("--val-fraction", type=float, default=0.1)
@@ -134,6 +139,7 @@ def config_from(args):
     cfg = SamTuneConfig(max_steps=args.max_steps, views_per_step=args.views_per_step,
                         objects_per_view=args.objects_per_view, lr=args.lr, box_fraction=args.box_fraction,
                         corrections=args.corrections, first_candidates=args.first_candidates,
+                        first_output=_first_output(getattr(args, "first_output", "best")),
                         views_per_image=None,
                         val_fraction=args.val_fraction, val_objects=args.val_objects,
                         eval_every=args.eval_every, patience=args.patience, max_time=args.max_time,
@@ -144,6 +150,11 @@ def config_from(args):
     except ValueError as exc:
         raise TrainInputError("--" + str(exc).replace("_", "-", 2)) from exc
     return cfg
+
+
+def _first_output(value: str) -> int | str | None:
+    """``--first-output`` as ``SamTuneConfig.first_output``."""
+    return None if value == "best" else value if value == "measured" else int(value)
 
 
 def run_train_sam(args) -> int:
