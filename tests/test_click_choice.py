@@ -10,7 +10,7 @@ from napari_gpuseg.engine import AnnotationSession, load_engine
 from napari_gpuseg.engine.annotate.click_eval import session_click_ious
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.interactive.prompt_types import Prompt
-from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
+from napari_gpuseg.engine.sam.training.click_choice import choose_click_output, output_to_train
 from napari_gpuseg.models import registry
 from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder, set_decoder_fields
 from napari_gpuseg.models.state_dict_loading import CheckpointError
@@ -94,3 +94,15 @@ def test_every_rule_measured_from_one_decode_gives_each_rules_own_masks(cache, c
     assert 1 <= once <= 4  # the first rule's decodes (a click view and a native view per group)
     engine.predict(img, prompts, multimask=True)
     assert len(runs) > once  # outside it, the decoder runs again
+
+
+@pytest.mark.parametrize("candidates, keeps, first, trained", [
+    ("all", 1, "multi", 1), ("all", 0, "multi", None), ("all", 0, "all", 0), ("all", 3, "multi", 3),
+    # a stock decoder offers SAM's three alone: its candidate k is the trained decoder's k + 1
+    ("multi", 0, "multi", 1), ("multi", 2, "multi", 3), ("multi", 2, "all", 3),
+])
+def test_training_aims_a_first_click_at_the_candidate_the_engine_keeps(candidates, keeps, first, trained):
+    from types import SimpleNamespace
+
+    engine = SimpleNamespace(click_output=keeps, candidates=candidates)  # keeps one: nothing to measure
+    assert output_to_train(engine, [], [], first) == trained

@@ -101,16 +101,19 @@ def store_click_choice(engine, path, images, labels, cancel=None) -> ClickChoice
 
 def output_to_train(engine, images, labels, first_candidates: str, cancel=None) -> int | None:
     """The candidate a training first click is aimed at (``SamTuneConfig.first_output``
-    "measured"): the one ``engine`` keeps (its ``click_output``), else the one
-    :func:`choose_click_output` measures on every object of ``labels``; None where that is
-    the IoU head's choice or a candidate the schedule's first clicks do not decode
-    (``first_candidates``). Training that candidate, rather than whichever fits best, teaches
-    the mask the annotator will show: Adapt SAM on 15 cells, 1 click on the cells of the
-    validation frames 0.429 -> 0.453 (``docs/benchmarks.md``)."""
+    "measured"), numbered as a tuned decoder numbers them (0 the single-mask output, 1-3
+    SAM's three; the trained decoder is one): the one ``engine`` keeps (its
+    ``click_output``), else the one :func:`choose_click_output` measures on every object of
+    ``labels``; None where that is the IoU head's choice or a candidate the schedule's first
+    clicks do not decode (``first_candidates``). Training that candidate, rather than
+    whichever fits best, teaches the mask the annotator will show: Adapt SAM on 15 cells, 1
+    click on the cells of the validation frames 0.429 -> 0.453 (``docs/benchmarks.md``)."""
     out = engine.click_output
     if out is None:
         fields = [(im, lab, len(np.unique(lab[lab > 0]))) for im, lab in zip(images, labels)]
         out = choose_click_output(engine, fields, cancel=cancel).output
+    if out is not None and engine.candidates != "all":
+        out += 1  # a stock decoder offers SAM's three alone: its candidate k is output k + 1
     return out if out in first_outputs(first_candidates) else None
 
 
