@@ -304,6 +304,19 @@ def test_out_of_memory_halves_the_objects_per_step(lite, train_crop, monkeypatch
     assert res.stopped == "done" and sizes == [4, 2]
 
 
+def _first_click_setup(lite, train_crop):
+    """LiteMedSAM with a trainable mask decoder, four objects of the training crop (masks
+    at the model input) and their view's embedding, one row per object."""
+    img, lab = train_crop
+    engine = load_engine("lite_medsam", cache=lite.cache)
+    views = collect_views(engine, [img], [lab])
+    gt = np.stack([views[0].labels == o for o in views[0].ids[:4]])
+    emb = views[0].embedding[None].to(engine.policy.device, torch.float32).expand(len(gt), -1, -1, -1)
+    for p in engine.sam.mask_decoder.parameters():
+        p.requires_grad_(True)
+    return engine, engine.sam, emb, gt
+
+
 @pytest.mark.parametrize("first", ["all", "multi"])
 def test_a_first_click_trains_the_candidates_the_engine_offers(lite, train_crop, first):
     """A tuned decoder's first click is picked from four masks (SamEngine.candidates
@@ -311,14 +324,7 @@ def test_a_first_click_trains_the_candidates_the_engine_offers(lite, train_crop,
     IoU prediction learns from first clicks too; "multi" trains the three only."""
     from napari_gpuseg.engine.sam.training.episode_loss import episode
 
-    img, lab = train_crop
-    engine = load_engine("lite_medsam", cache=lite.cache)
-    views = collect_views(engine, [img], [lab])
-    gt = np.stack([views[0].labels == o for o in views[0].ids[:4]])
-    emb = views[0].embedding[None].to(engine.policy.device, torch.float32).expand(len(gt), -1, -1, -1)
-    sam = engine.sam
-    for p in sam.mask_decoder.parameters():
-        p.requires_grad_(True)
+    engine, sam, emb, gt = _first_click_setup(lite, train_crop)
     rec = []
     loss = episode(sam, emb, gt, False, np.random.default_rng(0), tiny_config(first_candidates=first),
                    engine.policy.device, n_corr=0, record=rec)
@@ -335,18 +341,11 @@ def test_a_first_click_trains_the_candidates_the_engine_offers(lite, train_crop,
 
 def test_a_first_click_can_train_the_candidate_the_engine_keeps(lite, train_crop):
     """``first_output`` (the engine's numbering: 0 the single-mask output, 1-3 SAM's three):
-    a first click's mask loss goes to that candidate alone, not to the best one, and the
-    corrective click goes on from its mask; the IoU head still learns every candidate."""
+    a first click's mask loss goes to that candidate alone, not to the best one; the IoU
+    head still learns every candidate."""
     from napari_gpuseg.engine.sam.training.episode_loss import episode
 
-    img, lab = train_crop
-    engine = load_engine("lite_medsam", cache=lite.cache)
-    views = collect_views(engine, [img], [lab])
-    gt = np.stack([views[0].labels == o for o in views[0].ids[:4]])
-    emb = views[0].embedding[None].to(engine.policy.device, torch.float32).expand(len(gt), -1, -1, -1)
-    sam = engine.sam
-    for p in sam.mask_decoder.parameters():
-        p.requires_grad_(True)
+    engine, sam, emb, gt = _first_click_setup(lite, train_crop)
     hyper = sam.mask_decoder.output_hypernetworks_mlps  # one per output: single, then SAM's three
     for first, keep, trained in (("multi", 2, {2}), ("all", 3, {3}), ("all", 0, {0})):
         sam.mask_decoder.zero_grad(set_to_none=True)
