@@ -7,9 +7,9 @@ import tifffile
 
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.runtime.cancel import CancelToken
-from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
 from napari_gpuseg.engine.sam.training.adapt import (adapt_to_objects, adapted_dir, adapted_models, few_object_config,
                                             unsure_hint)
+from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder
 
