@@ -7,8 +7,8 @@ import tifffile
 
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.runtime.cancel import CancelToken
-from napari_gpuseg.engine.sam.training.adapt import (adapt_to_objects, adapted_dir, adapted_models, few_object_config,
-                                            unsure_hint)
+from napari_gpuseg.engine.sam.training.adapt import (FEW_OBJECT_VISITS, adapt_to_objects, adapted_dir, adapted_models,
+                                            few_object_config, unsure_hint)
 from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder
@@ -25,6 +25,17 @@ def cells(shared_data):
     inner = set(np.unique(lab[20:-20, 20:-20])) - set(np.unique(lab[[0, -1]])) - set(np.unique(lab[:, [0, -1]]))
     ids = sorted(i for i in inner if i and np.count_nonzero(lab == i) >= 100)[:6]
     return img, np.where(np.isin(lab, ids), lab, 0)
+
+
+def test_the_few_object_schedule_is_bound_by_visits_per_object_not_by_the_machine():
+    # 40 visits per object, up to four objects a step: the same steps on any machine, the time
+    # budget only an upper bound (a fast GPU's two minutes overtrained 15 cells: +0.018 vs +0.136)
+    for n, steps, per_step in ((1, 40, 1), (3, 40, 3), (4, 40, 4), (5, 50, 4), (15, 150, 4), (20, 200, 4)):
+        cfg = few_object_config(n, minutes=4)
+        assert (cfg.max_steps, cfg.objects_per_view) == (steps, per_step), n
+        assert cfg.max_steps * cfg.objects_per_view >= FEW_OBJECT_VISITS * n
+        assert cfg.max_time == 240.0 and cfg.lr == 3e-4
+    assert few_object_config(0).max_steps == 40  # no object yet: the labels check says so later
 
 
 def test_adapt_saves_into_the_users_list_with_the_image_name(cells, tmp_path, monkeypatch):

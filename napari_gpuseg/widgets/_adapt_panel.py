@@ -45,8 +45,9 @@ class AdaptPanel(QGroupBox):
         self.minutes.setDecimals(1)
         self.minutes.setValue(DEFAULT_MINUTES)
         self.minutes.setSuffix(" min")
-        self.minutes.setToolTip("Training time (embedding the image is not counted); the best decoder "
-                                "so far is kept when it runs out")
+        self.minutes.setToolTip("At most this much training (embedding the image is not counted). "
+                                "Adapting shows each object 40 times, which ends sooner on a GPU; when "
+                                "the time runs out first, the decoder trained so far is kept")
         self.adapt_btn = QPushButton("Adapt to these objects")
         self.cancel_btn = QPushButton("Cancel")
         self.cancel_btn.setToolTip("Stop adapting: the model stays as it was, nothing is saved")
@@ -115,8 +116,8 @@ class AdaptPanel(QGroupBox):
             return
         self.plot.append(**{LOSS: ev.loss})
         budget = 60.0 * self.adaptation.minutes
-        self._set_status(f"adapting: step {ev.step}, loss {ev.loss:.3f} "
-                              f"({ev.seconds:.0f} s of at most {budget:.0f} s)")
+        self._set_status(f"adapting: step {ev.step} of {ev.total}, loss {ev.loss:.3f} "
+                              f"({ev.seconds:.0f} s; at most {budget:.0f} s)")
 
     def _done(self, result) -> None:
         self.job = None

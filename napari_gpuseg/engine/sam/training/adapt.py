@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import time
@@ -48,18 +49,36 @@ click on a cell is flagged, where a box is the better prompt."""
 INDEX = "index.json"
 
 
+FEW_OBJECT_VISITS = 40
+"""How often the few-object schedule shows each annotated object (a visit: one object of
+one step), which sets its number of steps: ``ceil(40 * objects / objects per step)``, at
+least 40 (150 steps for 15 objects). Measured with ``benchmarks/adapt_sam_cells.py``
+(15 cells of t06 from ``nuclei_sam``, every one of the 270 cells of t07-t09 measured), on
+an H200, bf16, 2026-11-28 (``docs/gpu-runs/2026-11-28-h200-adapt-steps.log``): at lr 1e-3
+the 1-click gain was +0.065 / +0.087 / +0.094 / +0.078 / +0.048 after 40 / 80 / 150 / 250
+/ 400 steps (963 steps, two minutes of the old time-bound schedule: +0.018, and boxes
+0.592 -> 0.459), and 3 clicks and boxes fell below the start at every count; at lr 3e-4,
+150 steps gave +0.136 with 3 clicks and boxes above the start. More steps than this teach
+the few objects' outlines, not the kind: a schedule bound by time alone made a fast GPU's
+decoder worse than a 2-core CPU's."""
+
+
 def few_object_config(n_objects: int, minutes: float = 4.0) -> SamTuneConfig:
-    """The schedule for a few annotated objects on one or two images: time-bound, small
-    steps (one view, up to four objects: several visits per object in a few minutes), a
-    learning rate high enough to move to a new kind of object in that time, a box as the
-    first prompt for 40 % of the objects (the fast way to annotate an unfamiliar kind, and
-    the decoder's most reliable prompt, which the clicks learn beside), one corrective
-    click, native views and views 1.5x finer (objects larger and smaller than nuclei), and
-    a mild random gamma per embedded picture. A first click trains the candidate the
-    annotator will keep (``first_output`` "measured"). No validation split: every object
-    teaches."""
-    return SamTuneConfig(max_steps=100000, views_per_step=1, objects_per_view=max(1, min(4, int(n_objects))),
-                         lr=1e-3, warmup=3, box_fraction=0.4, corrections=1, views_per_image=None,
+    """The schedule for a few annotated objects on one or two images: a fixed number of
+    visits per object (:data:`FEW_OBJECT_VISITS`), so a GPU and a CPU learn the same thing,
+    the GPU sooner; ``minutes`` only bounds the wait on a slow machine (the learning rate's
+    decay follows whichever runs out first). Small steps (one view, up to four objects), a
+    box as the first prompt for 40 % of the objects (the fast way to annotate an unfamiliar
+    kind, and the decoder's most reliable prompt, which the clicks learn beside), one
+    corrective click, native views and views 1.5x finer (objects larger and smaller than
+    nuclei), and a mild random gamma per embedded picture. A first click trains the
+    candidate the annotator will keep (``first_output`` "measured"). No validation split:
+    every object teaches."""
+    n = max(1, int(n_objects))
+    per_step = min(4, n)
+    steps = max(FEW_OBJECT_VISITS, math.ceil(FEW_OBJECT_VISITS * n / per_step))
+    return SamTuneConfig(max_steps=steps, views_per_step=1, objects_per_view=per_step,
+                         lr=3e-4, warmup=3, box_fraction=0.4, corrections=1, views_per_image=None,
                          val_fraction=0.0, max_time=60.0 * float(minutes), contrast_jitter=1.25,
                          view_zooms=(1.0, 1.5), first_output="measured")
 
