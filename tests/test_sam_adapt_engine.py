@@ -28,14 +28,14 @@ def cells(shared_data):
 
 
 def test_the_few_object_schedule_is_bound_by_visits_per_object_not_by_the_machine():
-    # 40 visits per object, up to four objects a step: the same steps on any machine, the time
+    # 20 visits per object, up to four objects a step: the same steps on any machine, the time
     # budget only an upper bound (a fast GPU's two minutes overtrained 15 cells: +0.018 vs +0.136)
-    for n, steps, per_step in ((1, 40, 1), (3, 40, 3), (4, 40, 4), (5, 50, 4), (15, 150, 4), (20, 200, 4)):
+    for n, steps, per_step in ((1, 20, 1), (3, 20, 3), (4, 20, 4), (5, 25, 4), (15, 75, 4), (20, 100, 4)):
         cfg = few_object_config(n, minutes=4)
         assert (cfg.max_steps, cfg.objects_per_view) == (steps, per_step), n
         assert cfg.max_steps * cfg.objects_per_view >= FEW_OBJECT_VISITS * n
         assert cfg.max_time == 240.0 and cfg.lr == 3e-4
-    assert few_object_config(0).max_steps == 40  # no object yet: the labels check says so later
+    assert few_object_config(0).max_steps == 20  # no object yet: the labels check says so later
 
 
 def test_adapt_saves_into_the_users_list_with_the_image_name(cells, tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ class AdaptPanel(QGroupBox):
         self.minutes.setValue(DEFAULT_MINUTES)
         self.minutes.setSuffix(" min")
         self.minutes.setToolTip("At most this much training (embedding the image is not counted). "
-                                "Adapting shows each object 40 times, which ends sooner on a GPU; when "
+                                "Adapting shows each object 20 times, which ends sooner on a GPU; when "
                                 "the time runs out first, the decoder trained so far is kept")
         self.adapt_btn = QPushButton("Adapt to these objects")
         self.cancel_btn = QPushButton("Cancel")

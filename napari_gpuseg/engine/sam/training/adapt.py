@@ -49,18 +49,18 @@ click on a cell is flagged, where a box is the better prompt."""
 INDEX = "index.json"
 
 
-FEW_OBJECT_VISITS = 40
+FEW_OBJECT_VISITS = 20
 """How often the few-object schedule shows each annotated object (a visit: one object of
-one step), which sets its number of steps: ``ceil(40 * objects / objects per step)``, at
-least 40 (150 steps for 15 objects). Measured with ``benchmarks/adapt_sam_cells.py``
-(15 cells of t06 from ``nuclei_sam``, every one of the 270 cells of t07-t09 measured), on
-an H200, bf16, 2026-11-28 (``docs/gpu-runs/2026-11-28-h200-adapt-steps.log``): at lr 1e-3
-the 1-click gain was +0.065 / +0.087 / +0.094 / +0.078 / +0.048 after 40 / 80 / 150 / 250
-/ 400 steps (963 steps, two minutes of the old time-bound schedule: +0.018, and boxes
-0.592 -> 0.459), and 3 clicks and boxes fell below the start at every count; at lr 3e-4,
-150 steps gave +0.136 with 3 clicks and boxes above the start. More steps than this teach
-the few objects' outlines, not the kind: a schedule bound by time alone made a fast GPU's
-decoder worse than a 2-core CPU's."""
+one step), which sets its number of steps: ``ceil(20 * objects / objects per step)``, at
+least 20 (75 steps for 15 objects). Measured with ``benchmarks/adapt_sam_cells.py`` (15
+cells of t06 from ``nuclei_sam``, every one of the 270 cells of t07-t09 measured; 1-click
+gain over the start's 0.358). AMD EPYC, avx2 only, fp32, 2 threads, 2026-11-28, lr 3e-4:
++0.153 after 75 steps (134 s), +0.142 after 150 (286 s). An H200, bf16, the same day
+(``docs/gpu-runs/2026-11-28-h200-adapt-steps.log``): at lr 1e-3 +0.065 / +0.087 / +0.094 /
++0.078 / +0.048 after 40 / 80 / 150 / 250 / 400 steps, with 3 clicks and boxes below the
+start at every count, and the old schedule, bound by time alone, made 963 steps in two
+minutes for +0.018 (boxes 0.592 -> 0.459); at lr 3e-4 150 steps gave +0.136. More steps
+teach the few objects' outlines, not their kind."""
 
 
 def few_object_config(n_objects: int, minutes: float = 4.0) -> SamTuneConfig:
