@@ -81,11 +81,12 @@ def test_cancel_then_adapt_to_these_objects(make_napari_viewer, qtbot, monkeypat
 
     # Cancel while it trains: the model stays as it was, nothing is saved
     steps["n"] = 500
-    losses, on_event = [], panel._on_event
+    losses, shown, on_event = [], [], panel._on_event
 
     def cancel_at_first_step(ev):
         on_event(ev)
         losses.append(ev.loss)
+        shown.append(w.status.text())
         if len(losses) == 1:
             qtbot.mouseClick(panel.cancel_btn, Qt.MouseButton.LeftButton)
 
@@ -94,6 +95,7 @@ def test_cancel_then_adapt_to_these_objects(make_napari_viewer, qtbot, monkeypat
     assert panel.running and panel.cancel_btn.isEnabled() and not panel.adapt_btn.isEnabled()
     qtbot.waitUntil(lambda: not panel.running, timeout=WAIT)
     assert losses and panel.result is None
+    assert shown[0].startswith("adapting: step 1 of 500, loss ")  # the schedule's steps, live
     assert "adapting cancelled: the model is unchanged, nothing was saved" in w.status.text()
     assert w.model_name == DEFAULT_MODEL and w.session.model == DEFAULT_MODEL and adapted_models() == []
     assert panel.adapt_btn.isEnabled() and not panel.cancel_btn.isEnabled()
