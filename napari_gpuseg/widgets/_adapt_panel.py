@@ -9,6 +9,7 @@ from __future__ import annotations
 from qtpy.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QPushButton
 
 from ..engine.annotate.adapting import MIN_OBJECTS, SessionAdaptation, adapt_blocker
+from ..engine.sam.training.adapt import FEW_OBJECT_VISITS
 from ..engine.runtime.cancel import CancelToken
 from ._bridge import on_gui, submit
 from ._choices import adapted_label, image_file
@@ -46,8 +47,8 @@ class AdaptPanel(QGroupBox):
         self.minutes.setValue(DEFAULT_MINUTES)
         self.minutes.setSuffix(" min")
         self.minutes.setToolTip("At most this much training (embedding the image is not counted). "
-                                "Adapting shows each object 20 times, which ends sooner on a GPU; when "
-                                "the time runs out first, the decoder trained so far is kept")
+                                f"Adapting shows each object {FEW_OBJECT_VISITS} times, which ends sooner "
+                                "on a GPU; when the time runs out first, the decoder trained so far is kept")
         self.adapt_btn = QPushButton("Adapt to these objects")
         self.cancel_btn = QPushButton("Cancel")
         self.cancel_btn.setToolTip("Stop adapting: the model stays as it was, nothing is saved")
