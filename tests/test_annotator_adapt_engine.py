@@ -28,6 +28,15 @@ def worker():
     w.shutdown()
 
 
+@pytest.fixture(scope="module")
+def embeddings():
+    """One embedding cache for this module's sessions: they annotate the same frame with the
+    same encoder (each adaptation tunes a decoder of its own), so its tiles embed once."""
+    from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+
+    return EmbeddingCache()
+
+
 def cell_boxes(gt: np.ndarray, n: int) -> list[tuple[np.ndarray, list[float]]]:
     """(mask, box xyxy with a 3 px margin) of the ``n`` largest cells not cut by the border."""
     h, w = gt.shape
@@ -47,11 +56,11 @@ def short(n_objects: int) -> object:
     return cfg
 
 
-def test_adapting_to_committed_cells_switches_the_session_and_lists_it(frame, worker, tmp_path, monkeypatch):
+def test_adapting_to_committed_cells_switches_the_session_and_lists_it(frame, worker, embeddings, tmp_path, monkeypatch):
     require_lite_medsam()
     monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(tmp_path / "cache"))
     img, gt = frame
-    s = AnnotationSession("nuclei_sam", worker=worker)
+    s = AnnotationSession("nuclei_sam", worker=worker, cache=embeddings)
     s.set_image(img)
     cells = cell_boxes(gt, 5)
     for _mask, box in cells[:2]:
@@ -79,10 +88,10 @@ def test_adapting_to_committed_cells_switches_the_session_and_lists_it(frame, wo
     assert len(np.unique(s.labels)) - 1 == 5
 
 
-def test_a_cancelled_adaptation_keeps_the_model_and_writes_nothing(frame, worker, tmp_path):
+def test_a_cancelled_adaptation_keeps_the_model_and_writes_nothing(frame, worker, embeddings, tmp_path):
     require_lite_medsam()
     img, gt = frame
-    s = AnnotationSession("nuclei_sam", worker=worker)
+    s = AnnotationSession("nuclei_sam", worker=worker, cache=embeddings)
     s.set_image(img)
     for _mask, box in cell_boxes(gt, 3):
         s.box(*box)
@@ -101,10 +110,10 @@ def test_a_cancelled_adaptation_keeps_the_model_and_writes_nothing(frame, worker
     assert res.path is None and res.stopped == "cancelled" and s.model == "nuclei_sam"
 
 
-def test_corrective_clicks_are_counted_and_the_offer_speaks_when_objects_are_hard(frame, worker):
+def test_corrective_clicks_are_counted_and_the_offer_speaks_when_objects_are_hard(frame, worker, embeddings):
     require_lite_medsam()
     img, gt = frame
-    s = AnnotationSession("nuclei_sam", worker=worker)
+    s = AnnotationSession("nuclei_sam", worker=worker, cache=embeddings)
     s.set_image(img)
     cells = cell_boxes(gt, 3)
     for mask, box in cells:  # a box and two corrective clicks inside the cell each

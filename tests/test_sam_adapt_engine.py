@@ -27,6 +27,13 @@ def cells(shared_data):
     return img, np.where(np.isin(lab, ids), lab, 0)
 
 
+@pytest.fixture(scope="module")
+def embeddings():
+    """One embedding cache for this module's engines: each adaptation tunes its own engine's
+    decoder, and they all run the same encoder on the same crop (embedded once, not per test)."""
+    return EmbeddingCache()
+
+
 def test_the_few_object_schedule_is_bound_by_visits_per_object_not_by_the_machine():
     # 20 visits per object, up to four objects a step: the same steps on any machine, the time
     # budget only an upper bound (a fast GPU's two minutes overtrained 15 cells: +0.018 vs +0.136)
@@ -38,13 +45,13 @@ def test_the_few_object_schedule_is_bound_by_visits_per_object_not_by_the_machin
     assert few_object_config(0).max_steps == 20  # no object yet: the labels check says so later
 
 
-def test_adapt_saves_into_the_users_list_with_the_image_name(cells, tmp_path, monkeypatch):
+def test_adapt_saves_into_the_users_list_with_the_image_name(cells, embeddings, tmp_path, monkeypatch):
     require_lite_medsam()
     monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(tmp_path / "cache"))
     img, ann = cells
     cfg = few_object_config(6, minutes=1)
     cfg.max_steps, cfg.max_time, cfg.view_zooms = 2, None, (1.0,)
-    engine = load_engine("nuclei_sam", cache=EmbeddingCache())
+    engine = load_engine("nuclei_sam", cache=embeddings)
     steps = []
     res = adapt_to_objects(img, ann, model=engine, image_name="/data/my cells.tif", config=cfg,
                            on_event=lambda ev: steps.append(ev.step))
@@ -73,7 +80,7 @@ def test_adapt_saves_into_the_users_list_with_the_image_name(cells, tmp_path, mo
     assert [m["name"] for m in adapted_models()] == ["my_cells_adapted_2"]
 
 
-def test_adapt_refuses_empty_labels_and_cancel_saves_nothing(cells, tmp_path):
+def test_adapt_refuses_empty_labels_and_cancel_saves_nothing(cells, embeddings, tmp_path):
     img, ann = cells
     with pytest.raises(ValueError, match="no annotated object"):
         adapt_to_objects(img, np.zeros_like(ann), folder=tmp_path)
@@ -81,7 +88,7 @@ def test_adapt_refuses_empty_labels_and_cancel_saves_nothing(cells, tmp_path):
     token = CancelToken()
     cfg = few_object_config(6, minutes=1)
     cfg.view_zooms = (1.0,)
-    res = adapt_to_objects(img, ann, model=load_engine("nuclei_sam", cache=EmbeddingCache()), folder=tmp_path,
+    res = adapt_to_objects(img, ann, model=load_engine("nuclei_sam", cache=embeddings), folder=tmp_path,
                            config=cfg, cancel=token, on_event=lambda ev: token.cancel())
     assert res.path is None and res.stopped == "cancelled" and adapted_models(tmp_path) == []
 
@@ -99,7 +106,7 @@ def test_unsure_hint_speaks_only_below_the_threshold():
     assert "0.42" in hint and "box" in hint and "adapt" in hint
 
 
-def test_a_cancel_while_the_first_click_choice_is_measured_keeps_nothing(cells, tmp_path, monkeypatch):
+def test_a_cancel_while_the_first_click_choice_is_measured_keeps_nothing(cells, embeddings, tmp_path, monkeypatch):
     from napari_gpuseg.engine.sam.training import adapt as sam_adapt
 
     require_lite_medsam()
@@ -114,7 +121,7 @@ def test_a_cancel_while_the_first_click_choice_is_measured_keeps_nothing(cells, 
         return measure(*args, **kwargs)
 
     monkeypatch.setattr(sam_adapt, "store_click_choice", cancel_then_measure)
-    res = adapt_to_objects(img, ann, model=load_engine("nuclei_sam", cache=EmbeddingCache()), folder=tmp_path,
+    res = adapt_to_objects(img, ann, model=load_engine("nuclei_sam", cache=embeddings), folder=tmp_path,
                            config=cfg, cancel=token)
     assert res.path is None and res.stopped == "cancelled"
     assert adapted_models(tmp_path) == [] and not list(tmp_path.glob("*.pt"))
