@@ -19,6 +19,8 @@
 # multimask output, instead of the IoU head's choice): cells 1 click 0.437 -> 0.539, BBBC039 val
 # 0.888 -> 0.905, dsb2018/ 0.766 -> 0.765; boxes unchanged. Then: update CELLS_NUCLEI_SAM_SHA256
 # and the size in napari_gpuseg/models/registry.py and the numbers in weights/CELLS_NUCLEI_SAM_CARD.md.
+# train-sam runs with --choose-output 0: the calibration after it measures the choice with its
+# own sample of training objects (below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${NAPARI_GPUSEG_SHARED_DATA:-../shared/data}"
@@ -39,7 +41,7 @@ $CMD train-sam \
   --model nuclei_sam --out "$OUT" ${EMB_CACHE:+--cache "$EMB_CACHE"} \
   --max-steps 5000 --max-time "${MAX_TIME:-2700}" --views-per-step "${VIEWS_PER_STEP:-4}" --objects-per-view 3 --lr 3e-4 \
   --box-fraction 0.25 --corrections 2 --eval-every "${EVAL_EVERY:-20}" --val-objects 48 --val-fraction 0.1 \
-  --patience "${PATIENCE:-8}" --seed 4 ${DEVICE:+--device "$DEVICE"} ${PRECISION:+--precision "$PRECISION"}
+  --patience "${PATIENCE:-8}" --seed 4 --choose-output 0 ${DEVICE:+--device "$DEVICE"} ${PRECISION:+--precision "$PRECISION"}
 
 python scripts/calibrate_iou_head.py "$OUT" "$OUT" --choose-output ${EMB_CACHE:+--cache-dir "$EMB_CACHE"}
 sha256sum "$OUT"

@@ -15,6 +15,7 @@ TMP="$(mktemp -d)"
 STAGE1="$TMP/nuclei_sam_stage1.pt"
 STAGE2="$TMP/nuclei_sam_stage2.pt"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+# --choose-output 0: the shipped nuclei_sam keeps the IoU head's choice for first clicks
 
 napari-gpuseg train-sam \
   --images "$DATA/bbbc039_more/images" --labels "$DATA/bbbc039_more/masks" --limit 48 --views-per-image 1 \
@@ -22,7 +23,7 @@ napari-gpuseg train-sam \
   --images "$DATA/dsb2018_more/images" --labels "$DATA/dsb2018_more/masks" --limit 0 --views-per-image 3 \
   --model lite_medsam --out "$STAGE1" \
   --max-steps 600 --max-time 3600 --views-per-step 4 --objects-per-view 4 --lr 8e-4 \
-  --box-fraction 0.2 --corrections 1 --eval-every 15 --val-objects 32 --val-fraction 0.08 --patience 6 --seed 0
+  --box-fraction 0.2 --corrections 1 --eval-every 15 --val-objects 32 --val-fraction 0.08 --patience 6 --seed 0 --choose-output 0
 
 napari-gpuseg train-sam \
   --images "$DATA/bbbc039_more/images" --labels "$DATA/bbbc039_more/masks" --limit 0 --views-per-image 1 \
@@ -30,7 +31,7 @@ napari-gpuseg train-sam \
   --images "$DATA/dsb2018_more/images" --labels "$DATA/dsb2018_more/masks" --limit 0 --views-per-image 0 \
   --model "$STAGE1" --out "$STAGE2" \
   --max-steps 5000 --max-time 3300 --views-per-step 4 --objects-per-view 4 --lr 3e-4 \
-  --box-fraction 0.15 --corrections 3 --eval-every 25 --val-objects 96 --val-fraction 0.08 --patience 8 --seed 1
+  --box-fraction 0.15 --corrections 3 --eval-every 25 --val-objects 96 --val-fraction 0.08 --patience 8 --seed 1 --choose-output 0
 
 napari-gpuseg train-sam \
   --images "$DATA/bbbc039_more/images" --labels "$DATA/bbbc039_more/masks" --limit 0 --views-per-image 1 \
@@ -39,6 +40,6 @@ napari-gpuseg train-sam \
   --zoom 1 --zoom 1.5 --click-zoom 1.5 \
   --model "$STAGE2" --out "$OUT" \
   --max-steps 5000 --max-time 2400 --views-per-step 4 --objects-per-view 4 --lr 2e-4 \
-  --box-fraction 0.15 --corrections 3 --eval-every 25 --val-objects 96 --val-fraction 0.08 --patience 8 --seed 2
+  --box-fraction 0.15 --corrections 3 --eval-every 25 --val-objects 96 --val-fraction 0.08 --patience 8 --seed 2 --choose-output 0
 
 sha256sum "$OUT"

@@ -106,3 +106,32 @@ def test_training_aims_a_first_click_at_the_candidate_the_engine_keeps(candidate
 
     engine = SimpleNamespace(click_output=keeps, candidates=candidates)  # keeps one: nothing to measure
     assert output_to_train(engine, [], [], first) == trained
+
+
+def test_train_sam_measures_which_candidate_a_first_click_keeps_and_stores_it(cells, tmp_path, capsys):
+    """``napari-gpuseg train-sam`` ends as Adapt SAM does: one click on a few objects of each
+    training image measures the first-click choice, which the file keeps and the engine applies;
+    ``--choose-output 0`` keeps the IoU head's choice."""
+    from napari_gpuseg.cli.main import main
+
+    require_lite_medsam()
+    img, lab = cells
+    (tmp_path / "i").mkdir(), (tmp_path / "l").mkdir()
+    tifffile.imwrite(tmp_path / "i" / "cells.tif", img[:, :256])
+    tifffile.imwrite(tmp_path / "l" / "cells.tif", lab[:, :256])
+    base = ["train-sam", "--images", str(tmp_path / "i"), "--labels", str(tmp_path / "l"), "--model", "nuclei_sam",
+            "--max-steps", "1", "--val-fraction", "0", "--views-per-image", "1", "--zoom", "1",
+            "--views-per-step", "1", "--objects-per-view", "2", "--corrections", "1", "--cache", str(tmp_path / "emb")]
+    out = tmp_path / "measured.pt"
+    assert main([*base, "--choose-output", "4", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    doc = read_decoder(out)
+    assert doc["click_choice"]["objects"] == 4 and set(doc["click_choice"]["one_click_iou"]) == {"head", "0", "1", "2", "3"}
+    assert doc["click_output"] == doc["click_choice"]["output"]
+    assert load_engine(str(out)).click_output == doc["click_output"]
+    assert "a first click keeps " in said and "one click on 4 objects" in said
+    out0 = tmp_path / "head.pt"
+    assert main([*base, "--choose-output", "0", "--out", str(out0), "--quiet"]) == 0
+    assert read_decoder(out0).get("click_output") is None and "click_choice" not in read_decoder(out0)
+    assert main([*base, "--choose-output", "-1", "--out", str(tmp_path / "x.pt"), "--quiet"]) == 2
+    assert "--choose-output must be >= 0" in capsys.readouterr().err

@@ -6,8 +6,10 @@
 then takes one number per pair, 0 = all). Files are paired by name as ``train`` pairs them.
 The image encoder stays frozen: each training view is embedded once (cached on disk under
 the model cache folder, so a rerun skips the encoder), then the prompt encoder and mask
-decoder learn from simulated clicks and boxes. The output is a small decoder checkpoint
-that every dock and ``load_engine(path)`` open like a model. Errors are one line, exit 2.
+decoder learn from simulated clicks and boxes. Last, one click on up to ``--choose-output``
+objects of each image measures which candidate mask a first click keeps (as Adapt SAM does).
+The output is a small decoder checkpoint that every dock and ``load_engine(path)`` open
+like a model. Errors are one line, exit 2.
 """
 from __future__ import annotations
 
@@ -59,6 +61,10 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
                         "measured = the one the starting model's first clicks keep (measured on the training "
                         "objects when it names none), 0-3 = that candidate (0 the single-mask output, "
                         "which needs --first-candidates all)")
+    p.add_argument("--choose-output", type=int, default=15, metavar="N",
+                   help="after training, click N objects of each image once (seed 0) to measure which "
+                        "candidate mask a first click keeps, and store it with the decoder, as Adapt SAM "
+                        "does (default 15; 0: keep the IoU head's choice)")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--val-objects", type=int, default=96)
     p.add_argument("--val-fraction", type=float, default=0.1)
@@ -170,6 +176,8 @@ def run_train_sam(args) -> int:
 
     try:
         cfg = config_from(args)
+        if args.choose_output < 0:
+            raise TrainInputError(f"--choose-output must be >= 0, got {args.choose_output}")
         out = Path(args.out)
         if out.exists() and out.is_dir():
             raise TrainInputError(f"--out {out} is a folder; give a file name such as decoder.pt")
@@ -212,4 +220,23 @@ def run_train_sam(args) -> int:
         return 2
     say(f"{result.stopped}: best validation score {result.best_score} at step {result.best_step}; "
         f"saved {result.path}")
+    if not args.choose_output or result.path is None:
+        return 0
+    from ..engine.sam.training.click_choice import store_click_choice
+
+    say(f"measuring which candidate a first click keeps on up to {args.choose_output} objects per image")
+    try:
+        choice = store_click_choice(result.engine, result.path, images, labels, per_image=args.choose_output)
+    except KeyboardInterrupt:
+        print(f"napari-gpuseg train-sam: interrupted while measuring the first-click choice; decoder saved to "
+              f"{result.path} (a first click keeps the IoU head's choice)", file=sys.stderr)
+        return 130
+    except (OSError, RuntimeError) as exc:
+        print(f"napari-gpuseg train-sam: first-click choice not measured ({exc}); decoder saved to {result.path}",
+              file=sys.stderr)
+        return 2
+    if choice is not None:
+        ious = ", ".join(f"{k} {v:.3f}" for k, v in choice.ious.items())
+        kept = "the IoU head's choice" if choice.output is None else f"candidate {choice.output}"
+        say(f"a first click keeps {kept} (one click on {choice.objects} objects, mean IoU: {ious})")
     return 0

@@ -83,13 +83,18 @@ def choose_click_output(engine, fields: Iterable[tuple], margin: float = 0.01, c
     return ClickChoice(chosen, means, n, per_field)
 
 
-def store_click_choice(engine, path, images, labels, cancel=None) -> ClickChoice | None:
+def store_click_choice(engine, path, images, labels, cancel=None, per_image: int | None = None) -> ClickChoice | None:
     """After training on ``labels`` (one label image per image, 0 = not annotated): measure
-    the choice on every annotated object (:func:`choose_click_output`; only the views their
-    clicks need are embedded) and store it in the decoder file at ``path`` (``click_output``
-    and the ``click_choice`` record). Cancelled by ``cancel`` meanwhile: the file is removed
-    (nothing is kept, as when training is cancelled) and None returned."""
-    fields = [(im, lab, len(np.unique(lab[lab > 0]))) for im, lab in zip(images, labels)]
+    the choice on every annotated object, or on ``per_image`` objects of each image drawn with
+    seed 0 (:func:`choose_click_output`; only the views their clicks need are embedded) and
+    store it in the decoder file at ``path`` (``click_output`` and the ``click_choice``
+    record). Cancelled by ``cancel`` meanwhile: the file is removed (nothing is kept, as when
+    training is cancelled) and None returned."""
+    fields = []
+    for im, lab in zip(images, labels):
+        n = len(np.unique(lab[lab > 0]))
+        if n:
+            fields.append((im, lab, n if per_image is None else min(n, int(per_image))))
     try:
         choice = choose_click_output(engine, fields, cancel=cancel)
     except Cancelled:
