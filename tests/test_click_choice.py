@@ -126,7 +126,8 @@ def test_train_sam_measures_which_candidate_a_first_click_keeps_and_stores_it(ce
     assert main([*base, "--choose-output", "4", "--out", str(out)]) == 0
     said = capsys.readouterr().out
     doc = read_decoder(out)
-    assert doc["click_choice"]["objects"] == 4 and set(doc["click_choice"]["one_click_iou"]) == {"head", "0", "1", "2", "3"}
+    assert doc["click_choice"]["objects"] == 4
+    assert set(doc["click_choice"]["one_click_iou"]) == {"head", "0", "1", "2", "3"}
     assert doc["click_output"] == doc["click_choice"]["output"]
     assert load_engine(str(out)).click_output == doc["click_output"]
     assert "a first click keeps " in said and "one click on 4 objects" in said
