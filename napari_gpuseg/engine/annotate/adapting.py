@@ -8,7 +8,8 @@ the image being annotated, then annotate on with the adapted decoder.
 or, waiting, ``session.adapt(minutes=3, image_name="t00.tif")``. Training runs on a fresh
 copy of the session's model (:func:`~napari_gpuseg.engine.sam.training.adapt.adapt_to_objects`), so
 the session keeps annotating with its model meanwhile, and a cancel leaves it in place with
-nothing written. The adapted decoder joins the user's list
+nothing written. The copy shares the session's embedding cache: what the session embedded
+is not embedded again. The adapted decoder joins the user's list
 (:func:`~napari_gpuseg.engine.sam.training.adapt.adapted_models`) with the image's name.
 """
 from __future__ import annotations
@@ -88,6 +89,7 @@ class SessionAdaptation:
         self.objects = committed_objects(session)
         self.model = session.model  # the model adapted (the session's when this was made)
         self.policy = session.worker.policy
+        self.cache = session.cache  # the embeddings the session made, for the copy trained
 
     def _base(self):
         """A name or file the training loads afresh (never the session's own engine: its
@@ -97,14 +99,21 @@ class SessionAdaptation:
         return str(self.model.info.name)
 
     def run(self, on_event=None, progress=None, cancel=None, policy=None) -> AdaptResult:
-        """Train and save (runs in any thread; the session is not touched). ``on_event``: every
+        """Train and save (runs in any thread; the session is not touched, its embedding cache,
+        which is thread-safe, is shared). ``on_event``: every
         training step (live loss); ``cancel``: a token that stops it with nothing saved
         (``result.path`` None)."""
         config = self.config
         if config is None:
             config = sam_adapt.few_object_config(self.objects, self.minutes)
+        from ..sam.loader import load_engine
+
+        # a fresh copy of the model on the session's embedding cache: the decoder learns apart
+        # from the session's, and the views the session embedded (the first-click choice's
+        # clicks on the committed objects) are not embedded again
+        engine = load_engine(self._base(), policy or self.policy, cache=self.cache)
         try:
-            return sam_adapt.adapt_to_objects(self.image, self.labels, model=self._base(), minutes=self.minutes,
+            return sam_adapt.adapt_to_objects(self.image, self.labels, model=engine, minutes=self.minutes,
                                               image_name=self.image_name, folder=self.folder, config=config,
                                               on_event=on_event, progress=progress, cancel=cancel,
                                               policy=policy or self.policy)
