@@ -89,7 +89,7 @@ class SessionAdaptation:
         self.objects = committed_objects(session)
         self.model = session.model  # the model adapted (the session's when this was made)
         self.policy = session.worker.policy
-        self.cache = session.cache  # the embeddings the session made, for the copy trained
+        self.cache = session.embedding_cache()  # the embeddings the session made, for the copy trained
 
     def _base(self):
         """A name or file the training loads afresh (never the session's own engine: its

@@ -151,6 +151,13 @@ class AnnotationSession:
         return self.worker.model(("sam", model, policy), lambda: load_engine(model, policy, cache=self.cache),
                                  replace=True)
 
+    def embedding_cache(self):
+        """Where this session's embeddings are: its loaded engine's cache (an engine the
+        worker already held, another session's, keeps its own), else the session's."""
+        engine = self._engine_ready()
+        cache = getattr(engine, "cache", None)
+        return cache if cache is not None else self.cache
+
     def _engine_ready(self):
         """The engine when it is loaded, else None (never loads; any thread)."""
         if not isinstance(self._model, str):
