@@ -136,3 +136,25 @@ def test_train_sam_measures_which_candidate_a_first_click_keeps_and_stores_it(ce
     assert read_decoder(out0).get("click_output") is None and "click_choice" not in read_decoder(out0)
     assert main([*base, "--choose-output", "-1", "--out", str(tmp_path / "x.pt"), "--quiet"]) == 2
     assert "--choose-output must be >= 0" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_train_sam_measures_the_choice_keeps_the_decoder(cells, tmp_path, capsys, monkeypatch):
+    from napari_gpuseg.cli.main import main
+    from napari_gpuseg.engine.sam.training import click_choice
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    require_lite_medsam()
+    monkeypatch.setattr(click_choice, "store_click_choice", interrupted)
+    img, lab = cells
+    (tmp_path / "i").mkdir(), (tmp_path / "l").mkdir()
+    tifffile.imwrite(tmp_path / "i" / "cells.tif", img[:, :256])
+    tifffile.imwrite(tmp_path / "l" / "cells.tif", lab[:, :256])
+    out = tmp_path / "d.pt"
+    rc = main(["train-sam", "--images", str(tmp_path / "i"), "--labels", str(tmp_path / "l"), "--model", "nuclei_sam",
+               "--max-steps", "1", "--val-fraction", "0", "--views-per-image", "1", "--zoom", "1",
+               "--objects-per-view", "2", "--out", str(out), "--cache", str(tmp_path / "emb"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 130 and len(err.splitlines()) == 1 and "decoder saved to" in err and str(out) in err, err
+    assert out.exists() and read_decoder(out).get("click_output") is None  # the IoU head's choice
