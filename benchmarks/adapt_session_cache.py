@@ -21,6 +21,7 @@ from _data import shared_data
 from _machine import machine_line
 from napari_gpuseg.engine import AnnotationSession, InferenceWorker
 from napari_gpuseg.engine.annotate.adapting import SessionAdaptation
+from napari_gpuseg.engine.detect import boxes_from_labels
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.interactive.predictor import SamEngine
 from napari_gpuseg.engine.sam.training import adapt as sam_adapt
@@ -30,14 +31,11 @@ SHARED, OWN = "the session's cache", "a cache of its own"
 
 
 def cell_boxes(gt: np.ndarray, n: int) -> list[list[float]]:
-    """Boxes (xyxy, 3 px margin) of the ``n`` largest cells not cut by the border."""
+    """Boxes (xyxy, 3 px margin) of the ``n`` largest cells, by box area, not cut by the border."""
     h, w = gt.shape
-    out = []
-    for i in np.unique(gt)[1:]:
-        ys, xs = np.nonzero(gt == i)
-        if ys.min() > 3 and xs.min() > 3 and ys.max() < h - 4 and xs.max() < w - 4:
-            out.append((len(ys), [xs.min() - 3.0, ys.min() - 3.0, xs.max() + 3.0, ys.max() + 3.0]))
-    return [b for _, b in sorted(out, key=lambda sb: -sb[0])[:n]]
+    inside = [b for b in boxes_from_labels(gt) if b[0] > 3 and b[1] > 3 and b[2] < w - 4 and b[3] < h - 4]
+    inside.sort(key=lambda b: -(b[2] - b[0]) * (b[3] - b[1]))
+    return [[float(b[0]) - 3, float(b[1]) - 3, float(b[2]) + 3, float(b[3]) + 3] for b in inside[:n]]
 
 
 def main(argv=None) -> int:

@@ -152,8 +152,8 @@ class AnnotationSession:
                                  replace=True)
 
     def embedding_cache(self):
-        """Where this session's embeddings are: its loaded engine's cache (an engine the
-        worker already held, another session's, keeps its own), else the session's."""
+        """The embedding cache of the model in use: the loaded engine's (an engine the
+        worker loaded earlier for another annotation keeps its own cache), else :attr:`cache`."""
         engine = self._engine_ready()
         cache = getattr(engine, "cache", None)
         return cache if cache is not None else self.cache
