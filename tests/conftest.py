@@ -49,6 +49,26 @@ def shared_data() -> Path:
 
 
 @pytest.fixture
+def reuse_embeddings(tmp_path_factory):
+    """The test's encoder outputs shared with the other opted-in tests of the run
+    (``tests/encoder_memo.py`` says which tests opt in and why)."""
+    import encoder_memo
+
+    folder = os.environ.get("GPUSEG_TEST_ENCODER_MEMO")  # a folder kept between runs (a test must
+    if folder == "off":                                 # pass with every output read back), or off
+        yield
+        return
+    if not folder:
+        root = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):  # one folder for every test process of the run
+            root = root.parent
+        folder = root / "encoder_memo"
+    encoder_memo.use(Path(folder))
+    yield
+    encoder_memo.use(None)
+
+
+@pytest.fixture
 def cpu_policy():
     from napari_gpuseg.engine.runtime.device import Policy
     import torch

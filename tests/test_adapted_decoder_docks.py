@@ -82,6 +82,7 @@ def test_segment_everything_lists_the_adapted_decoder_and_runs_with_it(make_napa
     assert w.last_result[1][0].n_prompts == 16
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_adapt_sam_starts_from_the_adapted_decoder(make_napari_viewer, qtbot, adapted, cells, tmp_path,
                                                    monkeypatch):
     from napari_gpuseg.engine.sam.training import finetune
@@ -147,6 +148,7 @@ def test_docks_opened_before_adapting_list_the_new_decoder(make_napari_viewer, q
         assert w.model_name == DEFAULT_MODEL
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_the_status_line_offers_a_box_or_clicks_with_an_adapted_decoder(make_napari_viewer, qtbot, adapted,
                                                                        cells, monkeypatch):
     """Every first mask rated unsure here (a threshold above any predicted IoU): with the

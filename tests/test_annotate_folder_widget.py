@@ -4,11 +4,16 @@ follows each image and commits into the folder's labels."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tifffile
 from qtpy.QtCore import Qt
 
 from napari_gpuseg.engine.annotate.folder import ANNOTATED, NOT_STARTED, SKIPPED
 from napari_gpuseg.widgets.annotate_folder import AnnotateFolderWidget
+
+# every test asserts what the dock shows and writes: the held-out cuts' embeddings are
+# computed once in the run (tests/encoder_memo.py)
+pytestmark = pytest.mark.usefixtures("reuse_embeddings")
 
 
 def small_folder(shared_data, tmp_path, n=3):

@@ -57,6 +57,7 @@ def box_of(obj: np.ndarray, margin: int = 3) -> list[float]:
     return [xs.min() - margin, ys.min() - margin, xs.max() + margin, ys.max() + margin]
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_click_refine_box_commit_undo_as_the_readme_writes_it(field, engine, worker):
     img, gt = field
     a, b = inner_objects(gt, 2)
@@ -95,6 +96,7 @@ def test_a_negative_first_click_and_a_bad_box_are_one_line_errors(field, engine,
     assert not s.labels.any()
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_async_request_gives_the_mask_the_sync_call_gives(field, engine, worker):
     img, gt = field
     (a,) = inner_objects(gt, 1)
@@ -118,6 +120,7 @@ def test_async_request_gives_the_mask_the_sync_call_gives(field, engine, worker)
     assert not late and s.result is None
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_rgb_image(field, engine, worker):
     img, gt = field
     (a,) = inner_objects(gt, 1)
@@ -129,6 +132,7 @@ def test_rgb_image(field, engine, worker):
     assert s.commit() == 1 and s.labels.shape == img.shape
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_a_stack_is_annotated_plane_by_plane(shared_data, engine, worker):
     vol = tifffile.imread(shared_data / "synthetic3d" / "image.tif")
     gt = tifffile.imread(shared_data / "synthetic3d" / "mask.tif")
@@ -158,6 +162,7 @@ def test_a_stack_is_annotated_plane_by_plane(shared_data, engine, worker):
     assert s.undo() == ids and np.array_equal(s.labels, before)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_a_too_big_image_is_annotated_by_region(field, engine, worker, monkeypatch):
     from napari_gpuseg.engine.annotate import region
 
@@ -178,6 +183,7 @@ def test_a_too_big_image_is_annotated_by_region(field, engine, worker, monkeypat
     assert s.commit() == 1 and s.labels.shape == (128, 128)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_a_model_switch_is_one_call(field, worker):
     require_lite_medsam()
     img, gt = field
@@ -211,6 +217,7 @@ def test_cancel_stops_the_background_tiles(shared_data, engine):
         worker.shutdown()
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_a_multichannel_image_is_taken_as_folder_jobs_take_it(field, engine):
     """A two-channel YXC image needs channel=N, as in folder jobs and the other entry points;
     with it, the session annotates that channel (the same mask as the gray image)."""
@@ -232,6 +239,7 @@ def test_a_multichannel_image_is_taken_as_folder_jobs_take_it(field, engine):
     assert np.array_equal(picked, gray.click(x, y))
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_a_first_click_the_model_rates_low_says_so(engine):
     """A first click whose predicted IoU is under ``UNSURE_IOU`` gets the unsure hint (draw a box, or
     adapt); a confident click, a box and a refined object do not."""
@@ -250,6 +258,7 @@ def test_a_first_click_the_model_rates_low_says_so(engine):
     assert s.unsure() is None
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_the_session_shows_the_engines_masks_for_the_same_prompts(engine, worker, field):
     """A first click, a corrective click (negative in a false part, positive in a missed
     one) and a box give through the session the masks the engine gives for the same

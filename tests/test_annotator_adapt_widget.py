@@ -66,6 +66,7 @@ def open_annotator(make_napari_viewer, qtbot, monkeypatch, img):
     return viewer, w
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_cancel_then_adapt_to_these_objects(make_napari_viewer, qtbot, monkeypatch, frame):
     img, gt, steps = frame
     viewer, w = open_annotator(make_napari_viewer, qtbot, monkeypatch, img)

@@ -53,6 +53,7 @@ def _row(name: str, s: dict) -> str:
             f"| {s['mean_matched_iou@0.5']:.3f} |")
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_ground_truth_and_detector_boxes(engine, val):
     imgs, gts = val
     gt_boxes = [boxes_from_labels(g) for g in gts]

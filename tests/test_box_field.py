@@ -190,6 +190,7 @@ def corner_runs(lite_engine, shared_data):
     return gt, runs
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_field_box_mode_on_a_real_field_is_as_good_with_fewer_encoder_passes(corner_runs):
     """A 300 x 400 corner of a held-out BBBC039 field (4 tiles or a field map 1.8 inputs
     large), ground-truth boxes, native views only: the field map (box mode's default for
@@ -251,6 +252,7 @@ def test_field_input_normalises_locally_for_min_max_models_only():
         torch.testing.assert_close(got[..., far], want[..., far], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_field_out_of_memory_falls_back_to_views(lite_engine, shared_data, monkeypatch, caplog):
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-2]
     image = tifffile.imread(f)[:300, :400]
@@ -271,6 +273,7 @@ def test_field_out_of_memory_falls_back_to_views(lite_engine, shared_data, monke
     assert len(np.unique(res.labels)) > 5
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_a_stack_whose_field_maps_do_not_fit_the_cache_gives_the_same_labels(lite_engine, shared_data,
                                                                              monkeypatch):
     """Three 260 x 260 planes, a cache that holds one field map: every plane's map is made

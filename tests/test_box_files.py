@@ -118,6 +118,7 @@ def test_cli_refuses_a_missing_box_folder(tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # refused before any work
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_run_folder_with_box_files(tmp_path, shared_data):
     """Real LiteMedSAM run: ground-truth boxes as CSV and as a label image give the
     ground-truth objects back; no box file and a malformed one are error rows."""

@@ -53,6 +53,7 @@ def test_the_engine_keeps_the_candidate_the_decoder_file_names(cache, tmp_path):
     assert read_decoder(path)["click_output"] == 2
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_the_shipped_decoder_keeps_the_candidate_measured_on_training_cells(cache, cells):
     """On whole cells of a training frame the IoU head's own choice is the worse rule: the
     choice made when the decoder shipped holds here, and the session's clicks give what was
@@ -70,6 +71,7 @@ def test_the_shipped_decoder_keeps_the_candidate_measured_on_training_cells(cach
     assert through["clicks"][:, 0].mean() == pytest.approx(choice.ious[str(choice.output)], abs=1e-6)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_every_rule_measured_from_one_decode_gives_each_rules_own_masks(cache, cells, monkeypatch):
     """Inside ``reuse_decodes`` the decoder runs once per view for the same first clicks; each
     rule then keeps its own candidate: the masks and scores of a separate ``predict`` per rule."""
@@ -108,6 +110,7 @@ def test_training_aims_a_first_click_at_the_candidate_the_engine_keeps(candidate
     assert output_to_train(engine, [], [], first) == trained
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_train_sam_measures_which_candidate_a_first_click_keeps_and_stores_it(cells, tmp_path, capsys):
     """``napari-gpuseg train-sam`` ends as Adapt SAM does: one click on a few objects of each
     training image measures the first-click choice, which the file keeps and the engine applies;

@@ -62,6 +62,7 @@ def worker():
     w.shutdown()
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_annotate_reopen_resume_skip_and_foreign_labels_kept(shared_data, tmp_path, engine, worker):
     images, out = tmp_path / "images", tmp_path / "out"
     gts = copy_fields(shared_data, images, 5)

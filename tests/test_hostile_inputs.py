@@ -96,6 +96,7 @@ def test_channel_axes_are_recognised(tmp_path, field):
 
 
 @pytest.mark.parametrize("method", ["threshold", "unet", "sam-boxes", "sam-everything"])
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_each_method_on_channel_images(tmp_path, field, method):
     """Without ``channel`` a multichannel file is an error row that says how to choose one
     (RGB stays colour); with ``channel=1`` every layout gives the gray image's labels."""
@@ -247,6 +248,7 @@ def test_duplicate_boxes_are_dropped_and_counted(tmp_path):
     assert planes.notes == "1999 duplicate box(es) dropped (exact copies of an earlier line of a.csv)"
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_box_files_in_a_folder_job(tmp_path, field):
     """Real LiteMedSAM run: a doubled column and ``1_0`` are error rows naming them; 200
     copies of one box give one object and a note; a one-pixel box gives a note."""

@@ -46,6 +46,7 @@ def test_fit_lowers_the_held_out_error_and_never_raises_it():
         fit_iou_head(MLP(8, 16, 4, 3), x[:3], y[:3])
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_first_click_samples_measure_the_candidates_a_click_chooses_from(shared_data):
     """On a real training field: one row per view the predictor decodes a first click in,
     the IoU head's input beside every candidate's true IoU; the mask the engine keeps for

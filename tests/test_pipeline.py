@@ -39,6 +39,7 @@ def first_run(mixed, tmp_path_factory):
     return out, report, events
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_good_images_correct_bad_images_clear_errors(mixed, first_run):
     folder, gts = mixed
     out, report, _ = first_run

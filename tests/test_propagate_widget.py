@@ -13,6 +13,7 @@ from napari_gpuseg.engine.sam.propagation.propagate import mask_box
 OBJ, Z0, Z1 = 36, 2, 9  # object 36 spans z 1..6: crop slices 0..4
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_propagate_preview_then_undo_then_all_in_3d(make_napari_viewer, qtbot, shared_data):
     require_lite_medsam()
     vol = tifffile.imread(shared_data / "synthetic3d" / "image.tif")[Z0:Z1]

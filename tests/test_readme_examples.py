@@ -52,6 +52,7 @@ def test_folder_run(workdir):
     assert (workdir / "labels" / "report.csv").is_file()
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_sam_box_prompt(workdir):
     scope = run_block(1)
     truth = tifffile.imread(SAMPLE / "bbbc039_nuclei_masks.tif")
@@ -74,6 +75,7 @@ def test_unet_prediction(workdir):
     assert fg_iou > 0.8, fg_iou
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_annotation_session(workdir):
     scope = run_block(3)
     truth = tifffile.imread(SAMPLE / "bbbc039_nuclei_masks.tif")

@@ -33,6 +33,7 @@ def short(minutes):
 ADAPT = sam_adapt.adapt_config
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_adapt_sam_saves_beside_the_image_and_the_annotator_switches(make_napari_viewer, qtbot, field,
                                                                       monkeypatch):
     monkeypatch.setattr(sam_adapt, "adapt_config", short)

@@ -74,6 +74,7 @@ def add_box(w, box, index=()):
     w.box_layer.add_rectangles(np.array([lead + c for c in corners], float))
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_a_click_on_a_scaled_image_segments_the_object_clicked(make_napari_viewer, qtbot, crop):
     """An image with a pixel size and an offset: the prompt layers take them, so a click
     (a point placed at world coordinates, as the mouse places it) gives that nucleus's mask
@@ -97,6 +98,7 @@ def test_a_click_on_a_scaled_image_segments_the_object_clicked(make_napari_viewe
     assert tuple(w.labels_layer.scale) == (0.65, 0.65)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_an_image_too_big_to_annotate_whole_is_annotated_by_region(make_napari_viewer, qtbot, monkeypatch,
                                                                     shared_data):
     """Above the annotator's limit (lowered here: a whole BBBC039 field stands for a mosaic)
@@ -149,6 +151,7 @@ def test_an_image_too_big_to_annotate_whole_is_annotated_by_region(make_napari_v
     assert w.labels_layer.data.shape == (256, 256) and tuple(w.labels_layer.translate) == tuple(region.translate)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_boxes_preview_commit_reach_ground_truth(make_napari_viewer, qtbot, crop):
     img, gt = crop
     viewer = make_napari_viewer()
@@ -178,6 +181,7 @@ def test_boxes_preview_commit_reach_ground_truth(make_napari_viewer, qtbot, crop
     assert (labels[0:3, 0:3] == 99).all() and labels.max() == 99
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_segment_all_boxes_is_one_batched_call(make_napari_viewer, qtbot, crop, monkeypatch):
     from napari_gpuseg.engine.sam.interactive.predictor import SamEngine
 
@@ -211,6 +215,7 @@ def test_segment_all_boxes_is_one_batched_call(make_napari_viewer, qtbot, crop, 
     assert w.labels_layer.data.max() >= 0.9 * len(boxes)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_box_only_model_steers_to_boxes(make_napari_viewer, qtbot, crop):
     viewer = make_napari_viewer()
     viewer.add_image(crop[0], name="nuclei")
@@ -229,6 +234,7 @@ def test_box_only_model_steers_to_boxes(make_napari_viewer, qtbot, crop):
     assert viewer.layers.selection.active.name == w.pos_layer.name and "Click an object" in w.hint_label.text()
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_a_mouse_click_on_a_dropped_image_segments_the_nucleus(make_napari_viewer, qtbot, crop):
     """As a user: drop an image, open the dock, click a nucleus on the canvas. The dock has
     the positive-points tool ready (the default model takes clicks), so the click is a
@@ -286,6 +292,7 @@ def test_a_mouse_click_on_a_dropped_image_segments_the_nucleus(make_napari_viewe
     qtbot.waitUntil(lambda: viewer.layers.selection.active.name == w.pos_layer.name, timeout=5_000)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_clicks_with_the_default_model_find_the_nucleus_and_refine(make_napari_viewer, qtbot, crop):
     from napari_gpuseg.engine.sam.training.simulated_prompts import corrective_point, interior_point
 
@@ -389,6 +396,7 @@ def test_a_first_clicks_full_decode_waits_for_its_first_look_but_not_forever():
         steps.wait_shown(threading.Event(), token)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_points_give_a_preview_and_negative_points_count(make_napari_viewer, qtbot, crop):
     img, gt = crop
     viewer = make_napari_viewer()
@@ -410,6 +418,7 @@ def test_points_give_a_preview_and_negative_points_count(make_napari_viewer, qtb
     assert iou(w.labels_layer.data == 1, gt == ids[0]) > 0.6
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_stack_precompute_and_commit_into_the_right_slice(make_napari_viewer, qtbot, shared_data):
     vol = tifffile.imread(shared_data / "synthetic3d" / "image.tif")[12:16]
     gt = tifffile.imread(shared_data / "synthetic3d" / "mask.tif")[12:16]
@@ -558,6 +567,7 @@ def test_deleted_layers_come_back_where_they_belong_when_needed(make_napari_view
     assert viewer.layers.index("cells SAM labels") == viewer.layers.index("SAM preview") - 1
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_deleting_every_layer_then_dropping_an_image(make_napari_viewer, qtbot, crop):
     """Select all, delete, drop a new image: the dock rebuilds its layers for the new image
     after napari's layer-list change (rebuilding inside it once crashed Qt's model)."""
@@ -766,6 +776,7 @@ def test_the_stack_embeds_in_the_worker_while_the_event_loop_runs(make_napari_vi
     assert any(first < t < last for t in ticks)  # the event loop ran while the encoder did
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_the_same_clicks_give_the_same_masks_in_the_dock_and_a_session(make_napari_viewer, qtbot, crop):
     """A click, a negative click that refines it, a box and a commit: the dock (prompts in its
     layers) and a script's AnnotationSession (click/box/commit) give the same masks and labels."""

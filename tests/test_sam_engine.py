@@ -98,6 +98,7 @@ def val_crops(shared_data):
     return crops
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_box_prompts_on_bbbc039_validation(lite_engine, val_crops):
     """Ground-truth boxes (3 px margin) on native-resolution 256x256 crops of the 8 held-out
     BBBC039 fields: mean IoU >= 0.80; all boxes of a crop in one decoder call."""
@@ -112,6 +113,7 @@ def test_box_prompts_on_bbbc039_validation(lite_engine, val_crops):
     assert np.mean(ious) >= 0.80, np.mean(ious)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_tiling_beats_shrinking_a_whole_field(lite_engine, shared_data):
     """A 300x400 region of a field: native-resolution tiles give better masks than one 2.7x-shrunk view."""
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-3]
@@ -134,6 +136,7 @@ def test_tiling_beats_shrinking_a_whole_field(lite_engine, shared_data):
     assert iou_t >= 0.8
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_coins_against_watershed_reference(lite_engine):
     from skimage import data
     from skimage.filters import sobel
@@ -156,6 +159,7 @@ def test_coins_against_watershed_reference(lite_engine):
     assert np.mean(ious) >= 0.85, np.mean(ious)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_batched_embedding_equals_single_and_is_cached(lite_engine, val_crops):
     imgs = [c[1][:128, :128] for c in val_crops[:2]]
     eng = SamEngine(lite_engine.sam, lite_engine.info, FP32, cache=EmbeddingCache())
@@ -172,6 +176,7 @@ def test_batched_embedding_equals_single_and_is_cached(lite_engine, val_crops):
     assert time.perf_counter() - t0 < 0.5 and eng.cache.misses == misses
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_points_multimask_refinement_and_labels(lite_engine, val_crops):
     _name, img, gt = val_crops[0]
     ids, boxes = gt_boxes(gt)
@@ -197,6 +202,7 @@ def test_cancel_embedding(lite_engine, val_crops):
     assert len(eng.cache) == 0
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_warm_decoder_fills_the_memo_and_changes_no_mask(lite_engine, val_crops):
     """warm_decoder does the image-only decoder work ahead of the first prompt: afterwards
     that prompt is served from the memo and gives exactly the masks of a cold decoder."""
@@ -244,6 +250,7 @@ def test_factored_decoder_with_kept_products_equals_the_module(lite_engine, val_
             assert iou(first.full(gt.shape), plain.full(gt.shape)) > 0.999
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_near_box_decode_gives_the_same_masks_inside_its_region(lite_engine, val_crops):
     """``near_box=True`` (the annotator's box prompts): on real boxes of two held-out crops
     the logits equal the whole-grid decode inside each box's region, nothing is predicted
@@ -297,6 +304,7 @@ def test_inputs_empty_and_all_nan_images(image, match):
         to_rgb01(image)
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_predict_rejects_prompts_outside_or_degenerate(lite_engine, val_crops):
     _, img, _ = val_crops[0]  # 256 x 256
     for prompt, match in [

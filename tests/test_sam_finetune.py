@@ -158,6 +158,7 @@ def test_bad_training_labels_are_refused():
         finetune_sam([], [], model="lite_medsam")
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_shipped_decoder_is_the_default_and_clicks_work(lite, val_crop):
     assert registry.DEFAULT_MODEL == "cells_nuclei_sam"
     for name in ("cells_nuclei_sam", "nuclei_sam"):  # both shipped decoders: small, the hash they say
