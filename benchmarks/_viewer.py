@@ -17,12 +17,12 @@ def pump(app, until, timeout: float = 900.0) -> None:
 
 
 def window_wide_hold(dock):
-    """``(hold, release)`` for ``dock.redraw`` as the dock's repaint hold used to work (the
+    """``(start, finish)`` for ``dock.joint_repaint`` as the dock's joint repaint used to work (the
     baseline): the whole window's updates switched off, so that Qt repaints every widget
     of the window when they come back on."""
-    from napari_gpuseg.widgets._redraw_hold import napari_window
+    from napari_gpuseg.widgets._joint_repaint import napari_window
 
-    redraw = dock.redraw
+    redraw = dock.joint_repaint
 
     def hold():
         if redraw._window is None:
@@ -31,7 +31,7 @@ def window_wide_hold(dock):
                 return
             window.setUpdatesEnabled(False)
             redraw._window = weakref.ref(window)
-            redraw.holds += 1
+            redraw.starts += 1
         redraw._timer.start()
 
     def release():

@@ -42,7 +42,7 @@ def main() -> None:
     from napari_gpuseg.engine.detect import boxes_from_labels
     from napari_gpuseg.engine.sam.automatic.boxes import segment_boxes
     from napari_gpuseg.engine.sam.loader import load_engine
-    from napari_gpuseg.engine.unet.finetune import default_schedule, finetune_unet
+    from napari_gpuseg.engine.unet.finetune_annotated import default_schedule, finetune_unet
     from napari_gpuseg.engine.unet.unet_checkpoint import load_unet
     from napari_gpuseg.engine.unet.predict import predict_labels
 

@@ -45,7 +45,7 @@ def main() -> None:
     from skimage.measure import regionprops
 
     from napari_gpuseg.engine.runtime.device import set_policy
-    from napari_gpuseg.widgets._redraw_hold import HOLD_MS
+    from napari_gpuseg.widgets._joint_repaint import JOINT_REPAINT_MAX_MS
 
     policy = set_policy("auto", args.precision)
     data = Path(args.data)
@@ -122,14 +122,14 @@ def main() -> None:
         shown["t"] = time.perf_counter()
 
     w._show_mask = record
-    redraw = w.redraw
-    hold, release = redraw.hold, redraw.release
+    redraw = w.joint_repaint
+    hold, release = redraw.start, redraw.finish
 
     window_hold, window_release = window_wide_hold(w)  # the earlier hold
 
     def use(mode):
         redraw.enabled = mode != "off"
-        redraw.hold, redraw.release = (window_hold, window_release) if mode == "window" else (hold, release)
+        redraw.start, redraw.finish = (window_hold, window_release) if mode == "window" else (hold, release)
 
     # with the repaint hold (the dock's default) and the two baselines, prompt by prompt in
     # rotating order so all see the same boxes and the same machine load
@@ -141,7 +141,7 @@ def main() -> None:
         for mode in modes[i % 3:] + modes[:i % 3]:
             use(mode)
             w.box_layer.data = []
-            pump(lambda: not redraw.held)
+            pump(lambda: not redraw.gathering)
             shown.clear()
             t0 = time.perf_counter()
             w.box_layer.data = [corners]
@@ -160,8 +160,8 @@ def main() -> None:
           f"embedding {windows[0].max():.0f} ms, stack precompute {windows[1].max():.0f} ms")
     med = {k: statistics.median(v) for k, v in lat.items()}
     print(f"box edit -> mask visible: median {med['hold']:.0f} ms, p90 {np.percentile(lat['hold'], 90):.0f} ms "
-          f"over {len(lat['hold'])} prompts (target <= 150 ms); {w.redraw.timeouts} of "
-          f"{w.redraw.holds} repaint holds reached their {HOLD_MS} ms cap")
+          f"over {len(lat['hold'])} prompts (target <= 150 ms); {w.joint_repaint.timeouts} of "
+          f"{w.joint_repaint.starts} repaint holds reached their {JOINT_REPAINT_MAX_MS} ms cap")
     for mode, label in (("off", "without the repaint hold"), ("window", "with the window-wide hold")):
         print(f"  baseline {label}: median {med[mode]:.0f} ms, p90 "
               f"{np.percentile(lat[mode], 90):.0f} ms; ratio {med[mode] / med['hold']:.2f}x")

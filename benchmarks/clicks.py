@@ -12,7 +12,7 @@ validation frames t07-t09 (transmitted light, every object), the last 8 BBBC039 
 are measured on the same objects in one run (``--cap N``: at most N objects per
 ``scratch_assay`` frame and of ``dsb2018/``; ``--fields N``: the first N BBBC039 validation
 fields; for a quick look on a busy CPU). Every model runs through an
-``AnnotationSession``, as the SAM annotator dock does (``engine.annotate.click_eval.
+``AnnotationSession``, as the SAM annotator dock does (``engine.annotate.session_clicks.
 session_click_ious``): a first click at the object's most interior pixel (``click``: the
 best of the multimask outputs), corrective clicks at the most interior pixel of the larger
 error (``click``, ``positive=False`` in a false part: the session refines the shown mask,
@@ -40,7 +40,7 @@ import torch
 from _data import bbbc039_validation, shared_data
 from _machine import cpu_flags, cpu_name
 from napari_gpuseg.engine import AnnotationSession, load_engine
-from napari_gpuseg.engine.annotate.click_eval import session_click_ious
+from napari_gpuseg.engine.annotate.session_clicks import session_click_ious
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.click_eval import click_ious
 

@@ -82,8 +82,8 @@ def main() -> None:
 
     SceneCanvas.on_draw = timed_draw
 
-    redraw = w.redraw
-    hold, release = redraw.hold, redraw.release
+    redraw = w.joint_repaint
+    hold, release = redraw.start, redraw.finish
 
     window_hold, window_release = window_wide_hold(w)
 
@@ -99,7 +99,7 @@ def main() -> None:
     rows: dict[str, list] = {"hold": [], "window": []}
     for i in range(args.edits):
         mode = ("hold", "window")[i % 2]
-        redraw.hold, redraw.release = (hold, release) if mode == "hold" else (window_hold, window_release)
+        redraw.start, redraw.finish = (hold, release) if mode == "hold" else (window_hold, window_release)
         moved = box + rng.integers(-3, 4, 4)
         stamps.clear()
         draws.clear()
@@ -110,8 +110,8 @@ def main() -> None:
         rows[mode].append([(s["submit"] - t0) * 1e3, (s["gui"] - s["submit"]) * 1e3,
                            (s["shown"] - s["gui"]) * 1e3, (s["painted"] - s["shown"]) * 1e3,
                            (s["painted"] - t0) * 1e3, sum(draws) * 1e3])
-        pump(lambda: not redraw.held)
-    redraw.hold, redraw.release = hold, release
+        pump(lambda: not redraw.gathering)
+    redraw.start, redraw.finish = hold, release
 
     print(f"device: {policy.describe()}; field {f.name}, {args.edits} edits")
     med = {}

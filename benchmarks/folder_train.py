@@ -49,7 +49,7 @@ def main() -> int:
     from napari_gpuseg.engine.annotate.folder import unet_presegmenter
     from napari_gpuseg.engine.annotate.folder_train import train_unet_on_annotated
     from napari_gpuseg.engine.metrics import object_f1
-    from napari_gpuseg.engine.unet.finetune import default_schedule
+    from napari_gpuseg.engine.unet.finetune_annotated import default_schedule
 
     print(machine_line())
     found = pairs(args.data)

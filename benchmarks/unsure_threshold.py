@@ -5,7 +5,7 @@
 The SAM annotator flags an object's first mask as unsure when the model's own predicted IoU
 is under ``UNSURE_IOU`` (``engine/sam/training/adapt.py``). This measures what that flag is
 worth: each object gets one click at its most interior pixel through an
-``AnnotationSession``, as the dock makes it (``engine.annotate.click_eval.session_click_ious``,
+``AnnotationSession``, as the dock makes it (``engine.annotate.session_clicks.session_click_ious``,
 what ``benchmarks/clicks.py`` reports), and the first mask's predicted IoU (clamped to
 [0, 1], as shown) is set against its true IoU. A first mask is *bad* when its true IoU is
 under 0.5 (the object needs real correction). For thresholds 0.50..0.95 the table gives how
@@ -32,7 +32,7 @@ from _data import bbbc039_validation
 from _machine import machine_line
 from clicks import scratch_validation
 from napari_gpuseg.engine import AnnotationSession, load_engine
-from napari_gpuseg.engine.annotate.click_eval import session_click_ious
+from napari_gpuseg.engine.annotate.session_clicks import session_click_ious
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.models.registry import DEFAULT_MODEL
 

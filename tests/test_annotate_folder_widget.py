@@ -117,7 +117,7 @@ def test_status_line_follows_the_image(make_napari_viewer, qtbot, shared_data, t
 def test_train_segment_rest_and_cancel_buttons(make_napari_viewer, qtbot, shared_data, tmp_path, monkeypatch):
     from dataclasses import replace
 
-    import napari_gpuseg.engine.unet.finetune as finetune
+    import napari_gpuseg.engine.unet.finetune_annotated as finetune
     from napari_gpuseg.engine.annotate.folder import PRESEGMENTED
 
     tiny = replace(finetune.default_schedule(), epochs=1, iters_per_epoch=2, batch_size=2, crop_size=64,

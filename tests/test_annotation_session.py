@@ -265,7 +265,7 @@ def test_the_session_shows_the_engines_masks_for_the_same_prompts(engine, worker
     prompts (the refinement with the shown logits as mask input, the box decoded near it),
     and ``session_click_ious`` (what benchmarks/clicks.py reports) the click IoUs of the
     engine's ``click_ious`` and the first masks' predicted IoUs."""
-    from napari_gpuseg.engine.annotate.click_eval import session_click_ious
+    from napari_gpuseg.engine.annotate.session_clicks import session_click_ious
     from napari_gpuseg.engine.sam.training.click_eval import click_ious, pick_objects
     from napari_gpuseg.engine.sam.training.simulated_prompts import corrective_point, interior_point, tight_box
 

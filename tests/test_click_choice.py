@@ -7,7 +7,7 @@ import pytest
 import tifffile
 
 from napari_gpuseg.engine import AnnotationSession, load_engine
-from napari_gpuseg.engine.annotate.click_eval import session_click_ious
+from napari_gpuseg.engine.annotate.session_clicks import session_click_ious
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.interactive.prompt_types import Prompt
 from napari_gpuseg.engine.sam.training.click_choice import choose_click_output, output_to_train

@@ -1,4 +1,4 @@
-"""Fine-tuning on an annotated region (engine.unet.finetune) and the ignored loss pixels."""
+"""Fine-tuning on an annotated region (engine.unet.finetune_annotated) and the ignored loss pixels."""
 import numpy as np
 import pytest
 import tifffile
@@ -7,7 +7,7 @@ import torch
 from napari_gpuseg.engine.runtime.cancel import Cancelled, CancelToken
 from napari_gpuseg.engine.runtime.device import Policy
 from napari_gpuseg.engine.unet import training
-from napari_gpuseg.engine.unet.finetune import (
+from napari_gpuseg.engine.unet.finetune_annotated import (
     default_output_path, default_schedule, finetune_unet, region_mask, training_pair,
 )
 from napari_gpuseg.engine.unet.unet_checkpoint import bundled_model_path, load_checkpoint, load_unet
@@ -122,7 +122,7 @@ def test_finetune_saves_beside_the_image_loads_and_cancels(dsb, tmp_path):
 
 
 def test_output_goes_to_base_when_the_image_folder_is_read_only(tmp_path, monkeypatch):
-    from napari_gpuseg.engine.unet import finetune
+    from napari_gpuseg.engine.unet import finetune_annotated as finetune
 
     monkeypatch.setattr(finetune.os, "access", lambda path, mode: False)
     assert default_output_path(tmp_path / "ro" / "f.tif", base=tmp_path / "models") == \

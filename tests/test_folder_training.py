@@ -24,7 +24,7 @@ CUT = (slice(100, 228), slice(200, 328))
 
 
 def tiny_unet_schedule():
-    from napari_gpuseg.engine.unet.finetune import default_schedule
+    from napari_gpuseg.engine.unet.finetune_annotated import default_schedule
 
     return replace(default_schedule(), epochs=1, iters_per_epoch=2, batch_size=2, crop_size=64, warmup_iters=1)
 

@@ -190,7 +190,7 @@ def test_uint64_ids_above_2_63_keep_their_objects(tmp_path):
 
 # ----------------------------------------------------------------------------- 7: fine-tuning
 def test_finetune_refuses_non_integer_labels(field, tmp_path):
-    from napari_gpuseg.engine.unet.finetune import finetune_unet
+    from napari_gpuseg.engine.unet.finetune_annotated import finetune_unet
     from napari_gpuseg.engine.unet.training import TrainConfig
 
     labels = np.zeros(field.shape, np.int32)
@@ -205,7 +205,7 @@ def test_finetune_refuses_non_integer_labels(field, tmp_path):
 
 
 def test_finetune_label_ids_and_inverted_rectangles(field):
-    from napari_gpuseg.engine.unet.finetune import check_labels, region_mask
+    from napari_gpuseg.engine.unet.finetune_annotated import check_labels, region_mask
 
     labels = np.zeros(field.shape, np.int32)
     labels[20:40, 20:40] = 1

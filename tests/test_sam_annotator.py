@@ -246,7 +246,7 @@ def test_a_mouse_click_on_a_dropped_image_segments_the_nucleus(make_napari_viewe
     from scipy import ndimage as ndi
 
     from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point
-    from napari_gpuseg.widgets._redraw_hold import napari_window
+    from napari_gpuseg.widgets._joint_repaint import napari_window
 
     img, gt = crop
     viewer = make_napari_viewer(show=True)
@@ -591,9 +591,9 @@ def test_deleting_every_layer_then_dropping_an_image(make_napari_viewer, qtbot, 
 
 
 def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, crop, monkeypatch):
-    """The window's repaints wait for the preview (at most HOLD_MS): a slow or failing
+    """The window's repaints wait for the preview (at most JOINT_REPAINT_MAX_MS): a slow or failing
     decoder never keeps the user's prompt hidden longer, and never leaves it held."""
-    from napari_gpuseg.widgets._redraw_hold import HOLD_MS, napari_window
+    from napari_gpuseg.widgets._joint_repaint import JOINT_REPAINT_MAX_MS, napari_window
 
     img, gt = crop
     viewer = make_napari_viewer()
@@ -609,27 +609,27 @@ def test_prompt_and_mask_are_drawn_in_one_repaint(make_napari_viewer, qtbot, cro
     calls = count_decodes(monkeypatch)
     for box in boxes[:2]:  # the usual case: held until the mask is there
         add_box(w, box)  # into an empty box layer: its extent, and the viewer's dims, change
-        assert w.redraw.held and window.updatesEnabled()  # held, never switched off
+        assert w.joint_repaint.gathering and window.updatesEnabled()  # held, never switched off
         qtbot.waitUntil(w.has_preview, timeout=WAIT)
-        assert not w.redraw.held
+        assert not w.joint_repaint.gathering
         w.clear_prompts()
     qtbot.wait(50)
     assert len(calls) == 2  # one decode per box: a dims event on the same plane is no edit
 
-    count_decodes(monkeypatch, slow_s=30 * HOLD_MS / 1000)  # a decoder slower than the hold
-    timeouts = w.redraw.timeouts
+    count_decodes(monkeypatch, slow_s=30 * JOINT_REPAINT_MAX_MS / 1000)  # a decoder slower than the limit
+    timeouts = w.joint_repaint.timeouts
     add_box(w, boxes[1])
-    assert w.redraw.held
-    qtbot.waitUntil(lambda: not w.redraw.held, timeout=WAIT)
+    assert w.joint_repaint.gathering
+    qtbot.waitUntil(lambda: not w.joint_repaint.gathering, timeout=WAIT)
     # released by its time limit, not by the mask: the box shows before its mask
-    assert w.redraw.timeouts == timeouts + 1 and not w.has_preview()
+    assert w.joint_repaint.timeouts == timeouts + 1 and not w.has_preview()
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
     w.clear_prompts()
 
     count_decodes(monkeypatch, error="decoder exploded")  # an error releases at once and is reported
     add_box(w, boxes[2])
     qtbot.waitUntil(lambda: "decoder exploded" in w.status.text(), timeout=WAIT)
-    assert not w.redraw.held and window.updatesEnabled()
+    assert not w.joint_repaint.gathering and window.updatesEnabled()
 
 
 def test_a_held_edit_repaints_what_changed_not_the_whole_window(make_napari_viewer, qtbot, crop):
@@ -645,8 +645,8 @@ def test_a_held_edit_repaints_what_changed_not_the_whole_window(make_napari_view
     wait_embedded(qtbot, w)
     qtbot.wait(200)  # the window's first paints are done
     # what a hold paints, not how long it lasts (the test above): a busy machine may take
-    # longer than HOLD_MS to decode, so this hold waits for the mask however long it takes
-    w.redraw._timer.setInterval(60_000)
+    # longer than JOINT_REPAINT_MAX_MS to decode, so this repaint waits for the mask however long it takes
+    w.joint_repaint._timer.setInterval(60_000)
     _ids, boxes = gt_boxes(gt)
     painted: list[str] = []  # what was painted, by kind (no references kept)
 
@@ -672,14 +672,14 @@ def test_a_held_edit_repaints_what_changed_not_the_whole_window(make_napari_view
         shown = []
         real = w._show_mask
         w._show_mask = lambda *a, **kw: (shown.append(len(painted)), real(*a, **kw))
-        timeouts = w.redraw.timeouts
+        timeouts = w.joint_repaint.timeouts
         add_box(w, boxes[0])
-        assert w.redraw.held
+        assert w.joint_repaint.gathering
         qtbot.waitUntil(lambda: bool(shown), timeout=WAIT)
         # the canvas was not painted between the edit and the mask (the box alone)
         assert "canvas" not in painted[:shown[0]], f"painted while held: {painted[:shown[0]]}"
-        qtbot.waitUntil(lambda: not w.redraw.held, timeout=WAIT)
-        assert w.redraw.timeouts == timeouts  # released by the mask, not by the time limit
+        qtbot.waitUntil(lambda: not w.joint_repaint.gathering, timeout=WAIT)
+        assert w.joint_repaint.timeouts == timeouts  # released by the mask, not by the time limit
         qtbot.wait(100)
     finally:
         app.removeEventFilter(spy)
@@ -689,12 +689,12 @@ def test_a_held_edit_repaints_what_changed_not_the_whole_window(make_napari_view
 
 def test_drawing_a_box_with_the_mouse_decodes_once_on_release(make_napari_viewer, qtbot, crop, monkeypatch):
     """A user drags a rectangle on the canvas: nothing is decoded (or held) while the mouse
-    moves, one decode and one repaint hold follow the release, and the mask comes."""
+    moves, one decode and one joint repaint follow the release, and the mask comes."""
     from qtpy.QtCore import QPoint, Qt
     from qtpy.QtTest import QTest
     from qtpy.QtWidgets import QWidget
 
-    from napari_gpuseg.widgets._redraw_hold import napari_window
+    from napari_gpuseg.widgets._joint_repaint import napari_window
 
     img, _gt = crop
     viewer = make_napari_viewer(show=True)
@@ -714,13 +714,13 @@ def test_drawing_a_box_with_the_mouse_decodes_once_on_release(make_napari_viewer
     for t in np.linspace(0, 1, 6)[1:]:
         QTest.mouseMove(canvas, QPoint(int(a.x() + t * (b.x() - a.x())), int(a.y() + t * (b.y() - a.y()))))
         qtbot.wait(5)
-    assert not calls and not w.redraw.held  # drawing: no decode per mouse move
+    assert not calls and not w.joint_repaint.gathering  # drawing: no decode per mouse move
     QTest.mouseRelease(canvas, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, b)
-    assert len(w.box_layer.data) == 1 and w.redraw.held
+    assert len(w.box_layer.data) == 1 and w.joint_repaint.gathering
     qtbot.waitUntil(w.has_preview, timeout=WAIT)
     qtbot.wait(50)
-    assert len(calls) == 1 and calls[0].box is not None and w.redraw.holds == 1
-    assert not w.redraw.held
+    assert len(calls) == 1 and calls[0].box is not None and w.joint_repaint.starts == 1
+    assert not w.joint_repaint.gathering
 
 
 def test_missing_model_file_is_a_notification_not_a_crash(make_napari_viewer, qtbot, crop, tmp_path):

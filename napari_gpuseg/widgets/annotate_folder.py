@@ -43,7 +43,7 @@ def _train_unet_job(images, labels, out_dir, init, minutes, on_event, progress=N
     from dataclasses import replace
 
     from ..engine.annotate.folder_train import train_unet_on_pairs
-    from ..engine.unet.finetune import default_schedule
+    from ..engine.unet.finetune_annotated import default_schedule
 
     config = replace(default_schedule(), max_time_s=60.0 * minutes)
     return train_unet_on_pairs(images, labels, out_dir, init_checkpoint=init, config=config, on_event=on_event,

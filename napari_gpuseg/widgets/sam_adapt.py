@@ -77,7 +77,7 @@ class SamAdaptWidget(TrainDock):
                           "Label a few objects (annotator or corrected U-Net), then Adapt SAM.")
 
     def train(self):
-        from ..engine.unet.finetune import default_output_path
+        from ..engine.unet.finetune_annotated import default_output_path
 
         chosen = self._chosen_pair()
         if chosen is None:

@@ -6,7 +6,7 @@ prompts in SAM positive / SAM negative / SAM boxes, the buttons) and paints what
 reports (the current object in SAM preview, commits in ``<image> SAM labels``, the status
 line). The session schedules the work on the shared inference worker; its callbacks come
 back on the GUI thread (``_bridge``). What stays here is the window's side of latency: a
-prompt and its mask are painted in one repaint (``RedrawHold``), background embedding waits
+prompt and its mask are painted in one repaint (``JointRepaint``), background embedding waits
 until the mask is on screen (``AfterRepaint``), and a first look is reported shown once
 painted. All five layers are made while the dock follows a drop, when napari is busy adding
 the image anyway: made later, once the first prompt rested, each was a freeze of half a second
@@ -38,7 +38,7 @@ from ._choices import (add_adapted_choice, browse_checkpoint, chosen_sam_model, 
 from ._dock import DockWidget, auto_spin, scrollable
 from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
-from ._redraw_hold import AfterRepaint, PostedCall, RedrawHold
+from ._joint_repaint import AfterRepaint, PostedCall, JointRepaint
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class SamAnnotatorWidget(DockWidget):
         self._region_only = False  # the followed image is too big: no work is started for it
         self._removing = False  # prompts being removed by the dock itself
         self._embed_job = self._stack_job = None
-        self.redraw = RedrawHold(self)  # a prompt and its mask appear in one redraw
+        self.joint_repaint = JointRepaint(self)  # a prompt and its mask appear in one redraw
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
         self._after_repaint = AfterRepaint(self.session.release_background, self)
@@ -74,7 +74,7 @@ class SamAnnotatorWidget(DockWidget):
         self._keep_status = False  # a model switch's message outlives the embedding it starts
         self._build_ui()
         session = self.session
-        self.destroyed.connect(lambda *_: (self.redraw.release(), session.close()))
+        self.destroyed.connect(lambda *_: (self.joint_repaint.finish(), session.close()))
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
         self.viewer.camera.events.center.connect(self._on_camera)
@@ -469,7 +469,7 @@ class SamAnnotatorWidget(DockWidget):
         self.session.multimask = self.multimask.isChecked()
         self.session.request(prompt, on_mask=self._show_mask, on_look=self._show_look,
                              on_error=self._on_preview_error, hold_after=self.hold_background_s)
-        self.redraw.hold()
+        self.joint_repaint.start()
 
     def _show_mask(self, result, final: bool = True) -> None:
         """Paint the current object (the session checked it is not stale)."""
@@ -485,7 +485,7 @@ class SamAnnotatorWidget(DockWidget):
         what = "preview" if final else "first look"  # a first look: the full mask follows
         hint = self.session.unsure() if final else None
         self._set_status(f"{what}: {result.area} px, " + (hint or f"predicted IoU {result.predicted_iou:.2f}"))
-        self.redraw.release()
+        self.joint_repaint.finish()
         self._after_repaint.post()  # background embedding goes on once the mask is drawn
 
     def _show_look(self, result, shown) -> None:
@@ -502,12 +502,12 @@ class SamAnnotatorWidget(DockWidget):
             shown()
 
     def _on_preview_error(self, exc: BaseException) -> None:
-        self.redraw.release()
+        self.joint_repaint.finish()
         self.session.release_background()
         self._on_error(exc)
 
     def _clear_preview(self) -> None:
-        self.redraw.release()
+        self.joint_repaint.finish()
         self.session.release_background()
         if self.preview_layer is not None and self.preview_layer.data.any():
             self.preview_layer.data[...] = 0

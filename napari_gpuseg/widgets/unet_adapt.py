@@ -2,7 +2,7 @@
 
 Fine-tunes the bundled (or the last adapted) U-Net on an Image + Labels pair, the loss
 restricted to the annotated region (whole image, a rectangle from a Shapes layer, or
-the bounding region of the labels; see ``engine.unet.finetune``), in the training
+the bounding region of the labels; see ``engine.unet.finetune_annotated``), in the training
 thread with a live loss plot and Cancel. The new checkpoint is saved beside the image,
 selected in the U-Net predict dock and offered to the Batch folder dock; "Predict the
 rest" adds its labels as a layer the user can correct and train on again.
@@ -27,7 +27,7 @@ BUNDLED, CURRENT = "Bundled nuclei model", "Last adapted model"
 
 def _finetune_job(image, labels, region, rectangle, init, config, out_path, on_event, progress=None,
                   cancel=None):
-    from ..engine.unet.finetune import finetune_unet
+    from ..engine.unet.finetune_annotated import finetune_unet
 
     res = finetune_unet(image, labels, region=region, rectangle=rectangle, init_checkpoint=init,
                         config=config, out_path=out_path, policy=train_worker().policy,
@@ -53,7 +53,7 @@ class UNetAdaptWidget(TrainDock):
 
     def __init__(self, napari_viewer=None, parent=None):
         super().__init__(parent)
-        from ..engine.unet.finetune import default_schedule
+        from ..engine.unet.finetune_annotated import default_schedule
 
         self._init_train_dock(napari_viewer)  # model_path: the last adapted checkpoint
         self.setObjectName("UNetAdaptWidget")
@@ -92,7 +92,7 @@ class UNetAdaptWidget(TrainDock):
     def config(self):
         from dataclasses import replace
 
-        from ..engine.unet.finetune import default_schedule
+        from ..engine.unet.finetune_annotated import default_schedule
 
         d = default_schedule()
         n = self.iters.value()
@@ -117,7 +117,7 @@ class UNetAdaptWidget(TrainDock):
             if region == "rectangle":
                 name = self.shapes_combo.currentText()
                 rectangle = rectangle_of(self.viewer.layers[name] if name else None, image=layer)
-            from ..engine.unet.finetune import region_mask
+            from ..engine.unet.finetune_annotated import region_mask
 
             mask = region_mask(labels.shape, region, labels=labels, rectangle=rectangle)
             if not np.any(mask & (labels > 0)):
@@ -126,7 +126,7 @@ class UNetAdaptWidget(TrainDock):
             self._set_status(f"Cannot train: {exc}")
             return None
         init = self.model_path if self.start.currentText() == CURRENT and self.model_path else None
-        from ..engine.unet.finetune import default_output_path
+        from ..engine.unet.finetune_annotated import default_output_path
 
         src = image_file(layer)
         out = default_output_path(src, base=default_output().parent)

@@ -60,10 +60,10 @@ def train_unet_on_pairs(images: list[np.ndarray], labels: list[np.ndarray], out_
                         config=None, on_event: Callable | None = None, progress: ProgressFn = None,
                         cancel: CancelToken | None = None, policy=None) -> FolderTrainResult:
     """Fine-tune ``init_checkpoint`` (None: the bundled nuclei model) on whole annotated
-    images (every object labelled, 0 = background) with :func:`~..unet.finetune.default_schedule`
+    images (every object labelled, 0 = background) with :func:`~..unet.finetune_annotated.default_schedule`
     (or ``config``), and save it as ``OUT/models/unet_<k>.pt`` only when training ends without
     a cancel (written beside as a temporary file, then renamed)."""
-    from ..unet.finetune import check_labels, default_schedule
+    from ..unet.finetune_annotated import check_labels, default_schedule
     from ..unet.training import train_unet
 
     xs, ys = [], []

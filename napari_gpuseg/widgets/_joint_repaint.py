@@ -5,15 +5,17 @@ and the preview mask arrives a few tens of milliseconds later and needs a second
 Where the window is drawn in software (no GPU-backed display: remote desktops, VMs,
 Xvfb), each repaint costs tens of ms on the GUI thread. PyQt keeps the GIL through Qt's
 own painting, so the decoder in the worker thread stalls meanwhile and the mask shows
-late. :class:`RedrawHold` holds the window's repaints from the edit until the preview is
-shown, or at most ``max_ms``, and then one repaint shows everything. Events are still
-processed while held (nothing is lost, only drawn later), and a slow decoder never hides
-the user's prompt for longer than ``max_ms``.
+late. :class:`JointRepaint` gathers the window's repaints from the edit (:meth:`~JointRepaint.start`)
+until the preview is shown (:meth:`~JointRepaint.finish`), or at most ``max_ms``, and then one
+repaint shows everything. Events are still processed meanwhile (nothing is lost, only
+drawn later), and a slow decoder never hides the user's prompt for longer than ``max_ms``.
 
-The hold keeps back the window's update requests (the event Qt's repaint manager posts
-to a top-level window to paint what is dirty) rather than switching the window's updates
-off: Qt keeps the dirty regions meanwhile, so the release repaints the canvas and the few
-widgets that changed, not every widget of the window.
+It keeps back the window's update requests (the event Qt's repaint manager posts to a
+top-level window to paint what is dirty) rather than switching the window's updates off:
+Qt keeps the dirty regions meanwhile, so the one repaint covers the canvas and the few
+widgets that changed, not every widget of the window. (The worker's *background hold*,
+:meth:`~napari_gpuseg.engine.runtime.worker.InferenceWorker.hold_background`, is another
+thing: background embedding waiting while a prompt is decoded.)
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from qtpy.QtWidgets import QMainWindow, QWidget
 
 logger = logging.getLogger(__name__)
 
-HOLD_MS = 120
+JOINT_REPAINT_MAX_MS = 120  # the longest a prompt edit waits to be painted
 
 
 def napari_window(dock: QWidget) -> QMainWindow | None:
@@ -58,10 +60,10 @@ class _KeepUpdateRequests(QObject):
         return False
 
 
-class RedrawHold:
-    """Holds the repaints of the napari window that ``dock`` is docked in."""
+class JointRepaint:
+    """Gathers the repaints of the napari window that ``dock`` is docked in into one."""
 
-    def __init__(self, dock: QWidget, max_ms: int = HOLD_MS) -> None:
+    def __init__(self, dock: QWidget, max_ms: int = JOINT_REPAINT_MAX_MS) -> None:
         self._dock = weakref.ref(dock)
         self._window: weakref.ref | None = None  # never keeps a closed viewer alive
         self._timer = QTimer()
@@ -70,14 +72,14 @@ class RedrawHold:
         self._timer.timeout.connect(self._on_timeout)
         self._filter = _KeepUpdateRequests()
         self.enabled = True
-        self.holds = self.timeouts = 0  # for tests and benchmarks
+        self.starts = self.timeouts = 0  # for tests and benchmarks
 
     @property
-    def held(self) -> bool:
+    def gathering(self) -> bool:
         return self._window is not None
 
-    def hold(self) -> None:
-        """Hold the window's repaints (again) for at most ``max_ms`` from now."""
+    def start(self) -> None:
+        """Keep the window's repaints back (again) for at most ``max_ms`` from now."""
         if not self.enabled:
             return
         if self._window is None:
@@ -88,11 +90,11 @@ class RedrawHold:
             self._filter.kept = 0
             window.installEventFilter(self._filter)
             self._window = weakref.ref(window)
-            self.holds += 1
+            self.starts += 1
         self._timer.start()
 
-    def release(self) -> None:
-        """Repaint what changed while held: one update request for the window, posted at
+    def finish(self) -> None:
+        """Repaint what changed since :meth:`start`: one update request for the window, posted at
         Qt's own (low) priority, so input and timers queued before it still come first."""
         ref, self._window = self._window, None
         try:
@@ -104,11 +106,11 @@ class RedrawHold:
                     QCoreApplication.postEvent(window, QEvent(QEvent.Type.UpdateRequest),
                                                _LOW_PRIORITY)
         except RuntimeError:  # the viewer was closed meanwhile
-            logger.debug("redraw hold released after its window was deleted")
+            logger.debug("joint repaint finished after its window was deleted")
 
     def _on_timeout(self) -> None:
         self.timeouts += 1
-        self.release()
+        self.finish()
 
 
 class PostedCall(QObject):
