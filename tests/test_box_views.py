@@ -84,7 +84,7 @@ def test_cover_boxes_is_a_cover_and_large_boxes_get_their_own_view(engine):
     assert v.contains_box(big[0]) and v.h > S
 
 
-def test_bbbc039_validation_fields_need_far_fewer_views(engine, shared_data):
+def test_bbbc039_validation_fields_need_fewer_views(engine, shared_data):
     files = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-8:]
     n_shared = n_per_box = 0
     for f in files:
@@ -93,7 +93,9 @@ def test_bbbc039_validation_fields_need_far_fewer_views(engine, shared_data):
         n_shared += len(set(shared))
         n_per_box += len(set(per_box))
     print(f"\nencoder views on 8 full fields: per-box {n_per_box}, shared {n_shared}")
-    assert n_shared * 2 <= n_per_box  # measured: 259 -> 125
+    # measured: 148 -> 125. Per-box routing made 259 views before a box on the image's border
+    # could use a grid tile (each such box had a view of its own); the plan's own count is unchanged
+    assert n_shared <= 0.9 * n_per_box and n_per_box < 200
 
 
 def test_routing_parameter_is_checked(engine):
@@ -251,3 +253,34 @@ def test_route_native_keeps_clicks_on_the_grid_and_reuses_views_made_off_it(monk
     assert calls == [grid, made[:1]]  # the grid once, then only the views made before
     again = route_native(np.array([440.0, 125, 440, 125]), grid, made, shape, size, click=True)
     assert again == first and len(made) == 2
+
+
+def test_nudging_a_box_on_an_object_the_border_cuts_keeps_one_grid_view(engine, shared_data):
+    """An object cut by the image's top border (BBBC039 training field 17, object 5): its box
+    starts on the border, where no view can leave a margin. Each nudge of the box (a few px,
+    as a user drags it) goes to the same grid tile; none makes (and embeds) a view of its
+    own. Before, every nudge made a new view centred on the box: 1.2-1.3 s of encoding per
+    edit on a 2-core CPU instead of a decode."""
+    from napari_gpuseg.engine.sam.interactive.predictor import Prompt
+
+    f = sorted((shared_data / "bbbc039" / "masks").glob("*.tif"))[16]
+    gt = tifffile.imread(f)
+    img = engine.prepare(np.zeros(gt.shape, np.float32))
+    ys, xs = np.nonzero(gt == 5)
+    assert ys.min() == 0  # cut by the top border
+    box = np.array([xs.min() - 3, 0, xs.max() + 3, ys.max() + 3], float)
+    grid = engine.views(img)
+    routed = set()
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        nudged = np.clip(box + rng.integers(-3, 4, 4), 0, None)
+        view = engine.route(img, Prompt(box=nudged))
+        assert view in grid and view.contains_box(nudged, ROUTE_MARGIN, img.shape)
+        routed.add(view)
+    assert len(routed) == 1 and not engine._extra_views.get(img.digest)
+    # away from the border the margin still counts: an 80 px box over the seam of the first
+    # two tiles (0-256 and 192-448), held by neither with 4 px to spare, gets a view centred on it
+    seam = np.array([180.0, 100, 260, 130])
+    assert [v.x0 for v in grid[:2]] == [0, 192]
+    view = engine.route(img, Prompt(box=seam))
+    assert view not in grid and view.contains_box(seam, 4.0) and view.x0 == 92

@@ -47,15 +47,27 @@ class View:
     def x1(self) -> int:
         return self.x0 + self.w
 
-    def contains_box(self, box: np.ndarray, margin: float = 0.0) -> bool:
+    def contains_box(self, box: np.ndarray, margin: float = 0.0, shape: tuple[int, int] | None = None) -> bool:
+        """Whether the box (x0, y0, x1, y1) lies inside the view with ``margin`` px to spare.
+        Given the image's ``shape``, a side of the view on the image's border needs no
+        margin (nothing lies beyond it; a box drawn past the border is cut there)."""
         x0, y0, x1, y1 = box
-        return (x0 - margin >= self.x0 and y0 - margin >= self.y0
-                and x1 + margin <= self.x1 and y1 + margin <= self.y1)
+        if shape is None:
+            return (x0 - margin >= self.x0 and y0 - margin >= self.y0
+                    and x1 + margin <= self.x1 and y1 + margin <= self.y1)
+        return ((self.x0 <= 0 or x0 - margin >= self.x0) and (self.y0 <= 0 or y0 - margin >= self.y0)
+                and (self.x1 >= shape[1] or x1 + margin <= self.x1)
+                and (self.y1 >= shape[0] or y1 + margin <= self.y1))
 
-    def centrality(self, box: np.ndarray) -> float:
-        """Distance from the box centre to the nearest view edge, in image pixels."""
+    def centrality(self, box: np.ndarray, shape: tuple[int, int] | None = None) -> float:
+        """Distance from the box centre to the nearest view edge, in image pixels; given the
+        image's ``shape``, edges on the image's border do not count (every view reaching
+        that border is as close to it)."""
         cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
-        return min(cx - self.x0, self.x1 - cx, cy - self.y0, self.y1 - cy)
+        room = [(cx - self.x0, self.x0 <= 0), (self.x1 - cx, shape is not None and self.x1 >= shape[1]),
+                (cy - self.y0, self.y0 <= 0), (self.y1 - cy, shape is not None and self.y1 >= shape[0])]
+        inner = [d for d, border in room if not (shape is not None and border)]
+        return min(inner) if inner else float("inf")
 
     def to_input(self, xy: np.ndarray) -> np.ndarray:
         """Image (x, y) coordinates -> model input coordinates (same array layout)."""
@@ -160,8 +172,8 @@ def zoomed_view(box: np.ndarray, shape: tuple[int, int], input_size: int) -> Vie
 def route_box(box: np.ndarray, views: list[View], shape: tuple[int, int], input_size: int,
               margin: float = 4.0, zoom_below: float | None = None, side: float | None = None) -> View:
     """The view one box is decoded in, on its own (no sharing; see ``boxes.plan_views``):
-    the most central of ``views`` (the finest scale first) holding it with ``margin``, or
-    a new view centred on it. With ``zoom_below``, a box whose ``side`` (px, default: the
+    the most central of ``views`` (the finest scale first) holding it with ``margin`` (model
+    input px; none needed on the image's border), or a new view centred on it. With ``zoom_below``, a box whose ``side`` (px, default: the
     box's own longest side) is smaller gets :func:`zoomed_view` instead: objects a few
     pixels across are otherwise segmented far too large (BBBC039, LiteMedSAM;
     docs/benchmarks.md)."""
@@ -169,11 +181,14 @@ def route_box(box: np.ndarray, views: list[View], shape: tuple[int, int], input_
         side = float(max(box[2] - box[0], box[3] - box[1])) + 1
     if zoom_below and side < zoom_below:
         return zoomed_view(box, shape, input_size)
-    holding = [v for v in views if v.contains_box(box, margin) or (
+    # a box at the image's border needs no margin there: otherwise no view would hold an
+    # object the border cuts, and each nudge of its box would make (and embed) a new view
+    # the margin is in model input px: a shrunk view (scale < 1) keeps more image px
+    holding = [v for v in views if v.contains_box(box, margin / min(1.0, v.scale), shape) or (
         v.h == shape[0] and v.w == shape[1])]
     if holding:
         # prefer the finest scale, then the most central
-        return max(holding, key=lambda v: (v.scale, v.centrality(box)))
+        return max(holding, key=lambda v: (v.scale, v.centrality(box, shape)))
     return centred_view(box, shape, input_size)
 
 
