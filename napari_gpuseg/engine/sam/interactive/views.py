@@ -2,8 +2,9 @@
 
 A model with a small input (LiteMedSAM: 256 px) loses small objects when a whole field is
 shrunk into it, so images larger than the input are embedded as native-resolution tiles
-with overlap, and each prompt is routed to the view that holds it best (a box near a tile
-border gets a view centred on it). Images no larger than the input are one view, resized
+with overlap, and each prompt is routed to the view that holds it best (a box near a tile's
+cut edge gets a view centred on it; on the image's own border no margin is needed, so a box
+there stays in a tile however it is nudged). Images no larger than the input are one view, resized
 up to the input as the official predictor does, unless the caller caps that scale (the
 clicks of a decoder tuned here: ``view_selection.py``), which pads it instead.
 """
