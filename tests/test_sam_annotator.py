@@ -455,10 +455,10 @@ def test_cancel_stack_precompute(make_napari_viewer, qtbot, shared_data):
     w.precompute_stack()
     job = w._stack_job
     qtbot.waitUntil(lambda: w.progress.value() >= 1, timeout=WAIT)
-    t0 = time.perf_counter()
     w.cancel()
-    assert job.wait(10)
-    assert job.status == CANCELLED and time.perf_counter() - t0 < 10
+    assert job.wait(60)
+    assert job.status == CANCELLED
+    assert not all(w.session.is_embedded((z,)) for z in range(vol.shape[0]))  # it stopped part-way
     qtbot.waitUntil(lambda: "cancelled" in w.status.text(), timeout=5000)
 
 

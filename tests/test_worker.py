@@ -52,10 +52,11 @@ def test_cancel_running_job_stops_it_and_calls_back(worker):
                         on_progress=lambda d, t: events.append(d))
     while not any(isinstance(e, int) for e in events):
         time.sleep(0.01)
-    t0 = time.perf_counter()
+    at_cancel = max(e for e in events if isinstance(e, int))
     job.cancel()
-    assert job.wait(2)
-    assert time.perf_counter() - t0 < 1.0
+    assert job.wait(30)
+    steps = [e for e in events if isinstance(e, int)]
+    assert max(steps) <= at_cancel + 2 < 500  # stopped at its next step, far from its end
     assert job.status == CANCELLED and "cancelled" in events
     with pytest.raises(Cancelled):
         job.result()
