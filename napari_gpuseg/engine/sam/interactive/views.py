@@ -174,17 +174,17 @@ def route_box(box: np.ndarray, views: list[View], shape: tuple[int, int], input_
               margin: float = 4.0, zoom_below: float | None = None, side: float | None = None) -> View:
     """The view one box is decoded in, on its own (no sharing; see ``boxes.plan_views``):
     the most central of ``views`` (the finest scale first) holding it with ``margin`` (model
-    input px; none needed on the image's border), or a new view centred on it. With ``zoom_below``, a box whose ``side`` (px, default: the
-    box's own longest side) is smaller gets :func:`zoomed_view` instead: objects a few
-    pixels across are otherwise segmented far too large (BBBC039, LiteMedSAM;
-    docs/benchmarks.md)."""
+    input px; none needed on the image's border), or a new view centred on it. With
+    ``zoom_below``, a box whose ``side`` (px, default: the box's own longest side) is smaller
+    gets :func:`zoomed_view` instead: objects a few pixels across are otherwise segmented
+    far too large (BBBC039, LiteMedSAM; docs/benchmarks.md)."""
     if side is None:
         side = float(max(box[2] - box[0], box[3] - box[1])) + 1
     if zoom_below and side < zoom_below:
         return zoomed_view(box, shape, input_size)
     # a box at the image's border needs no margin there: otherwise no view would hold an
-    # object the border cuts, and each nudge of its box would make (and embed) a new view
-    # the margin is in model input px: a shrunk view (scale < 1) keeps more image px
+    # object the border cuts, and each nudge of its box would make (and embed) a new view.
+    # The margin is in model input px: a shrunk view (scale < 1) keeps more image px.
     holding = [v for v in views if v.contains_box(box, margin / min(1.0, v.scale), shape) or (
         v.h == shape[0] and v.w == shape[1])]
     if holding:
