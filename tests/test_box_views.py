@@ -256,10 +256,10 @@ def test_route_native_keeps_clicks_on_the_grid_and_reuses_views_made_off_it(monk
 
 
 def test_nudging_a_box_on_an_object_the_border_cuts_keeps_one_grid_view(engine, shared_data):
-    """An object cut by the image's top border (BBBC039 training field 17, object 5): its box
-    starts on the border, where no view can leave a margin. Each nudge of the box (a few px,
-    as a user drags it) goes to the same grid tile; none makes (and embeds) a view of its
-    own. Before, every nudge made a new view centred on the box: 1.2-1.3 s of encoding per
+    """An object cut by the image's top border (object 5 of the first held-out BBBC039
+    field): its box starts on the border, where no view can leave a margin. Each nudge of
+    the box (a few px, as a user drags it) goes to the same grid tile; none makes (and
+    embeds) a view of its own. Before, every nudge made a new view centred on the box: 1.2-1.3 s of encoding per
     edit on a 2-core CPU instead of a decode."""
     from napari_gpuseg.engine.sam.interactive.predictor import Prompt
 
