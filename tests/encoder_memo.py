@@ -26,10 +26,17 @@ from pathlib import Path
 _STATE = {"folder": None, "installed": False}
 
 
+def _version(tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:  # an inference tensor (made under torch.inference_mode) keeps none
+        return None
+
+
 def _weights_key(module) -> str:
     """A hash of every weight of ``module``, computed again only when a weight changed
     (another tensor, or one written to in place)."""
-    state = tuple((p.data_ptr(), p._version) for p in module.parameters())
+    state = tuple((p.data_ptr(), _version(p)) for p in module.parameters())
     cached = getattr(module, "_test_memo_weights", None)
     if cached is not None and cached[0] == state:
         return cached[1]
