@@ -82,7 +82,9 @@ def main(argv=None) -> int:
             session.set_image(img)
             session.embed()
             engine = session.engine()
-            for obj, box in border_objects(gt, args.objects):
+            objects = border_objects(gt, args.objects)
+            for obj, box in objects:
+                gt_obj = gt == obj
                 nudges = np.random.default_rng(obj).integers(-3, 4, (args.edits, 4))
                 for name in (SHIPPED, BEFORE):
                     views_mod.route_box = shipped_route if name == SHIPPED else route_box_before
@@ -93,11 +95,10 @@ def main(argv=None) -> int:
                         t0 = time.perf_counter()
                         mask = session.box(*b)
                         rows[name].append(time.perf_counter() - t0)
-                        gt_obj = gt == obj
                         ious[name].append((mask & gt_obj).sum() / max(1, (mask | gt_obj).sum()))
                     views_made[name] += encoded[0]
                     views_mod.route_box = shipped_route
-            print(f"{f.name}: {len(border_objects(gt, args.objects))} border objects", flush=True)
+            print(f"{f.name}: {len(objects)} border objects", flush=True)
     finally:
         SamEngine.encode = encode
         views_mod.route_box = shipped_route

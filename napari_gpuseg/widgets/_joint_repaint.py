@@ -5,10 +5,11 @@ and the preview mask arrives a few tens of milliseconds later and needs a second
 Where the window is drawn in software (no GPU-backed display: remote desktops, VMs,
 Xvfb), each repaint costs tens of ms on the GUI thread. PyQt keeps the GIL through Qt's
 own painting, so the decoder in the worker thread stalls meanwhile and the mask shows
-late. :class:`JointRepaint` gathers the window's repaints from the edit (:meth:`~JointRepaint.start`)
-until the preview is shown (:meth:`~JointRepaint.finish`), or at most ``max_ms``, and then one
-repaint shows everything. Events are still processed meanwhile (nothing is lost, only
-drawn later), and a slow decoder never hides the user's prompt for longer than ``max_ms``.
+late. :class:`JointRepaint` gathers the window's repaints from the edit
+(:meth:`~JointRepaint.start`) until the preview is shown (:meth:`~JointRepaint.finish`), or at
+most ``max_ms``, and then one repaint shows everything. Events are still processed
+meanwhile (nothing is lost, only drawn later), and a slow decoder never hides the user's
+prompt for longer than ``max_ms``.
 
 It keeps back the window's update requests (the event Qt's repaint manager posts to a
 top-level window to paint what is dirty) rather than switching the window's updates off:

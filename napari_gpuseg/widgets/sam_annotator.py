@@ -38,7 +38,7 @@ from ._choices import (add_adapted_choice, browse_checkpoint, chosen_sam_model, 
 from ._dock import DockWidget, auto_spin, scrollable
 from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
-from ._joint_repaint import AfterRepaint, PostedCall, JointRepaint
+from ._joint_repaint import AfterRepaint, JointRepaint, PostedCall
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class SamAnnotatorWidget(DockWidget):
         self._region_only = False  # the followed image is too big: no work is started for it
         self._removing = False  # prompts being removed by the dock itself
         self._embed_job = self._stack_job = None
-        self.joint_repaint = JointRepaint(self)  # a prompt and its mask appear in one redraw
+        self.joint_repaint = JointRepaint(self)  # a prompt and its mask appear in one repaint
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
         self._after_repaint = AfterRepaint(self.session.release_background, self)

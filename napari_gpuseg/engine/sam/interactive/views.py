@@ -4,9 +4,9 @@ A model with a small input (LiteMedSAM: 256 px) loses small objects when a whole
 shrunk into it, so images larger than the input are embedded as native-resolution tiles
 with overlap, and each prompt is routed to the view that holds it best (a box near a tile's
 cut edge gets a view centred on it; on the image's own border no margin is needed, so a box
-there stays in a tile however it is nudged). Images no larger than the input are one view, resized
-up to the input as the official predictor does, unless the caller caps that scale (the
-clicks of a decoder tuned here: ``view_selection.py``), which pads it instead.
+there stays in a tile however it is nudged). Images no larger than the input are one view,
+resized up to the input as the official predictor does, unless the caller caps that scale
+(the clicks of a decoder tuned here: ``view_selection.py``), which pads it instead.
 """
 from __future__ import annotations
 
@@ -48,26 +48,29 @@ class View:
     def x1(self) -> int:
         return self.x0 + self.w
 
+    def _on_border(self, shape: tuple[int, int] | None) -> tuple[bool, bool, bool, bool]:
+        """Which sides (left, top, right, bottom) lie on the border of an image of ``shape``
+        (none when the shape is not given)."""
+        if shape is None:
+            return False, False, False, False
+        return self.x0 <= 0, self.y0 <= 0, self.x1 >= shape[1], self.y1 >= shape[0]
+
     def contains_box(self, box: np.ndarray, margin: float = 0.0, shape: tuple[int, int] | None = None) -> bool:
         """Whether the box (x0, y0, x1, y1) lies inside the view with ``margin`` px to spare.
         Given the image's ``shape``, a side of the view on the image's border needs no
         margin (nothing lies beyond it; a box drawn past the border is cut there)."""
         x0, y0, x1, y1 = box
-        if shape is None:
-            return (x0 - margin >= self.x0 and y0 - margin >= self.y0
-                    and x1 + margin <= self.x1 and y1 + margin <= self.y1)
-        return ((self.x0 <= 0 or x0 - margin >= self.x0) and (self.y0 <= 0 or y0 - margin >= self.y0)
-                and (self.x1 >= shape[1] or x1 + margin <= self.x1)
-                and (self.y1 >= shape[0] or y1 + margin <= self.y1))
+        left, top, right, bottom = self._on_border(shape)
+        return ((left or x0 - margin >= self.x0) and (top or y0 - margin >= self.y0)
+                and (right or x1 + margin <= self.x1) and (bottom or y1 + margin <= self.y1))
 
     def centrality(self, box: np.ndarray, shape: tuple[int, int] | None = None) -> float:
         """Distance from the box centre to the nearest view edge, in image pixels; given the
         image's ``shape``, edges on the image's border do not count (every view reaching
         that border is as close to it)."""
         cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
-        room = [(cx - self.x0, self.x0 <= 0), (self.x1 - cx, shape is not None and self.x1 >= shape[1]),
-                (cy - self.y0, self.y0 <= 0), (self.y1 - cy, shape is not None and self.y1 >= shape[0])]
-        inner = [d for d, border in room if not (shape is not None and border)]
+        room = (cx - self.x0, cy - self.y0, self.x1 - cx, self.y1 - cy)
+        inner = [d for d, border in zip(room, self._on_border(shape)) if not border]
         return min(inner) if inner else float("inf")
 
     def to_input(self, xy: np.ndarray) -> np.ndarray:
