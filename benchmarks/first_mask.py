@@ -22,7 +22,7 @@ Per held-out 520x696 BBBC039 field (12 native 256 px tiles), in one run:
 3. *whole field*: the same field embedded through the engine alone (a fresh cache, in the
    same worker thread), right after, so both see the same machine load.
 
-Reported: the ratio first mask / whole field per field and its median (target <= 0.25), and
+Reported: the ratio first mask / whole field per field and its median (target <= 0.35), and
 per drop where the dock's following goes: napari's ``add_image``, each of the dock's
 ``add_*`` calls, and when the first encoder calls ran (seconds after the drop).
 ``--wait-for-tile alternate`` switches, field by field, the preview's ``Job.defer`` off (the
@@ -386,7 +386,7 @@ def main() -> None:
     per_field = ", ".join(f"{r['ratio']:.3f}" for r in rows)
     print(f"first mask / whole-field embedding: median ratio "
           f"{statistics.median(r['ratio'] for r in rows):.3f} over {len(rows)} fields "
-          f"(per field {per_field}; target <= 0.25)")
+          f"(per field {per_field}; target <= 0.35)")
     if args.prompt == "click":
         print(f"a first click's mask from both scales (after its native tile's first look): median "
               f"{statistics.median(r['final'] for r in rows):.2f} s, ratio median "
@@ -397,7 +397,7 @@ def main() -> None:
     if lat_all:
         print(f"box edit -> mask visible while tiles embed: median {statistics.median(lat_all):.0f} ms, "
               f"p90 {np.percentile(lat_all, 90):.0f} ms over {len(lat_all)} edits "
-              f"({sum(r['during'] for r in rows)} with tiles still embedding; target <= 150 ms)")
+              f"({sum(r['during'] for r in rows)} with tiles still embedding; target <= 100 ms)")
         print(f"  baseline, the same edits with the worker idle: median {statistics.median(idle_all):.0f} ms, "
               f"p90 {np.percentile(idle_all, 90):.0f} ms; ratio {statistics.median(lat_all) / statistics.median(idle_all):.2f}x")
     if off_all:
@@ -416,7 +416,7 @@ def main() -> None:
             print(f"  event loop while tiles embed, {kind}: max stall {max(g):.0f} ms, p99 "
                   f"{np.percentile(g, 99):.0f} ms")
     print(f"event loop while tiles embed: max stall {stall:.0f} ms, p99 "
-          f"{max(r['p99'] for r in rows):.0f} ms (target <= 100 ms)")
+          f"{max(r['p99'] for r in rows):.0f} ms (target <= 150 ms)")
     viewer.close()
     sys.stdout.flush()
     os._exit(0)
