@@ -3,6 +3,7 @@
     python benchmarks/clicks.py [--models nuclei_sam decoder.pt] [--per-field 20] [--json out.json]
                                 [--cache-dir DIR] [--compare-carry]
                                 [--data cells bbbc039 dsb2018 scratch-nuclei heldback]
+                                [--precisions auto fp32]
 
 Validation data no model here trained on: the whole cells of the ``scratch_assay``
 validation frames t07-t09 (transmitted light, every object), the last 8 BBBC039 fields
@@ -27,6 +28,8 @@ and seed): data for choosing a decoding rule without looking at the validation o
 ``--compare-carry`` runs each model that decodes clicks at a finer scale a second time with
 its corrective clicks kept in the view their mask input was decoded in (the rule before
 ``SamEngine`` carried them into the click view), as the baseline in the same run.
+``--precisions fp32 bf16`` runs every model at each precision in one run (``auto``, the default,
+is the policy's choice for the machine: bf16 on a CPU with fast bf16, fp32 on other CPUs).
 """
 import argparse
 import json
@@ -39,7 +42,7 @@ import torch
 
 from _data import bbbc039_validation, shared_data
 from _machine import cpu_flags, cpu_name
-from napari_gpuseg.engine import AnnotationSession, load_engine
+from napari_gpuseg.engine import AnnotationSession, load_engine, make_policy
 from napari_gpuseg.engine.annotate.session_clicks import session_click_ious
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.click_eval import click_ious
@@ -105,15 +108,22 @@ def main(argv=None) -> int:
                     help="prompt the engine directly (all objects of a round in one predict) instead of a session")
     ap.add_argument("--data", nargs="+", choices=("cells", "bbbc039", "dsb2018", "scratch-nuclei", "heldback"),
                     default=["cells", "bbbc039", "dsb2018"])
+    ap.add_argument("--precisions", nargs="+", default=["auto"], choices=("auto", "fp32", "bf16", "fp16"),
+                    help="run every model at each of these (auto: the policy's choice for this machine)")
     args = ap.parse_args(argv)
     print(f"{cpu_name()} ({cpu_flags()}), {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
     cache = EmbeddingCache(max_bytes=4 << 30, disk_dir=args.cache_dir)
-    engines = {m: load_engine(m, cache=cache) for m in args.models}
+    engines = {}
+    for prec in args.precisions:  # the cache keys hold the precision: no embedding is shared
+        policy = make_policy(precision=None if prec == "auto" else prec)
+        for m in args.models:
+            name = m if args.precisions == ["auto"] else f"{m} @ {policy.precision}"
+            engines[name] = load_engine(m, policy=policy, cache=cache)
     if args.compare_carry:
         for m in args.models:
             if engines[m].click_zoom > 1:
-                kept = load_engine(m, cache=cache)
+                kept = load_engine(m, policy=engines[m].policy, cache=cache)
                 kept._into_click_view = lambda _image, prompt: prompt  # the previous rule
                 engines[m + " (kept)"] = kept
     rows, sessions = [], {}

@@ -47,6 +47,22 @@ def test_cpu_precision_follows_bf16_support(monkeypatch, fast, expected):
     assert dev.make_policy("cpu", "auto").precision == expected
 
 
+def test_a_torch_that_cannot_tell_gets_fp32_on_any_cpu(monkeypatch):
+    """torch 2.3 (the oldest supported) has no query for AVX512-BF16 or AMX; its bf16 on such
+    a CPU failed in oneDNN part-way through a test run, so the policy keeps fp32 there.
+    Where torch has the query, its answer stands."""
+    from napari_gpuseg.models import cpu_bf16
+
+    for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.delattr(torch.cpu, name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("NAPARI_GPUSEG_PRECISION", raising=False)
+    assert not cpu_bf16.cpu_has_fast_bf16() and dev.make_policy("cpu", "auto").precision == "fp32"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert cpu_bf16.cpu_has_fast_bf16()
+
+
 def test_user_overrides(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert dev.make_policy("cpu", "fp32").precision == "fp32"
