@@ -120,12 +120,10 @@ def main(argv=None) -> int:
         for m in args.models:
             name = m if args.precisions == ["auto"] else f"{m} @ {policy.precision}"
             engines[name] = load_engine(m, policy=policy, cache=cache)
-    if args.compare_carry:
-        for m in args.models:
-            if engines[m].click_zoom > 1:
-                kept = load_engine(m, policy=engines[m].policy, cache=cache)
+            if args.compare_carry and engines[name].click_zoom > 1:
+                kept = load_engine(m, policy=policy, cache=cache)
                 kept._into_click_view = lambda _image, prompt: prompt  # the previous rule
-                engines[m + " (kept)"] = kept
+                engines[name + " (kept)"] = kept
     rows, sessions = [], {}
     for name, items in datasets(args.per_field, args.data, args.fields, args.cap).items():
         for model, engine in engines.items():
