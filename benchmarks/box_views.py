@@ -5,7 +5,7 @@
 The 8 BBBC039 validation fields (the last 8 sorted by name, as in
 ``tests/test_automatic_quality.py``) at full size (520 x 696), ground-truth boxes
 (``boxes_from_labels``, the method's 2 px padding), the SAM models of ``--models`` (default:
-the package's default model, ``nuclei_sam``; the rows in docs/benchmarks.md before
+the package's default model, ``cells_nuclei_sam``; the rows in docs/benchmarks.md before
 2026-11-26 used LiteMedSAM, the default then) under the device policy. Every field runs once per set-up, each in a fresh process with an empty
 embedding cache, the set-ups taking turns field by field (A B C A B C ...) so all see the
 same machine load. Time per field: ``segment_boxes`` alone (model loading excluded).

@@ -168,6 +168,7 @@ def test_shipped_decoder_is_the_default_and_clicks_work(lite, val_crop):
         assert hashlib.sha256(path.read_bytes()).hexdigest() == spec.sha256
     tuned = load_engine(cache=lite.cache)  # the public API's default
     assert tuned.info.name == "cells_nuclei_sam" and not tuned.info.box_trained and tuned.info.decoder_tuned
+    assert load_engine(None, cache=lite.cache).info.name == "cells_nuclei_sam"  # None: the default too
     assert lite.info.box_trained and not lite.info.decoder_tuned
     # the candidate a first click keeps, measured on training objects when it shipped
     # (scripts/calibrate_iou_head.py --choose-output); a stock decoder keeps its head's choice

@@ -3,8 +3,9 @@
 SAM (Segment Anything):
 
 - ``load_engine(model=DEFAULT_MODEL, policy=None)`` -> :class:`SamEngine`: load a SAM
-  checkpoint (the default, ``nuclei_sam``, is LiteMedSAM's encoder with the shipped
-  microscopy-tuned decoder; ``"lite_medsam"`` is the published model) onto the policy's device.
+  checkpoint (the default, ``cells_nuclei_sam`` or None, is LiteMedSAM's encoder with the
+  shipped decoder tuned on whole cells and nuclei; ``"nuclei_sam"`` the nuclei-only decoder
+  before it; ``"lite_medsam"`` the published model) onto the policy's device.
 - ``SamEngine``: one SAM model on one device; ``engine.predict(image, [Prompt(...)])``
   returns one :class:`MaskResult` per prompt.
 - ``Prompt``: one object's prompt: points ``(K, 2)`` x, y with labels, and/or a box

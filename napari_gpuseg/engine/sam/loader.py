@@ -38,13 +38,15 @@ def base_identity(engine) -> tuple[str, str | None]:
     return name, registry.sha256_file(path) if path.is_file() else None
 
 
-def load_sam_model(model: str | os.PathLike = DEFAULT_MODEL, device="cpu", arch: str | None = None,
+def load_sam_model(model: str | os.PathLike | None = DEFAULT_MODEL, device="cpu", arch: str | None = None,
                    progress: Callable | None = None):
-    """A registry name (found in the cache, an installed package, or downloaded) or a file."""
+    """A registry name (found in the cache, an installed package, or downloaded) or a file;
+    None: the default model."""
     from ...models.sam import load_sam
 
     from ...models import registry
 
+    model = DEFAULT_MODEL if model is None else model
     path = Path(model)
     if path.suffix in (".pth", ".pt") or path.exists():
         if not path.exists():
@@ -58,10 +60,12 @@ def load_sam_model(model: str | os.PathLike = DEFAULT_MODEL, device="cpu", arch:
     return sam
 
 
-def load_engine(model: str | os.PathLike = DEFAULT_MODEL, policy: Policy | None = None,
+def load_engine(model: str | os.PathLike | None = DEFAULT_MODEL, policy: Policy | None = None,
                 cache: EmbeddingCache | None = None, progress: Callable | None = None,
                 arch: str | None = None) -> SamEngine:
-    """Resolve (and if needed download) the checkpoint, build the net, wrap it in an engine."""
+    """Resolve (and if needed download) the checkpoint, build the net, wrap it in an engine.
+    ``model`` None: the default model (as ``load_unet(None)`` is the bundled U-Net)."""
+    model = DEFAULT_MODEL if model is None else model
     policy = resolve_policy(policy)
     sam = load_sam_model(model, policy.device, arch=arch, progress=progress)
     return SamEngine(sam, model_info(str(model), sam), policy=policy, cache=cache)
