@@ -42,3 +42,40 @@ def window_wide_hold(dock):
             window.setUpdatesEnabled(True)
 
     return hold, release
+
+
+def drag(app, viewer, start, end, seconds: float = 0.4, moves: int = 8) -> float:
+    """Drag with the left mouse button across the canvas of ``viewer`` from world point
+    ``start`` to ``end`` ((row, col) of a 2D view) as a hand does: Qt mouse events into the
+    canvas widget (press, ``moves`` moves spread over ``seconds`` while the window's events
+    are processed, release), through vispy and napari's own mouse bindings of the active
+    layer. Returns ``time.perf_counter()`` just before the release is sent: when the user
+    lets go."""
+    from qtpy.QtCore import QEvent, QPointF, Qt
+    from qtpy.QtGui import QMouseEvent
+
+    canvas = viewer.window._qt_viewer.canvas
+    native = canvas._scene_canvas.native
+    to_canvas = canvas.view.transform * canvas.view.scene.transform
+
+    def pixel(rc):
+        p = to_canvas.map([float(rc[1]), float(rc[0])])
+        return QPointF(float(p[0] / p[3]), float(p[1] / p[3]))
+
+    def send(kind, pos, button, buttons):
+        app.sendEvent(native, QMouseEvent(kind, pos, native.mapToGlobal(pos), button, buttons,
+                                          Qt.KeyboardModifier.NoModifier))
+
+    left, none = Qt.MouseButton.LeftButton, Qt.MouseButton.NoButton
+    a, b = pixel(start), pixel(end)
+    send(QEvent.Type.MouseButtonPress, a, left, left)
+    for k in range(1, moves + 1):
+        t_next = time.perf_counter() + seconds / moves
+        f = k / moves
+        send(QEvent.Type.MouseMove, QPointF(a.x() + f * (b.x() - a.x()), a.y() + f * (b.y() - a.y())), none, left)
+        while time.perf_counter() < t_next:
+            app.processEvents()
+            time.sleep(0.001)
+    t_release = time.perf_counter()
+    send(QEvent.Type.MouseButtonRelease, b, left, none)
+    return t_release

@@ -3,6 +3,7 @@
     xvfb-run -a python benchmarks/first_mask.py [--fields 3] [--edits 20] [--precision auto]
                                                 [--hold alternate|on|off] [--model NAME]
                                                 [--wait-for-tile on|off|alternate]
+                                                [--edit-by drag|setter|alternate] [--drag-ms 400]
 
 Per held-out 520x696 BBBC039 field (12 native 256 px tiles), in one run:
 
@@ -10,15 +11,19 @@ Per held-out 520x696 BBBC039 field (12 native 256 px tiles), in one run:
    model loaded) follows the new layer, a ground-truth box is written into its "SAM boxes"
    layer; the clock stops when the window has been repainted with the mask.
 2. While the rest of the field's tiles are embedded in the background: box edits (the same
-   box moved by a few pixels) -> mask visible, and the longest gap of a 10 ms probe timer
-   on the GUI thread until every tile is ready. Baseline in the same run: as many edits
+   box moved by a few pixels) -> mask visible. An edit is a drag of the box with the mouse
+   (``--edit-by drag``, the default: Qt mouse events into the canvas, press, moves over
+   ``--drag-ms``, release; the clock starts at the release, when the user lets go) or the
+   box written through napari's data setter (``--edit-by setter``, as before; ``alternate``
+   measures both, edit by edit, in the same run). And the longest gap of a 10 ms probe
+   timer on the GUI thread until every tile is ready. Baseline in the same run: as many edits
    once the worker is idle. With ``--hold alternate`` (the default) every other edit runs
    without the dock's background hold (``hold_background_s = 0``: the tiles go on while
    the mask is drawn), the same-run baseline for the hold; probe gaps are counted against
    the kind of edit they fall in (or "no edit" once the edits are over). Each edit's time
-   is split: the edit until the dock submits the decode (napari's setter), until the
-   worker starts it (the encoder reaching a pause point), the decode, until the GUI
-   thread gets the result, and the repaint.
+   is split: the edit until the dock submits the decode (napari's release handling or its
+   setter), until the worker starts it (the encoder reaching a pause point), the decode,
+   until the GUI thread gets the result, and the repaint.
 3. *whole field*: the same field embedded through the engine alone (a fresh cache, in the
    same worker thread), right after, so both see the same machine load.
 
@@ -55,7 +60,7 @@ import tifffile
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 DATA = Path(os.environ.get("NAPARI_GPUSEG_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _viewer import pump as pump_until  # noqa: E402
+from _viewer import drag, pump as pump_until  # noqa: E402
 
 
 def central_box(gt: np.ndarray, at: tuple[float, float] = (0.5, 0.5)) -> np.ndarray:
@@ -105,7 +110,17 @@ def main() -> None:
     ap.add_argument("--crop-look", choices=("alternate", "on", "off"), default="on",
                     help="a box's or first click's first look from a small crop (off: a box has "
                          "none, a click's comes from its native tile)")
+    ap.add_argument("--edit-by", choices=("drag", "setter", "alternate"), default="drag",
+                    help="a box edit: the box dragged with the mouse on the canvas (the clock starts "
+                         "at the button's release) or written with napari's data setter; alternate: "
+                         "edit by edit, the same-run comparison")
+    ap.add_argument("--drag-ms", type=float, default=400.0, help="a drag's length, press to release")
+    ap.add_argument("--drag-hold", choices=("alternate", "on", "off"), default="on",
+                    help="the dock parks background embedding from a drag's press to its release "
+                         "(off: from napari's first move event until hold_background_s later)")
     args = ap.parse_args()
+    if args.prompt == "click" and args.edit_by != "setter":
+        args.edit_by = "setter"  # a click's edits move the point through the setter
 
     import napari
     from qtpy.QtCore import QTimer
@@ -192,7 +207,7 @@ def main() -> None:
         finally:
             encodes.append((t0, time.perf_counter()))
     dock_engine.encode = timed_encode
-    PARTS = ("setter", "to pause point", "decode", "to GUI thread", "show + repaint")
+    PARTS = ("edit -> decode submitted", "to pause point", "decode", "to GUI thread", "show + repaint")
 
     def parts(t0):
         # a first look shown first: its job's stamps (the full decode comes after it)
@@ -238,6 +253,27 @@ def main() -> None:
                 w.box_layer.data = [corners(box + shift)]
             else:
                 w.pos_layer.data = (point + shift[:2])[None]
+
+        def edit(shift, by):
+            """One edit; returns when it was made (a drag: the button's release)."""
+            if by == "setter":
+                t = time.perf_counter()
+                draw(shift)
+                return t
+            if viewer.layers.selection.active is not w.box_layer or w.box_layer.mode != "select":
+                viewer.layers.selection.active = w.box_layer
+                w.box_layer.mode = "select"
+            here = np.asarray(w.box_layer.data[0]).mean(0)  # (row, col): the box moves whole
+            there = corners(box).mean(0) + shift[1::-1]  # around where it was drawn
+            return drag(app, viewer, here, there, seconds=args.drag_ms / 1000)
+
+        def edit_by(k):
+            by = args.edit_by if args.edit_by != "alternate" else ("drag", "setter")[k % 2]
+            if by == "drag":
+                n = k // 2 if args.edit_by == "alternate" else k  # the k-th drag
+                w.hold_while_dragging = args.drag_hold == "on" or (args.drag_hold == "alternate" and n % 2 == 0)
+                by += "" if w.hold_while_dragging else " (no drag hold)"
+            return by
         viewer.layers.select_all()  # as a user would (``layers.clear()`` crashed vispy's
         viewer.layers.remove_selected()  # software GL draw of a new image here, old code too)
         pump(lambda: not w.worker.busy)
@@ -270,20 +306,24 @@ def main() -> None:
         probe.start(10)
         lat, during, views = [], 0, {w.session.result.view}
         lat_off, split = [], {True: [], False: [], "idle": []}
-        edit_t: list[tuple[float, bool]] = []  # (start, held) of each edit
+        edit_t: list[tuple[float, bool, str]] = []  # (start, held, how) of each edit
         rng = np.random.default_rng(0)
-        for held in edit_modes(args.edits):
+        by_mode: dict[str, list] = {}
+        for k, held in enumerate(edit_modes(args.edits)):
             if w.session.is_embedded():
                 break  # every tile is ready: later edits would not be "during"
             w.hold_background_s = BACKGROUND_HOLD_S if held else 0.0
             shift = rng.integers(-3, 4, 4)
             shown.clear()
             stamps.clear()
-            t0 = time.perf_counter()
-            edit_t.append((t0, held))
-            draw(shift)
+            by = edit_by(k)
+            t_start = time.perf_counter()  # a drag's press
+            t0 = edit(shift, by)
+            edit_t.append((t_start, held, by))
             pump(lambda: "final" in shown)
             (lat if held else lat_off).append((shown["t"] - t0) * 1000)
+            if held:
+                by_mode.setdefault(by, []).append(lat[-1])
             split[held].append(parts(t0))
             views.add(w.session.result.view)
             during += int(not w.session.is_embedded())
@@ -297,21 +337,26 @@ def main() -> None:
         probe.stop()
         gaps = np.diff(ticks) * 1000
         kinds = {"hold": [], "no hold": [], "no edit": []}
+        by_gaps: dict[str, list] = {}  # probe gaps by the way the edit they fall in was made
         for end, gap in zip(ticks[1:], gaps):
-            before = [held for t, held in edit_t if t <= end]
+            before = [held for t, held, _by in edit_t if t <= end]
+            made = [by for t, _held, by in edit_t if t <= end]
+            if made:
+                by_gaps.setdefault(made[-1], []).append(gap)
             kind = "no edit" if end > edits_end or not before else ("hold" if before[-1] else "no hold")
             kinds[kind].append(gap)
         pump(lambda: not w.worker.busy)  # the decoder warm-up after the tiles
         # baseline in the same run: the same kind of edits with the worker idle
         idle = []
-        for _ in range(len(lat) + len(lat_off)):
+        for k in range(len(lat) + len(lat_off)):
             shift = rng.integers(-3, 4, 4)
             shown.clear()
             stamps.clear()
-            t0 = time.perf_counter()
-            draw(shift)
+            by = edit_by(k)
+            t0 = edit(shift, by)
             pump(lambda: "final" in shown)
             idle.append((shown["t"] - t0) * 1000)
+            by_mode.setdefault(f"idle {by}", []).append(idle[-1])
             split["idle"].append(parts(t0))
 
         engine = w.session.engine()
@@ -327,7 +372,7 @@ def main() -> None:
         whole_s = job.result()
         rows.append(dict(field=f.name, crop=crop, look=look, look_paint=look_paint["on"], waits=waits, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, mask_iou=mask_iou, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
-                         views=len(views), idle=idle, lat_off=lat_off, split=split, kinds=kinds,
+                         views=len(views), idle=idle, lat_off=lat_off, by_mode=by_mode, by_gaps=by_gaps, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
                          p99=np.percentile(gaps, 99) if len(gaps) else float("nan")))
         r = rows[-1]
@@ -400,6 +445,14 @@ def main() -> None:
               f"({sum(r['during'] for r in rows)} with tiles still embedding; target <= 100 ms)")
         print(f"  baseline, the same edits with the worker idle: median {statistics.median(idle_all):.0f} ms, "
               f"p90 {np.percentile(idle_all, 90):.0f} ms; ratio {statistics.median(lat_all) / statistics.median(idle_all):.2f}x")
+    if args.edit_by == "alternate" or args.drag_hold == "alternate":
+        for mode in sorted({m for r in rows for m in r["by_mode"]}):
+            g = [x for r in rows for x in r["by_mode"].get(mode, [])]
+            gaps_of = [x for r in rows for x in r["by_gaps"].get(mode, [])]
+            print(f"  edits by {mode}{'' if mode.startswith('idle') else ' while tiles embed'}: median "
+                  f"{statistics.median(g):.0f} ms, p90 {np.percentile(g, 90):.0f} ms over {len(g)}"
+                  + (f"; probe gaps from such an edit to the next: max {max(gaps_of):.0f} ms, p99 "
+                     f"{np.percentile(gaps_of, 99):.0f} ms" if gaps_of else ""))
     if off_all:
         print(f"  same run, edits while tiles embed without the background hold: median "
               f"{statistics.median(off_all):.0f} ms, p90 {np.percentile(off_all, 90):.0f} ms over "
