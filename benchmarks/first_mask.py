@@ -115,9 +115,6 @@ def main() -> None:
                          "at the button's release) or written with napari's data setter; alternate: "
                          "edit by edit, the same-run comparison")
     ap.add_argument("--drag-ms", type=float, default=400.0, help="a drag's length, press to release")
-    ap.add_argument("--drag-hold", choices=("alternate", "on", "off"), default="on",
-                    help="the dock parks background embedding from a drag's press to its release "
-                         "(off: from napari's first move event until hold_background_s later)")
     args = ap.parse_args()
     if args.prompt == "click" and args.edit_by != "setter":
         args.edit_by = "setter"  # a click's edits move the point through the setter
@@ -268,12 +265,7 @@ def main() -> None:
             return drag(app, viewer, here, there, seconds=args.drag_ms / 1000)
 
         def edit_by(k):
-            by = args.edit_by if args.edit_by != "alternate" else ("drag", "setter")[k % 2]
-            if by == "drag":
-                n = k // 2 if args.edit_by == "alternate" else k  # the k-th drag
-                w.hold_while_dragging = args.drag_hold == "on" or (args.drag_hold == "alternate" and n % 2 == 0)
-                by += "" if w.hold_while_dragging else " (no drag hold)"
-            return by
+            return args.edit_by if args.edit_by != "alternate" else ("drag", "setter")[k % 2]
         viewer.layers.select_all()  # as a user would (``layers.clear()`` crashed vispy's
         viewer.layers.remove_selected()  # software GL draw of a new image here, old code too)
         pump(lambda: not w.worker.busy)
@@ -445,7 +437,7 @@ def main() -> None:
               f"({sum(r['during'] for r in rows)} with tiles still embedding; target <= 100 ms)")
         print(f"  baseline, the same edits with the worker idle: median {statistics.median(idle_all):.0f} ms, "
               f"p90 {np.percentile(idle_all, 90):.0f} ms; ratio {statistics.median(lat_all) / statistics.median(idle_all):.2f}x")
-    if args.edit_by == "alternate" or args.drag_hold == "alternate":
+    if args.edit_by == "alternate":
         for mode in sorted({m for r in rows for m in r["by_mode"]}):
             g = [x for r in rows for x in r["by_mode"].get(mode, [])]
             gaps_of = [x for r in rows for x in r["by_gaps"].get(mode, [])]

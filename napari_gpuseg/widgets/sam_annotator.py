@@ -18,7 +18,6 @@ adapted decoders (named with the image each came from).
 from __future__ import annotations
 
 import logging
-import weakref
 
 from napari.layers import Image
 from napari.utils.notifications import show_info
@@ -48,29 +47,6 @@ BACKGROUND_HOLD_S = 0.3
 to show the mask (it is released as soon as the repaint is done)."""
 
 
-def drag_hold(dock):
-    """A mouse-drag callback for the prompt layers: from the press until the release of a drag
-    that edits prompts (not a pan), background embedding stays parked (each move extends the
-    dock's ``hold_background_s``). Holds the dock weakly: the layers outlive a closed dock."""
-    ref = weakref.ref(dock)
-
-    def hold() -> None:
-        d = ref()
-        if d is not None and d.hold_while_dragging and d.hold_background_s > 0 and d._image_alive():
-            d.session.hold_background(d.hold_background_s)
-
-    def on_drag(layer, event):
-        if layer.mode == "pan_zoom":
-            return
-        hold()
-        yield
-        while event.type == "mouse_move":
-            hold()
-            yield
-
-    return on_drag
-
-
 class SamAnnotatorWidget(DockWidget):
     TITLE = "SAM annotator"
 
@@ -91,8 +67,6 @@ class SamAnnotatorWidget(DockWidget):
         self.joint_repaint = JointRepaint(self)  # a prompt and its mask appear in one repaint
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
-        self.hold_while_dragging = True  # a drag on a prompt layer parks it from press to release
-        self._drag_hold = drag_hold(self)
         self._after_repaint = AfterRepaint(self.session.release_background, self)
         self._looks_waiting: list = []  # ``shown`` callbacks of first looks painted next
         self._look_painted = AfterRepaint(self._on_look_painted, self)
@@ -366,8 +340,6 @@ class SamAnnotatorWidget(DockWidget):
             except (TypeError, ValueError, RuntimeError):  # not connected yet
                 logger.debug("prompt layer %r was not connected yet", ly.name)
             ly.events.data.connect(self._on_prompts_changed)
-            if self._drag_hold not in ly.mouse_drag_callbacks:  # before napari's own (the tool's)
-                ly.mouse_drag_callbacks.insert(0, self._drag_hold)
 
     @property
     def neg_layer(self):
