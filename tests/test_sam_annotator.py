@@ -721,6 +721,27 @@ def test_drawing_a_box_with_the_mouse_decodes_once_on_release(make_napari_viewer
     qtbot.wait(50)
     assert len(calls) == 1 and calls[0].box is not None and w.joint_repaint.starts == 1
     assert not w.joint_repaint.gathering
+    # then the user moves the box: the select tool, a drag from inside it. Nothing is decoded
+    # while it moves; the release decodes the box where it was dropped, once
+    w.box_layer.mode = "select"
+    before = np.asarray(w.box_layer.data[0]).copy()
+    c, d = mid, mid + QPoint(24, 12)
+    QTest.mousePress(canvas, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, c)
+    for t in np.linspace(0, 1, 6)[1:]:
+        QTest.mouseMove(canvas, QPoint(int(c.x() + t * (d.x() - c.x())), int(c.y() + t * (d.y() - c.y()))))
+        qtbot.wait(5)
+    assert len(calls) == 1
+    QTest.mouseRelease(canvas, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, d)
+    qtbot.waitUntil(lambda: len(calls) == 2 and w.session.result is not None
+                    and w.session.prompt is calls[1], timeout=WAIT)
+    after = np.asarray(w.box_layer.data[0])
+    dy, dx = (after - before).mean(0)
+    assert dx > 5 and dy > 2 and np.allclose(after - before, [dy, dx])  # moved whole, right and down
+    x0, y0, x1, y1 = calls[1].box
+    assert np.allclose([y0, x0, y1, x1], [*after.min(0), *after.max(0)], atol=1)
+    qtbot.waitUntil(w.has_preview, timeout=WAIT)
+    qtbot.wait(50)
+    assert len(calls) == 2
 
 
 def test_missing_model_file_is_a_notification_not_a_crash(make_napari_viewer, qtbot, crop, tmp_path):
