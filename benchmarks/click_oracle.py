@@ -19,7 +19,7 @@ decoder's single-mask output at each), and the script prints, as mean IoU per ob
   as a gain here);
 - *size prior*: the candidate whose area is nearest (in log) to a size the annotator could
   know: the median area of 5 other objects of the same field (as if the user had committed
-  them; 5 draws, seeded), and, as the bound of any size prior, the object's own area.
+  them; 5 draws, seeded), and the object's own area (a prior that knew each object's size).
 """
 import argparse
 import sys
@@ -57,7 +57,7 @@ def size_prior(cand: np.ndarray, areas: np.ndarray, truth_area: np.ndarray, fiel
                others: int = 5, draws: int = 5) -> tuple[float, float]:
     """Mean IoU when each object keeps the candidate whose area is nearest (in log) to the
     median area of ``others`` other objects of its field (``draws`` seeded draws, averaged),
-    and when it is nearest to the object's own area (the bound of any size prior)."""
+    and when it is nearest to the object's own area (a prior that knew each object's size)."""
     rng = np.random.default_rng(0)
     n = len(cand)
     rows = np.arange(n)
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     flat, flat_area = cand.reshape(len(cand), -1), areas.reshape(len(cand), -1)
     committed, own = size_prior(flat, flat_area, np.array(truth_area), np.array(field))
     print(f"  size prior, the candidate nearest in area to the median of 5 other objects of the field: "
-          f"{committed:.3f}; to the object's own area (the bound of any size prior): {own:.3f}")
+          f"{committed:.3f}; to the object's own area (a prior that knew each size): {own:.3f}")
     return 0
 
 

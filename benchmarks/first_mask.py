@@ -333,7 +333,7 @@ def main() -> None:
         for end, gap in zip(ticks[1:], gaps):
             before = [held for t, held, _by in edit_t if t <= end]
             made = [by for t, _held, by in edit_t if t <= end]
-            if made:
+            if made and end <= edits_end:
                 by_gaps.setdefault(made[-1], []).append(gap)
             kind = "no edit" if end > edits_end or not before else ("hold" if before[-1] else "no hold")
             kinds[kind].append(gap)
