@@ -1,8 +1,8 @@
 """Iterative prompting: mean IoU per object after 1, 3 and 5 clicks and with a box.
 
     python benchmarks/clicks.py [--models nuclei_sam decoder.pt] [--per-field 20] [--json out.json]
-                                [--cache-dir DIR] [--compare-carry]
-                                [--data cells bbbc039 dsb2018 scratch-nuclei heldback]
+                                [--cache-dir DIR] [--compare-carry] [--native-clicks]
+                                [--data cells bbbc039 dsb2018 scratch-nuclei heldback training]
                                 [--precisions auto fp32]
 
 Validation data no model here trained on: the whole cells of the ``scratch_assay``
@@ -28,6 +28,12 @@ and seed): data for choosing a decoding rule without looking at the validation o
 ``--compare-carry`` runs each model that decodes clicks at a finer scale a second time with
 its corrective clicks kept in the view their mask input was decoded in (the rule before
 ``SamEngine`` carried them into the click view), as the baseline in the same run.
+``--native-clicks`` runs each model that decodes clicks at a finer scale a second time with
+its clicks decoded in their native views only (``click_zoom`` 1). ``--data training`` measures
+the training objects ``scripts/calibrate_iou_head.py`` chooses a decoder's rules on (the
+cells of t00-t06, 15 per frame; the first 16 BBBC039 fields, 6 per field; the
+``dsb2018_more`` fields, 3 per field), one row per kind: a rule is chosen there, then checked
+on the validation data above.
 ``--precisions fp32 bf16`` runs every model at each precision in one run (``auto``, the default,
 is the policy's choice for the machine: bf16 on a CPU with fast bf16, fp32 on other CPUs).
 """
@@ -35,6 +41,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import tifffile
@@ -80,6 +87,15 @@ def datasets(per_field: int, which=("cells", "bbbc039", "dsb2018"), n_fields: in
     if "heldback" in which:
         out["stage-3 held back (13)"] = [(tifffile.imread(a), tifffile.imread(b), per_field)
                                          for a, b in stage3_held_back()]
+    if "training" in which:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+        from calibrate_iou_head import training_fields
+
+        for image, mask, n in training_fields(shared_data()):
+            kind = image.parent.parent.name
+            name = {"cells": "training cells t00-t06", "bbbc039": "training BBBC039 (16 fields)"}.get(
+                kind, f"training {kind}")
+            out.setdefault(name, []).append((tifffile.imread(image), tifffile.imread(mask), n))
     if "dsb2018" in which:
         d = shared_data() / "dsb2018"
         out["dsb2018/ (1 field)"] = [(tifffile.imread(d / "image.tif"), tifffile.imread(d / "mask.tif"), cap)]
@@ -104,9 +120,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None, help="keep the embeddings in this folder across runs")
     ap.add_argument("--compare-carry", action="store_true",
                     help="also run each zoomed-click model with corrective clicks kept in their mask input's view")
+    ap.add_argument("--native-clicks", action="store_true",
+                    help="also run each zoomed-click model with its clicks decoded in native views only")
     ap.add_argument("--direct", action="store_true",
                     help="prompt the engine directly (all objects of a round in one predict) instead of a session")
-    ap.add_argument("--data", nargs="+", choices=("cells", "bbbc039", "dsb2018", "scratch-nuclei", "heldback"),
+    ap.add_argument("--data", nargs="+", choices=("cells", "bbbc039", "dsb2018", "scratch-nuclei", "heldback", "training"),
                     default=["cells", "bbbc039", "dsb2018"])
     ap.add_argument("--precisions", nargs="+", default=["auto"], choices=("auto", "fp32", "bf16", "fp16"),
                     help="run every model at each of these (auto: the policy's choice for this machine)")
@@ -124,6 +142,10 @@ def main(argv=None) -> int:
                 kept = load_engine(m, policy=policy, cache=cache)
                 kept._into_click_view = lambda _image, prompt: prompt  # the previous rule
                 engines[name + " (kept)"] = kept
+            if args.native_clicks and engines[name].click_zoom > 1:
+                native = load_engine(m, policy=policy, cache=cache)
+                native.click_zoom = 1.0
+                engines[name + " (native clicks)"] = native
     rows, sessions = [], {}
     for name, items in datasets(args.per_field, args.data, args.fields, args.cap).items():
         for model, engine in engines.items():
