@@ -70,6 +70,10 @@ def size_prior(cand: np.ndarray, areas: np.ndarray, truth_area: np.ndarray, fiel
         target = np.empty(n)
         for i in range(n):
             same = np.flatnonzero((field == field[i]) & (rows != i))
+            if not len(same):  # the field's only object: the others of every field
+                same = np.flatnonzero(rows != i)
+            if not len(same):
+                return float("nan"), float(pick(truth_area.astype(float)))
             target[i] = np.median(truth_area[rng.choice(same, min(others, len(same)), replace=False)])
         means.append(pick(target))
     return float(np.mean(means)), float(pick(truth_area.astype(float)))
