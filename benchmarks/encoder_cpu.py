@@ -63,8 +63,9 @@ def main() -> None:
         "fused_nchw": ("nchw", x),
         "fused": (True, x),
     }
-    variants = {(v, p): every[v] for v in args.variants.split(",") for p in precisions}
-    base_key = ("plain" if "plain" in args.variants.split(",") else next(iter(variants))[0], precisions[0])
+    names = args.variants.split(",")
+    variants = {(v, p): every[v] for v in names for p in precisions}
+    base_key = ("plain" if "plain" in names else names[0], precisions[0])
     print(f"{cpu_name()} ({cpu_flags()}), torch {torch.__version__}, "
           f"oneDNN fused kernels available: {cpu_fused._available}, batch {args.batch}, "
           f"input {h}x{w}, {args.precision}; fast bf16: {cpu_has_fast_bf16()}, "

@@ -331,12 +331,12 @@ def main() -> None:
         kinds = {"hold": [], "no hold": [], "no edit": []}
         by_gaps: dict[str, list] = {}  # probe gaps by the way the edit they fall in was made
         for end, gap in zip(ticks[1:], gaps):
-            before = [held for t, held, _by in edit_t if t <= end]
-            made = [by for t, _held, by in edit_t if t <= end]
-            if made and end <= edits_end:
-                by_gaps.setdefault(made[-1], []).append(gap)
-            kind = "no edit" if end > edits_end or not before else ("hold" if before[-1] else "no hold")
-            kinds[kind].append(gap)
+            last = next((e for e in reversed(edit_t) if e[0] <= end), None)  # the edit it falls in
+            if last is None or end > edits_end:
+                kinds["no edit"].append(gap)
+                continue
+            kinds["hold" if last[1] else "no hold"].append(gap)
+            by_gaps.setdefault(last[2], []).append(gap)
         pump(lambda: not w.worker.busy)  # the decoder warm-up after the tiles
         # baseline in the same run: the same kind of edits with the worker idle
         idle = []
