@@ -54,21 +54,26 @@ def test_the_engine_keeps_the_candidate_the_decoder_file_names(cache, tmp_path):
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
-def test_the_shipped_decoder_keeps_the_candidate_measured_on_training_cells(cache, cells):
-    """On whole cells of a training frame the IoU head's own choice is the worse rule: the
-    choice made when the decoder shipped holds here, and the session's clicks give what was
-    measured for it."""
+def test_the_shipped_decoder_keeps_the_choice_its_file_names_and_the_session_clicks_what_was_measured(cache, cells):
+    """The shipped file names the first-click rule measured on its 291 training objects (a
+    fixed candidate only where it beat the IoU head's choice by more than 0.01); the engine
+    applies it, measuring on whole cells of a training frame leaves it as it was, and the
+    annotator's path (a session, one object at a time) gives the masks measured for that rule."""
+    doc = read_decoder(SHIPPED)
+    stored = doc["click_choice"]
+    assert stored["objects"] == 291 and stored["output"] == doc["click_output"]
+    best = max((k for k in stored["one_click_iou"] if k != "head"), key=stored["one_click_iou"].get)
+    beats = stored["one_click_iou"][best] > stored["one_click_iou"]["head"] + 0.01
+    assert doc["click_output"] == (int(best) if beats else None)
     engine = load_engine(cache=cache)
-    assert engine.click_output == read_decoder(SHIPPED)["click_output"] is not None
+    assert engine.click_output == doc["click_output"]
     img, lab = cells
     choice = choose_click_output(engine, [(img, lab, 12)])
-    assert engine.click_output == read_decoder(SHIPPED)["click_output"]  # left as it was
+    assert engine.click_output == doc["click_output"]  # left as it was
     assert choice.objects == 12 and set(choice.ious) == {"head", "0", "1", "2", "3"}
-    assert choice.output == engine.click_output
-    assert choice.ious[str(choice.output)] > choice.ious["head"] + 0.02, choice.ious  # 0.589 vs 0.545 here
-    # the annotator's path (a session, one object at a time) gives the same first masks
+    rule = "head" if engine.click_output is None else str(engine.click_output)
     through = session_click_ious(AnnotationSession(engine, cache=cache), img, lab, clicks=1, max_objects=12, box=False)
-    assert through["clicks"][:, 0].mean() == pytest.approx(choice.ious[str(choice.output)], abs=1e-6)
+    assert through["clicks"][:, 0].mean() == pytest.approx(choice.ious[rule], abs=1e-6)
 
 
 @pytest.mark.usefixtures("reuse_embeddings")

@@ -86,6 +86,51 @@ def test_short_training_learns_clicks_and_the_checkpoint_round_trips(lite, train
     assert abs(again["score"] - after["score"]) < 0.05
 
 
+def test_the_encoders_last_stage_trains_with_the_decoder_and_travels_in_the_file(lite, train_crop, tmp_path):
+    """``encoder_lr``: the last stage and neck change (the rest of the encoder does not), the
+    file carries them, and the tuned engine, the reloaded file and the base never share an
+    embedding, though all three use one cache."""
+    from napari_gpuseg.engine.runtime.device import make_policy
+
+    img, lab = train_crop
+    policy = make_policy("cpu", "fp32")
+    engine = load_engine("lite_medsam", cache=lite.cache, policy=policy)
+    enc0 = {k: v.clone() for k, v in engine.sam.image_encoder.state_dict().items()}
+    base_info = engine.info
+    out = tmp_path / "tuned_encoder.pt"
+    res = finetune_sam([img], [lab], model=engine, config=tiny_config(max_steps=3, encoder_lr=1e-4),
+                       out_path=out)
+    assert res.stopped == "done"
+    tail = ("layers.3.", "neck.")
+    changed = {k for k, v in engine.sam.image_encoder.state_dict().items()
+               if v.is_floating_point() and not torch.equal(v, enc0[k])}
+    assert changed and all(k.startswith(tail) for k in changed), sorted(changed)[:5]
+    assert any(k.startswith("neck.") for k in changed) and any(k.startswith("layers.3.") for k in changed)
+    doc = read_decoder(out)
+    enc_keys = {k[len("image_encoder."):] for k in doc["state"] if k.startswith("image_encoder.")}
+    assert enc_keys and all(k.startswith(tail) for k in enc_keys) and changed <= enc_keys
+    assert doc["base"] == "lite_medsam" and out.stat().st_size < 20 * 2**20
+    assert engine.info.encoder != base_info.encoder
+    reloaded = load_engine(out, cache=lite.cache, policy=policy)
+    assert reloaded.info.encoder not in (base_info.encoder, "lite_medsam")
+    plain = load_engine("lite_medsam", cache=lite.cache, policy=policy)
+    prepared = plain.prepare(img)
+    view = plain.views(prepared)[0]
+    e_plain = plain.embedding(prepared, view).float()
+    e_tuned = engine.embedding(engine.prepare(img), view).float()
+    e_file = reloaded.embedding(reloaded.prepare(img), view).float()
+    assert (e_tuned - e_plain).abs().max() > 1e-3
+    assert torch.allclose(e_file, e_tuned, atol=0.05), (e_file - e_tuned).abs().max()  # fp16 weights in the file
+    # where the encoder cannot be split, encoder_lr is refused before anything is embedded
+    class Whole(torch.nn.Module):
+        img_size = 256
+
+    broken = load_engine("lite_medsam", cache=EmbeddingCache(), policy=policy)
+    broken.sam.image_encoder = Whole()
+    with pytest.raises(ValueError, match="only a TinyViT image encoder"):
+        finetune_sam([img], [lab], model=broken, config=tiny_config(max_steps=1, encoder_lr=1e-4))
+
+
 def test_training_steps_run_in_fp32_on_a_cpu_whose_policy_picks_bf16(lite, train_crop, monkeypatch):
     """A CPU with AVX512-BF16 or AMX gets bf16 for inference; the decoder's training steps
     stay fp32 there (at the short run's lr 1e-3 they diverged in bf16), while validation
@@ -161,18 +206,22 @@ def test_bad_training_labels_are_refused():
 @pytest.mark.usefixtures("reuse_embeddings")
 def test_shipped_decoder_is_the_default_and_clicks_work(lite, val_crop):
     assert registry.DEFAULT_MODEL == "cells_nuclei_sam"
-    for name in ("cells_nuclei_sam", "nuclei_sam"):  # both shipped decoders: small, the hash they say
+    # both shipped files: small (a decoder is 8 MB; the default's also carries its encoder's
+    # tuned last stage and neck, 6 MB more), the hash they say
+    for name, limit in (("cells_nuclei_sam", 16), ("nuclei_sam", 10)):
         spec = registry.MODELS[name]
         path = registry.WEIGHTS_DIR / spec.filename
-        assert path.stat().st_size == spec.size < 10 * 2**20
+        assert path.stat().st_size == spec.size < limit * 2**20
         assert hashlib.sha256(path.read_bytes()).hexdigest() == spec.sha256
     tuned = load_engine(cache=lite.cache)  # the public API's default
     assert tuned.info.name == "cells_nuclei_sam" and not tuned.info.box_trained and tuned.info.decoder_tuned
     assert load_engine(None, cache=lite.cache).info.name == "cells_nuclei_sam"  # None: the default too
     assert lite.info.box_trained and not lite.info.decoder_tuned
     # the candidate a first click keeps, measured on training objects when it shipped
-    # (scripts/calibrate_iou_head.py --choose-output); a stock decoder keeps its head's choice
-    assert tuned.click_output == 1 and lite.click_output is None
+    # (scripts/calibrate_iou_head.py --choose-output: the default's IoU head's choice); a stock
+    # decoder keeps its head's choice
+    assert tuned.click_output == read_decoder(registry.WEIGHTS_DIR / "cells_nuclei_sam_decoder.pt")["click_output"]
+    assert lite.click_output is None
     img, lab = val_crop
     ours = click_ious(tuned, img, lab, clicks=1, max_objects=24)
     base = click_ious(lite, img, lab, clicks=1, max_objects=24)
@@ -387,6 +436,9 @@ def test_train_sam_options_reach_the_config(tmp_path):
     with pytest.raises(TrainInputError, match="first-output must be None, 'measured' or a candidate"):
         config_from(parser.parse_args(base + ["--first-output", "0"]))
     assert config_from(parser.parse_args(base + ["--first-output", "0", "--first-candidates", "all"])).first_output == 0
+    assert cfg.encoder_lr == 0 and config_from(parser.parse_args(base + ["--encoder-lr", "5e-5"])).encoder_lr == 5e-5
+    with pytest.raises(TrainInputError, match="--encoder-lr must be 0"):
+        config_from(parser.parse_args(base + ["--encoder-lr", "-1"]))
 
 
 def _seeded_step(engine, views, cfg):

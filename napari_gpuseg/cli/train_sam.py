@@ -6,7 +6,8 @@
 then takes one number per pair, 0 = all). Files are paired by name as ``train`` pairs them.
 The image encoder stays frozen: each training view is embedded once (cached on disk under
 the model cache folder, so a rerun skips the encoder), then the prompt encoder and mask
-decoder learn from simulated clicks and boxes. Last, one click on up to ``--choose-output``
+decoder learn from simulated clicks and boxes. ``--encoder-lr`` also trains a TinyViT
+encoder's last stage and neck (the views then keep the output of the stages before it). Last, one click on up to ``--choose-output``
 objects of each image measures which candidate mask a first click keeps (as Adapt SAM does).
 The output is a small decoder checkpoint that every dock and ``load_engine(path)`` open
 like a model. Errors are one line, exit 2.
@@ -51,6 +52,10 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--views-per-step", type=int, default=4)
     p.add_argument("--objects-per-view", type=int, default=6)
     p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--encoder-lr", type=float, default=0.0,
+                   help="also train the image encoder's last stage and neck at this learning rate "
+                        "(TinyViT encoders: LiteMedSAM, MobileSAM); the checkpoint then carries them "
+                        "(about 6 MB more). Default 0: the encoder stays frozen")
     p.add_argument("--box-fraction", type=float, default=0.3)
     p.add_argument("--corrections", type=int, default=2)
     p.add_argument("--first-candidates", default="multi", choices=("multi", "all"),
@@ -143,7 +148,8 @@ def config_from(args):
     from ..engine.sam.training.tune_config import SamTuneConfig
 
     cfg = SamTuneConfig(max_steps=args.max_steps, views_per_step=args.views_per_step,
-                        objects_per_view=args.objects_per_view, lr=args.lr, box_fraction=args.box_fraction,
+                        objects_per_view=args.objects_per_view, lr=args.lr, encoder_lr=args.encoder_lr,
+                        box_fraction=args.box_fraction,
                         corrections=args.corrections, first_candidates=args.first_candidates,
                         first_output=_first_output(getattr(args, "first_output", "best")),
                         views_per_image=None,

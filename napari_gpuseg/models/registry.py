@@ -68,7 +68,7 @@ class ModelSpec:
         return (58.395, 57.12, 57.375) if self.normalization == "sam" else (1.0, 1.0, 1.0)
 
 
-CELLS_NUCLEI_SAM_SHA256 = "a158530e1d15f74c8d77a6728db5da7274a29e385b56448bb539b246098afaff"  # weights/cells_nuclei_sam_decoder.pt (card: CELLS_NUCLEI_SAM_CARD.md)
+CELLS_NUCLEI_SAM_SHA256 = "b11ca8061961fa33d52af2f7869b744f4edf8becdd69d0ec1eddcd6b9f9ba0d5"  # weights/cells_nuclei_sam_decoder.pt (card: CELLS_NUCLEI_SAM_CARD.md)
 NUCLEI_SAM_SHA256 = "fc51a2a549e17eab49925aaa0766034909014dafe737625715760865a3ece9b4"  # weights/nuclei_sam_decoder.pt (card: NUCLEI_SAM_CARD.md)
 _SAM_SRC = "https://github.com/facebookresearch/segment-anything"
 _SAM_URL = "https://dl.fbaipublicfiles.com/segment_anything/"
@@ -84,7 +84,7 @@ MODELS: Dict[str, ModelSpec] = {
         ),
         ModelSpec(
             "cells_nuclei_sam", "lite_medsam", 256, "minmax", "cells_nuclei_sam_decoder.pt", None,
-            CELLS_NUCLEI_SAM_SHA256, 8200941, "Apache-2.0",
+            CELLS_NUCLEI_SAM_SHA256, 14509077, "Apache-2.0",
             "shipped with napari-gpuseg (weights/CELLS_NUCLEI_SAM_CARD.md); encoder: LiteMedSAM",
             "LiteMedSAM with a decoder tuned on whole cells and nuclei: clicks and boxes (default)",
             base="lite_medsam",
@@ -351,7 +351,7 @@ def load_model(
             check_base(doc, path, base.name, base.arch, base.image_size, base.sha256)
             model, _ = load_model(spec.base, device=device, download=download, progress=progress,
                                   attn_impl=attn_impl)
-            return apply_decoder(model, doc), spec
+            return apply_decoder(model, doc, source=name_or_path), spec
         model = load_sam(arch or spec.arch, path, device=device, attn_impl=attn_impl, image_size=spec.image_size)
         return model, spec
     doc = read_if_decoder(path)
@@ -432,7 +432,7 @@ def load_decoder_file(path: Union[str, os.PathLike], doc: dict, device: Union[st
         else:
             model, base_spec = load_model(base_path, device=device, download=download, progress=progress,
                                           attn_impl=attn_impl)
-    return apply_decoder(model, doc), ModelSpec(
+    return apply_decoder(model, doc, source=path), ModelSpec(
         name=path.stem, arch=base_spec.arch, image_size=base_spec.image_size,
         normalization=base_spec.normalization, filename=path.name, url=None, sha256=None,
         size=path.stat().st_size, licence=base_spec.licence, source=str(path),

@@ -13,25 +13,30 @@ from .interactive.predictor import SamEngine, SamModelInfo
 
 def model_info(name: str, sam) -> SamModelInfo:
     """Engine facts from the built network (input size, normalisation, prompt style).
-    A tuned decoder shares its base's encoder, so their embeddings are shared too."""
+    A tuned decoder shares its base's encoder, so their embeddings are shared too; a
+    network whose checkpoint tuned part of the encoder names it by ``encoder_id`` (its
+    embeddings are its own)."""
     tuned = bool(getattr(sam, "decoder_tuned", False))
+    encoder = str(getattr(sam, "decoder_base", None) or name) if tuned else name
     return SamModelInfo(
         name=name,
         image_size=int(sam.image_size),
         normalization=str(sam.normalization),
         box_trained=getattr(sam, "arch", "") == "lite_medsam" and not tuned,
         decoder_tuned=tuned,
-        encoder=str(getattr(sam, "decoder_base", None) or name) if tuned else name,
+        encoder=str(getattr(sam, "encoder_id", None) or encoder),
     )
 
 
 def base_identity(engine) -> tuple[str, str | None]:
     """(name, sha256) of the checkpoint whose encoder ``engine`` runs: a registry name
-    with its registry hash, or a file with its own hash."""
+    with its registry hash, or a file with its own hash. Where a decoder checkpoint tuned
+    part of the encoder, that checkpoint (``encoder_source``): a decoder trained on this
+    engine loads on it, tuned encoder included."""
     from ...models import registry
 
     sam = engine.sam
-    name = str(getattr(sam, "decoder_base", None) or engine.info.name)
+    name = str(getattr(sam, "encoder_source", None) or getattr(sam, "decoder_base", None) or engine.info.name)
     if name in registry.MODELS:
         return name, registry.MODELS[name].sha256
     path = Path(name)

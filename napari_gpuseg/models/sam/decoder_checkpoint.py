@@ -3,7 +3,11 @@
 A decoder checkpoint is a plain dict (``format: napari-gpuseg-sam-decoder``) with the
 prompt encoder's and mask decoder's tensors (floats stored as fp16: about 8 MB for SAM's
 4 M decoder parameters), the base model it was trained on (registry name and sha256 of
-that checkpoint), and training facts (config, data, metrics). It loads with
+that checkpoint), and training facts (config, data, metrics). It may also carry tuned
+tensors of the base's image encoder (keys ``image_encoder.*``, e.g. TinyViT's last stage
+and neck, :data:`ENCODER`): those replace the base's, and the network then names its
+encoder by a digest of them (``encoder_id``), so that no embedding of the base's own encoder
+is ever served for it. It loads with
 ``torch.load(..., weights_only=True)``; :func:`check_decoder` refuses malformed fields and
 non-finite weights, :func:`check_base` a base of another architecture or hash, and
 :func:`apply_decoder` checks every key against the base network and names what does not
@@ -11,12 +15,13 @@ match. Pure torch: no engine, no Qt.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -26,32 +31,58 @@ from ..state_dict_loading import CheckpointError, compare_state_dict, mismatch_s
 
 FORMAT = "napari-gpuseg-sam-decoder"
 PARTS = ("prompt_encoder", "mask_decoder")
+ENCODER = "image_encoder"  # the prefix of tuned image-encoder tensors a checkpoint may carry
 ARCHS = ("vit_b", "vit_l", "vit_h", "vit_t", "lite_medsam")  # as models.sam.build.ARCHS
 CLICK_ZOOM = (1.0, 4.0)  # the click scales a decoder may be trained at (finetune's limits)
 CANDIDATES = 4  # a tuned decoder's first-click candidates: its single-mask output, then SAM's three
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def decoder_state(sam: nn.Module, dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
-    """The prompt encoder's and mask decoder's state, floats cast to ``dtype``, on the CPU."""
+def decoder_state(sam: nn.Module, dtype: torch.dtype = torch.float16,
+                  encoder_parts: Sequence[str] = ()) -> dict[str, torch.Tensor]:
+    """The prompt encoder's and mask decoder's state, and the image encoder's tensors whose
+    names start with one of ``encoder_parts`` (e.g. ``("layers.3.", "neck.")``), floats cast
+    to ``dtype``, on the CPU."""
     out = {}
-    for part in PARTS:
-        for k, v in getattr(sam, part).state_dict().items():
+    parts = [(part, getattr(sam, part).state_dict().items()) for part in PARTS]
+    if encoder_parts:
+        parts.append((ENCODER, [(k, v) for k, v in sam.image_encoder.state_dict().items()
+                                if k.startswith(tuple(encoder_parts))]))
+    for part, items in parts:
+        for k, v in items:
             v = v.detach().to("cpu")
             out[f"{part}.{k}"] = v.to(dtype) if v.is_floating_point() else v.clone()
     return out
 
 
 def save_decoder(path: str | os.PathLike, sam: nn.Module, base: str, base_sha256: str | None,
-                 **meta: Any) -> Path:
-    """Write ``sam``'s decoder as a decoder checkpoint at ``path`` (atomically: a temp file
-    in the same folder, then a rename). ``meta`` (plain types) is stored alongside."""
+                 encoder_parts: Sequence[str] = (), **meta: Any) -> Path:
+    """Write ``sam``'s decoder (and the image encoder's ``encoder_parts``, see
+    :func:`decoder_state`) as a decoder checkpoint at ``path`` (atomically: a temp file in
+    the same folder, then a rename). ``meta`` (plain types) is stored alongside."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "version": 1, "base": str(base), "base_sha256": base_sha256,
            "arch": str(getattr(sam, "arch", "")), "image_size": int(getattr(sam, "image_size", 0)),
-           "state": decoder_state(sam), **meta}
+           "state": decoder_state(sam, encoder_parts=encoder_parts), **meta}
     return _write(path, doc)
+
+
+def encoder_tensors(doc: Mapping) -> dict[str, torch.Tensor]:
+    """The image-encoder tensors a decoder checkpoint carries, named inside the encoder
+    (``layers.3.…``); empty for a decoder-only file."""
+    prefix = ENCODER + "."
+    return {k[len(prefix):]: v for k, v in doc["state"].items() if k.startswith(prefix)}
+
+
+def encoder_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """12 hex digits that change with any of ``tensors`` (names, shapes, values)."""
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        t = tensors[k].detach().to("cpu").contiguous()
+        h.update(f"{k}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:12]
 
 
 def set_decoder_fields(path: str | os.PathLike, **fields: Any) -> Path:
@@ -174,10 +205,26 @@ def check_base(doc: Mapping, source, base: str, arch: str | None, image_size: in
                            "would come from another encoder's embeddings")
 
 
-def apply_decoder(sam: nn.Module, doc: Mapping) -> nn.Module:
+def apply_decoder(sam: nn.Module, doc: Mapping, source: str | os.PathLike | None = None) -> nn.Module:
     """Load a decoder checkpoint's tensors into ``sam`` (strict: every prompt encoder and
-    mask decoder key, same shapes). Marks the network ``decoder_tuned``."""
+    mask decoder key, same shapes). Marks the network ``decoder_tuned``.
+
+    Image-encoder tensors in the file (:func:`encoder_tensors`) must each name a tensor of
+    ``sam.image_encoder`` of the same shape; they are checked before anything is loaded, then
+    replace the base's, and ``sam.encoder_id`` (the base's name and :func:`encoder_digest`)
+    and ``sam.encoder_source`` (``source``: the registry name or file that carries them, the
+    base a decoder tuned on top of this network must name) are set. A decoder-only file
+    keeps both as they were."""
     doc = check_decoder(doc)
+    enc = encoder_tensors(doc)
+    if enc:
+        ref_enc = sam.image_encoder.state_dict()
+        unexpected = [k for k in enc if k not in ref_enc]
+        mismatched = [(k, tuple(enc[k].shape), tuple(ref_enc[k].shape)) for k in enc
+                      if k in ref_enc and tuple(ref_enc[k].shape) != tuple(enc[k].shape)]
+        if unexpected or mismatched:
+            raise CheckpointError("decoder checkpoint does not fit the image_encoder: "
+                                  + mismatch_summary([], unexpected, mismatched), [], unexpected, mismatched)
     state = doc["state"]
     arch = doc.get("arch")
     if arch and getattr(sam, "arch", arch) != arch:
@@ -196,6 +243,10 @@ def apply_decoder(sam: nn.Module, doc: Mapping) -> nn.Module:
                                   missing, unexpected, mismatched)
         ref = module.state_dict()
         module.load_state_dict({k: v.to(ref[k].dtype) for k, v in sub.items()}, strict=True)
+    if enc:
+        sam.image_encoder.load_state_dict({k: v.to(ref_enc[k].dtype) for k, v in enc.items()}, strict=False)
+        sam.encoder_id = f"{doc.get('base')}+{encoder_digest(enc)}"
+        sam.encoder_source = str(source) if source is not None else None
     sam.decoder_tuned = True
     sam.click_zoom = float(doc.get("click_zoom", 1.0))  # the scale its clicks were trained at
     sam.click_output = doc.get("click_output")  # the candidate a first click keeps (None: the head's)

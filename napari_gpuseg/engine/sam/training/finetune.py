@@ -18,6 +18,13 @@ faster there, and a short high-lr run that learned in fp32 diverged in bf16); on
 policy's autocast (a GradScaler for fp16) and a halved batch on out-of-memory. The views are
 embedded, and validation decodes, in the policy's precision, as the annotator will.
 The checkpoint holds only the decoder (:mod:`napari_gpuseg.models.sam.decoder_checkpoint`).
+
+``encoder_lr > 0`` (TinyViT encoders: LiteMedSAM, MobileSAM) also trains the image
+encoder's last stage and neck, at that learning rate: the views keep the encoder trunk's
+output (every stage but the last, computed once), each step runs the last stage on its views
+with gradients, and the checkpoint then carries those encoder tensors too (about 3 M
+parameters, 6 MB in fp16, for LiteMedSAM), so that the tuned file gives other embeddings than
+its base.
 """
 from __future__ import annotations
 
@@ -121,10 +128,11 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     engine = _engine(model, policy, cache_dir)
     sam, device = engine.sam, engine.policy.device
     rng = np.random.default_rng(cfg.seed)
+    tail = _encoder_tail(sam, cfg)
     zooms = cfg.view_zooms or (1.0, cfg.click_zoom or engine.click_zoom)
     views = collect_views(engine, images, labels, cfg.views_per_image, rng, progress, cancel,
                           zooms=tuple(dict.fromkeys(float(z) for z in zooms)), polarity=cfg.polarity,
-                          contrast_jitter=cfg.contrast_jitter)
+                          contrast_jitter=cfg.contrast_jitter, trunk=bool(tail))
     if cfg.first_output == "measured":  # before training: the base decoder's candidate
         cfg = dataclasses.replace(cfg, first_output=output_to_train(engine, images, labels, cfg.first_candidates, cancel))
     train_imgs, val_imgs = _split(len(images), cfg)
@@ -132,9 +140,9 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     val = [i for i, v in enumerate(views) if v.source in val_imgs]
     if not train:
         raise ValueError("no training view holds a whole object: check the labels")
-    best = _Best(engine, views, _val_pairs(views, val, cfg), cfg)
+    best = _Best(engine, views, _val_pairs(views, val, cfg), cfg, tail)
 
-    opt, scaler = _optimizer(engine, cfg)
+    opt, scaler = _optimizer(engine, cfg, tail)
     history: list[dict] = []
     stopped, k = "done", cfg.objects_per_view
     t0 = time.perf_counter()
@@ -153,9 +161,9 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
                 break
             tfrac = elapsed / cfg.max_time if cfg.max_time else 0.0
             for g in opt.param_groups:
-                g["lr"] = cfg.lr * _lr_factor(step, cfg.max_steps, cfg.warmup, tfrac)
+                g["lr"] = g["base_lr"] * _lr_factor(step, cfg.max_steps, cfg.warmup, tfrac)
             try:
-                loss_val = _step(engine, views, train, k, rng, cfg, opt, scaler)
+                loss_val = _step(engine, views, train, k, rng, cfg, opt, scaler, tail)
             except Exception as exc:  # out of memory on a GPU: fewer objects per step
                 if not is_oom(exc) or k == 1:
                     raise
@@ -182,6 +190,14 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
         best.evaluate(step)
     best.restore()
     sam.decoder_tuned = True
+    if tail:  # its embeddings are no longer the base's: a name of its own for the cache keys
+        from ....models.sam.decoder_checkpoint import encoder_digest
+        from ..loader import base_identity
+
+        tuned = {k: v for k, v in sam.image_encoder.state_dict().items() if k.startswith(tail)}
+        sam.encoder_source = None  # until it is saved (the file then carries the whole tail)
+        sam.encoder_id = f"{base_identity(engine)[0]}+{encoder_digest(tuned)}"
+        engine.info = dataclasses.replace(engine.info, encoder=sam.encoder_id)
     # a base decoder's measured first-click candidate (click_choice) says nothing about the
     # retrained one: the IoU head's choice until it is measured again
     sam.click_output = engine.click_output = None
@@ -189,7 +205,9 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     path = None
     if out_path is not None and stopped != "cancelled":
         path = str(_save(out_path, engine, cfg, history, best.step, best.score, seconds, stopped,
-                         len(train), len(val), meta or {}))
+                         len(train), len(val), meta or {}, tail))
+        if tail:
+            sam.encoder_source = path
     engine.forget_decoder_work()
     result = SamTuneResult(engine, path, best.score, best.step, history, stopped, seconds, len(train), len(val))
     if stopped == "interrupted":
@@ -197,16 +215,37 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     return result
 
 
-def _optimizer(engine, cfg: SamTuneConfig):
-    """AdamW over the prompt encoder and mask decoder (everything else frozen), and a
-    gradient scaler that is active for fp16 on CUDA only."""
+def _encoder_tail(sam, cfg: SamTuneConfig) -> tuple[str, ...]:
+    """The image encoder's state-dict prefixes that train (``cfg.encoder_lr > 0``: its last
+    stage and neck), else ``()``; ``ValueError`` for an encoder that cannot be split."""
+    if not cfg.encoder_lr:
+        return ()
+    enc = sam.image_encoder
+    if not (hasattr(enc, "trunk") and hasattr(enc, "last_stage")):
+        raise ValueError(f"encoder_lr: only a TinyViT image encoder (LiteMedSAM, MobileSAM) can train its "
+                         f"last stage, this model has {type(enc).__name__}")
+    return tuple(enc.last_stage_parts())
+
+
+def _tail_params(sam, tail: tuple[str, ...]) -> list:
+    return [p for k, p in sam.image_encoder.named_parameters() if k.startswith(tail)] if tail else []
+
+
+def _optimizer(engine, cfg: SamTuneConfig, tail: tuple[str, ...] = ()):
+    """AdamW over the prompt encoder and mask decoder (and the encoder's ``tail`` at
+    ``cfg.encoder_lr``; everything else frozen), and a gradient scaler that is active for
+    fp16 on CUDA only. Each group's ``base_lr`` is what the schedule scales."""
     sam = engine.sam
     params = list(sam.prompt_encoder.parameters()) + list(sam.mask_decoder.parameters())
+    enc = _tail_params(sam, tail)
     for p in sam.parameters():
         p.requires_grad_(False)
-    for p in params:
+    for p in params + enc:
         p.requires_grad_(True)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    groups = [{"params": params, "lr": cfg.lr, "base_lr": cfg.lr}]
+    if enc:
+        groups.append({"params": enc, "lr": cfg.encoder_lr, "base_lr": cfg.encoder_lr})
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     use_scaler = engine.policy.device.type == "cuda" and engine.policy.precision == "fp16"
     return opt, torch.amp.GradScaler("cuda", enabled=use_scaler)
 
@@ -247,7 +286,7 @@ def objects_per_pass(cfg: SamTuneConfig, device) -> int | None:
     return CPU_OBJECTS_PER_PASS if torch.device(device).type == "cpu" else None
 
 
-def _step(engine, views, train, k, rng, cfg: SamTuneConfig, opt, scaler) -> float:
+def _step(engine, views, train, k, rng, cfg: SamTuneConfig, opt, scaler, tail: tuple[str, ...] = ()) -> float:
     """One optimiser step on ``cfg.views_per_step`` random views x ``k`` objects; clicks and
     boxes in two episodes, their losses weighted by their share. Returns the loss.
 
@@ -256,10 +295,19 @@ def _step(engine, views, train, k, rng, cfg: SamTuneConfig, opt, scaler) -> floa
     loss (weighted by its share) back-propagated before the next: the gradients add up to
     those of one pass over all objects, while only one group's activations (about 90 MiB
     per object and decode for SAM's decoder at 256 px, two decodes kept per episode) are
-    held at once."""
+    held at once.
+
+    With an encoder ``tail`` the views hold trunk outputs: the last stage turns them into
+    embeddings with gradients once per step, the decoder's passes back-propagate into a
+    detached copy, and its gradient then goes through the last stage in one backward pass."""
     sam, device = engine.sam, engine.policy.device
     idx = rng.choice(train, size=min(cfg.views_per_step, len(train)), replace=False)
     emb, owner, gt = sample_objects(views, idx, k, rng, device)
+    full = None
+    if tail:
+        with train_autocast(engine.policy):
+            full = sam.image_encoder.last_stage(emb, sam.embedding_size).float()
+        emb = full.detach().requires_grad_(True)
     is_box = rng.random(len(gt)) < cfg.box_fraction
     opt.zero_grad(set_to_none=True)
     loss_val = 0.0
@@ -277,6 +325,8 @@ def _step(engine, views, train, k, rng, cfg: SamTuneConfig, opt, scaler) -> floa
             scaler.scale(loss).backward()
             loss_val += float(loss.detach())
             del loss
+    if full is not None:
+        full.backward(emb.grad)
     scaler.step(opt)
     scaler.update()
     return loss_val
@@ -286,22 +336,39 @@ class _Best:
     """Validation on fixed pairs; keeps the decoder of the best score and counts
     evaluations without improvement (``stale``) for early stopping."""
 
-    def __init__(self, engine, views, pairs, cfg: SamTuneConfig):
-        self.engine, self.views, self.pairs, self.cfg = engine, views, pairs, cfg
+    def __init__(self, engine, views, pairs, cfg: SamTuneConfig, tail: tuple[str, ...] = ()):
+        self.engine, self.views, self.pairs, self.cfg, self.tail = engine, views, pairs, cfg, tail
         self.score, self.step, self.state, self.stale = None, 0, None, 0
+
+    def _embedded(self) -> list:
+        """The views as the decoder sees them: with an encoder tail, the held-back views'
+        trunk outputs through the current last stage (the others as they are)."""
+        if not self.tail:
+            return self.views
+        sam, policy = self.engine.sam, self.engine.policy
+        out = list(self.views)
+        for vi in sorted({vi for vi, _ in self.pairs}):
+            tokens = self.views[vi].embedding[None].to(policy.device, torch.float32)
+            with policy.autocast():
+                emb = sam.image_encoder.last_stage(tokens, sam.embedding_size)[0]
+            out[vi] = dataclasses.replace(self.views[vi], embedding=emb.to("cpu", torch.float16))
+        return out
 
     def evaluate(self, step: int) -> dict | None:
         if not self.pairs:
             return None
         sam = self.engine.sam
         sam.eval()
-        with torch.no_grad(), self.engine.policy.autocast():
-            val = evaluate(sam, self.views, self.pairs, self.cfg, self.engine.policy.device)
+        with torch.no_grad():
+            views = self._embedded()
+            with self.engine.policy.autocast():
+                val = evaluate(sam, views, self.pairs, self.cfg, self.engine.policy.device)
         sam.train()
         if self.score is None or val["score"] > self.score:
             self.score, self.step, self.stale = val["score"], step, 0
+            keep = ("prompt_encoder.", "mask_decoder.") + tuple(f"image_encoder.{t}" for t in self.tail)
             self.state = copy.deepcopy({n: p.detach().clone() for n, p in sam.state_dict().items()
-                                        if n.startswith(("prompt_encoder.", "mask_decoder."))})
+                                        if n.startswith(keep)})
         else:
             self.stale += 1
         return val
@@ -316,7 +383,8 @@ class _Best:
             p.requires_grad_(False)
 
 
-def _save(out_path, engine, cfg, history, best_step, best_score, seconds, stopped, n_train, n_val, meta):
+def _save(out_path, engine, cfg, history, best_step, best_score, seconds, stopped, n_train, n_val, meta,
+          tail: tuple[str, ...] = ()):
     from ....models.sam.decoder_checkpoint import save_decoder
     from ..loader import base_identity
 
@@ -327,5 +395,6 @@ def _save(out_path, engine, cfg, history, best_step, best_score, seconds, stoppe
     metrics = {k: v for k, v in (history[0] if history else {}).items() if k.startswith("val_")}
     best = next((h for h in history if h.get("step") == best_step and "val_score" in h), None)
     click_zoom = float(cfg.click_zoom if cfg.click_zoom is not None else engine.click_zoom)
-    return save_decoder(Path(out_path), engine.sam, base, sha, training=training, click_zoom=click_zoom,
+    return save_decoder(Path(out_path), engine.sam, base, sha, encoder_parts=tail, training=training,
+                        click_zoom=click_zoom,
                         metrics={"before": metrics, "best": best or {}, "best_score": best_score})

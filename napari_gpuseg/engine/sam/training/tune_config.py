@@ -15,6 +15,8 @@ class SamTuneConfig:
     views_per_step: int = 4
     objects_per_view: int = 6
     lr: float = 2e-4
+    encoder_lr: float = 0.0  # > 0: the image encoder's last stage and neck train too, at this
+    # learning rate (TinyViT encoders; the checkpoint then carries them, see finetune)
     weight_decay: float = 1e-4
     warmup: int = 10
     box_fraction: float = 0.3  # objects whose first prompt is a box (else one click)
@@ -51,6 +53,8 @@ class SamTuneConfig:
             raise ValueError(f"objects_per_pass must be at least 1, got {self.objects_per_pass}")
         if not 0 < self.lr < 1:
             raise ValueError(f"lr must be between 0 and 1, got {self.lr}")
+        if not 0 <= self.encoder_lr < 1:
+            raise ValueError(f"encoder_lr must be 0 (the encoder stays frozen) or below 1, got {self.encoder_lr}")
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.first_candidates not in ("all", "multi"):
