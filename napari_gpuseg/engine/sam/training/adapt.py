@@ -34,18 +34,21 @@ from .click_choice import store_click_choice
 from .finetune import SamTuneEvent, SamTuneResult, finetune_sam
 from .tune_config import SamTuneConfig
 
-UNSURE_IOU = 0.70
+UNSURE_IOU = 0.85
 """A first mask whose predicted IoU (clamped to [0, 1]) is below this is flagged unsure.
-Calibrated with ``benchmarks/unsure_threshold.py`` (``cells_nuclei_sam`` keeping candidate 1,
-its ``click_output``; one click at each object's most interior pixel; 45 scratch-assay
-validation cells and 120 BBBC039 validation nuclei, 15 per frame; a first mask is bad when its
-true IoU is under 0.5: 19 of 165; AMD EPYC, avx2, 2 threads, 2026-11-28): 0.70 flags 48 of the
-165 first masks and catches 17 of the 19 bad ones (precision 0.35, recall 0.89, F1 0.51: the
-best F1 of 0.50, 0.55, ..., 0.95); 0.80 catches all 19 but flags 59 (F1 0.49); the 0.85 used
-while first clicks kept the IoU head's choice now flags 72 (F1 0.42), 27 of the 120 nuclei of
-which 6 are bad. On nuclei 0.70 flags 4 of 120 (4 of the 6 bad); on whole cells the predicted
-IoU hardly ranks the masks (0.70 flags 44 of the 45 cells, 13 of them bad): nearly every first
-click on a cell is flagged, where a box is the better prompt."""
+Calibrated with ``benchmarks/unsure_threshold.py``: the best F1 of 0.50, 0.55, ..., 0.95.
+- Setup: the default ``cells_nuclei_sam`` as shipped on 2026-11-29 (tuned encoder stage,
+  keeping its IoU head's choice). One click at each object's most interior pixel on 45
+  scratch-assay validation cells and 120 BBBC039 validation nuclei, 15 per frame. A first mask
+  is bad when its true IoU is under 0.5: 20 of 165. AMD EPYC Zen 4, avx512_bf16, bf16, 2 threads.
+- 0.85 flags 54 of the 165 first masks and catches 19 of the 20 bad ones (precision 0.35,
+  recall 0.95, F1 0.51). It flags all 45 cells (15 bad) and 9 of the 120 nuclei (4 of the 5
+  bad).
+- 0.80 flags 46 (F1 0.48). The 0.70 chosen for the previous default, which kept candidate 1,
+  now flags 12 and catches 4 (F1 0.25): this model's IoU head rates its first masks higher
+  (mean 0.735 on cells, whose true mean is 0.561).
+- On whole cells the predicted IoU hardly ranks the masks, so nearly every first click on a
+  cell is flagged, where a box is the better prompt."""
 INDEX = "index.json"
 
 
