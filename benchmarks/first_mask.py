@@ -115,6 +115,9 @@ def main() -> None:
                          "at the button's release) or written with napari's data setter; alternate: "
                          "edit by edit, the same-run comparison")
     ap.add_argument("--drag-ms", type=float, default=400.0, help="a drag's length, press to release")
+    ap.add_argument("--mesh-shader", choices=("alternate", "on", "off"), default="on",
+                    help="the boxes' mesh keeps its compiled shader across data changes (as shipped: "
+                         "widgets/_mesh_shader.py) or compiles it again at each (vispy's own way)")
     args = ap.parse_args()
     if args.prompt == "click" and args.edit_by != "setter":
         args.edit_by = "setter"  # a click's edits move the point through the setter
@@ -127,6 +130,7 @@ def main() -> None:
     from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
     from napari_gpuseg.engine.sam.interactive.predictor import SamEngine
     from napari_gpuseg.engine.annotate import steps
+    from napari_gpuseg.widgets import _mesh_shader as mesh_shader
     from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S
 
     policy = set_policy("auto", args.precision)
@@ -240,6 +244,8 @@ def main() -> None:
         look_paint["on"] = args.look_paint == "on" or (args.look_paint == "alternate" and n_field % 2 == 1)
         crop = args.crop_look == "on" or (args.crop_look == "alternate" and n_field % 2 == 1)
         steps.supports_look = supports_look if crop else (lambda _engine: False)
+        mesh_kept = args.mesh_shader == "on" or (args.mesh_shader == "alternate" and n_field % 2 == 1)
+        (mesh_shader.install if mesh_kept else mesh_shader.uninstall)()
         img = tifffile.imread(f)
         gt = tifffile.imread(data / "bbbc039" / "masks" / f.name)
         box = central_box(gt, (0.5, 0.5) if args.box_at == "centre" else (0.2, 0.15))
@@ -362,7 +368,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, crop=crop, look=look, look_paint=look_paint["on"], waits=waits, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, mesh=mesh_kept, crop=crop, look=look, look_paint=look_paint["on"], waits=waits, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, mask_iou=mask_iou, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, by_mode=by_mode, by_gaps=by_gaps, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -415,6 +421,16 @@ def main() -> None:
             print(f"{labels[on]} ({len(sub)} fields): first mask median {med(r['first'] for r in sub):.2f} s, "
                   f"ratio median {med(r['ratio'] for r in sub):.3f} (per field "
                   + ", ".join(f"{r['ratio']:.3f}" for r in sub) + f"); {extra(sub)}")
+    if args.mesh_shader == "alternate":
+        for on in (False, True):  # the same-run baseline, then the shader kept
+            sub = [r for r in rows if r["mesh"] == on]
+            lat_s = [x for r in sub for x in r["lat"]]
+            idle_s = [x for r in sub for x in r["idle"]]
+            held = [x for r in sub for x in r["kinds"]["hold"]]
+            print(f"{('mesh shader compiled at each change (vispy)', 'mesh shader kept')[on]} ({len(sub)} fields): "
+                  f"box edit -> mask median {med(lat_s):.0f} ms, p90 {np.percentile(lat_s, 90):.0f} "
+                  f"(idle {med(idle_s):.0f}); longest stall during edits {max(held):.0f} ms, p99 "
+                  f"{np.percentile(held, 99):.0f}; longest stall while tiles embed {max(r['stall'] for r in sub):.0f} ms")
     lat_all = [x for r in rows for x in r["lat"]]
     off_all = [x for r in rows for x in r["lat_off"]]
     idle_all = [x for r in rows for x in r["idle"]]

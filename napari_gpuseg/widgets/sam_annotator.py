@@ -39,6 +39,7 @@ from ._dock import DockWidget, auto_spin, scrollable
 from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
 from ._joint_repaint import AfterRepaint, JointRepaint, PostedCall
+from ._mesh_shader import install as keep_mesh_shaders
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class SamAnnotatorWidget(DockWidget):
 
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
         super().__init__(parent)
+        keep_mesh_shaders()  # a dragged box repaints without compiling its shader again
         self.viewer = napari_viewer
         self.worker = worker or default_worker()
         self.policy = get_policy()
