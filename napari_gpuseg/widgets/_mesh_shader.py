@@ -3,16 +3,17 @@
 napari draws a shapes layer (the annotator's **SAM boxes**) as a vispy ``MeshVisual``. Every
 data change of a mesh -- each mouse move while a box is dragged, each box written -- runs
 ``MeshVisual._update_data``, which builds a new ``color_transform`` shader function
-(``_build_color_transform``; vispy issue 2568, open in vispy 0.15-0.17). A new function
+(``_build_color_transform``; vispy issue 2568, filed for 0.14, still so in 0.17.0). A new function
 object, even with the same code, makes vispy generate, compile and link the mesh's program
-again at the next draw. In software GL (llvmpipe) that was about a third of every repaint
-during a drag.
+again at the next draw. In software GL (llvmpipe) a mouse move of a box drag cost the window
+58 ms that way and 46 ms without it (``benchmarks/mesh_shader.py``).
 
 :func:`install` makes ``_build_color_transform`` hand a mesh the function it made last time
 when the same pass-through transform is asked for: the shader code is the same, so nothing is
 compiled again; the colormap transform (a mesh coloured by values) is made as before. It
-changes no drawing and is installed once, by the first annotator dock
-(``benchmarks/first_mask.py --mesh-shader alternate`` measures it).
+changes no drawing (``tests/test_mesh_shader.py`` compares the pixels) and is installed once, by
+the first annotator dock, for every mesh of the napari process: other shapes layers gain too
+(``benchmarks/first_mask.py --mesh-shader alternate`` measures it in the annotator).
 """
 from __future__ import annotations
 
