@@ -54,6 +54,21 @@ def test_a_mesh_data_change_keeps_its_shader_function_only_once_installed(vispy_
     assert other.shared_program.vert["color_transform"] is not kept
 
 
+def test_each_holder_keeps_the_fix_until_the_last_lets_go(vispy_as_is):
+    from vispy.visuals.mesh import MeshVisual
+
+    def installed():
+        return getattr(MeshVisual._build_color_transform, _mesh_shader._MARK, False)
+
+    first, second = _mesh_shader.hold(), _mesh_shader.hold()
+    assert installed()
+    first()
+    first()  # letting go twice counts once
+    assert installed()
+    second()
+    assert not installed()
+
+
 def test_the_annotator_keeps_a_dragged_boxs_shader(make_napari_viewer, qtbot, shared_data, vispy_as_is):
     from vispy.visuals.mesh import MeshVisual
 
@@ -78,6 +93,18 @@ def test_the_annotator_keeps_a_dragged_boxs_shader(make_napari_viewer, qtbot, sh
     _mesh_shader.uninstall()
     fresh = functions()
     assert fresh[0] is not fresh[1]  # the baseline does compile again (else this test proves nothing)
+    _mesh_shader.install()
+    # the fix ends with the dock: vispy's own method is back once it is deleted (napari keeps a
+    # removed dock's widget; it deletes it with the window)
+    from qtpy.QtCore import QCoreApplication, QEvent
+
+    viewer.window.remove_dock_widget(_dock)
+    w.deleteLater()
+
+    def gone():
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+        return not getattr(MeshVisual._build_color_transform, _mesh_shader._MARK, False)
+    qtbot.waitUntil(gone, timeout=10000)
 
 
 DRAW = """

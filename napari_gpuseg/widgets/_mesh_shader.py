@@ -11,9 +11,11 @@ again at the next draw. In software GL (llvmpipe) a mouse move of a box drag cos
 :func:`install` makes ``_build_color_transform`` hand a mesh the function it made last time
 when the same pass-through transform is asked for: the shader code is the same, so nothing is
 compiled again; the colormap transform (a mesh coloured by values) is made as before. It
-changes no drawing (``tests/test_mesh_shader.py`` compares the pixels) and is installed once, by
-the first annotator dock, for every mesh of the napari process: other shapes layers gain too
-(``benchmarks/first_mask.py --mesh-shader alternate`` measures it in the annotator).
+changes no drawing (``tests/test_mesh_shader.py`` compares the pixels). Each annotator dock holds
+it (:func:`hold`) until the dock is deleted (with napari's window), and vispy's own method is back
+once the last one is gone; meanwhile it serves every mesh of the napari process, so other shapes
+layers gain too (``benchmarks/first_mask.py --mesh-shader alternate`` measures it in the
+annotator).
 """
 from __future__ import annotations
 
@@ -21,6 +23,24 @@ import weakref
 
 _MARK = "_gpuseg_keeps_shader"
 _KEPT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # mesh -> its pass-through function
+_HOLDERS = [0]  # docks that hold the fix
+
+
+def hold():
+    """Install the fix for one holder (an annotator dock); returns the callable that lets go
+    of it (vispy's own method comes back when the last holder has let go). Each call of that
+    callable after the first does nothing."""
+    _HOLDERS[0] += 1
+    install()
+    held = [True]
+
+    def release() -> None:
+        if held[0]:
+            held[0] = False
+            _HOLDERS[0] -= 1
+            if _HOLDERS[0] == 0:
+                uninstall()
+    return release
 
 
 def install() -> bool:

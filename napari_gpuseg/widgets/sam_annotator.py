@@ -39,7 +39,7 @@ from ._dock import DockWidget, auto_spin, scrollable
 from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
 from ._joint_repaint import AfterRepaint, JointRepaint, PostedCall
-from ._mesh_shader import install as keep_mesh_shaders
+from ._mesh_shader import hold as keep_mesh_shaders
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class SamAnnotatorWidget(DockWidget):
 
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
         super().__init__(parent)
-        keep_mesh_shaders()  # a dragged box repaints without compiling its shader again
+        release_mesh_fix = keep_mesh_shaders()  # a dragged box repaints without compiling its shader again
         self.viewer = napari_viewer
         self.worker = worker or default_worker()
         self.policy = get_policy()
@@ -76,7 +76,7 @@ class SamAnnotatorWidget(DockWidget):
         self._keep_status = False  # a model switch's message outlives the embedding it starts
         self._build_ui()
         session = self.session
-        self.destroyed.connect(lambda *_: (self.joint_repaint.finish(), session.close()))
+        self.destroyed.connect(lambda *_: (self.joint_repaint.finish(), session.close(), release_mesh_fix()))
         self.viewer.layers.selection.events.active.connect(self._on_active_layer)
         self.viewer.dims.events.current_step.connect(self._on_step)
         self.viewer.camera.events.center.connect(self._on_camera)
