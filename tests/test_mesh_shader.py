@@ -94,17 +94,19 @@ def test_the_annotator_keeps_a_dragged_boxs_shader(make_napari_viewer, qtbot, sh
     fresh = functions()
     assert fresh[0] is not fresh[1]  # the baseline does compile again (else this test proves nothing)
     _mesh_shader.install()
-    # the fix ends with the dock: vispy's own method is back once it is deleted (napari keeps a
-    # removed dock's widget; it deletes it with the window)
+    # the fix ends with the dock: its hold is let go once the dock is closed (taken out of the
+    # window), and vispy's own method is back when no other dock of this process holds it
     from qtpy.QtCore import QCoreApplication, QEvent
 
+    holders = _mesh_shader._HOLDERS[0]
     viewer.window.remove_dock_widget(_dock)
     w.deleteLater()
 
-    def gone():
+    def let_go():
         QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
-        return not getattr(MeshVisual._build_color_transform, _mesh_shader._MARK, False)
-    qtbot.waitUntil(gone, timeout=10000)
+        return _mesh_shader._HOLDERS[0] == holders - 1
+    qtbot.waitUntil(let_go, timeout=10000)
+    assert getattr(MeshVisual._build_color_transform, _mesh_shader._MARK, False) == (holders > 1)
 
 
 DRAW = """

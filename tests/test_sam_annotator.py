@@ -836,3 +836,37 @@ def test_the_same_clicks_give_the_same_masks_in_the_dock_and_a_session(make_napa
     np.testing.assert_array_equal(shown, s.box(*boxes[1]))
     assert w.commit() == [s.commit()]
     np.testing.assert_array_equal(w.labels_layer.data, s.labels)
+
+
+def test_closing_the_dock_stops_its_work_and_lets_go_of_the_viewer(make_napari_viewer, qtbot, shared_data):
+    """napari takes a closed dock's widget out of the window and keeps it: the annotator stops
+    there (its tiles cancelled, new images, prompts and its keys no longer reach it, the mesh
+    fix let go); what it made stays in the viewer."""
+    from vispy.visuals.mesh import MeshVisual
+
+    from napari_gpuseg.widgets import _mesh_shader
+
+    img = tifffile.imread(shared_data / "bbbc039" / "images" / "IXMtest_A02_s1.tif")  # 36 tiles
+    viewer = make_napari_viewer()
+    viewer.add_image(img, name="field")
+    dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    qtbot.waitUntil(lambda: w.worker.busy, timeout=WAIT)  # the tiles embed in the background
+    made = [ly.name for ly in viewer.layers]
+    holders = _mesh_shader._HOLDERS[0]
+    dock.destroyOnClose()  # the dock's close button
+    assert w.parent() is None
+    qtbot.waitUntil(lambda: not w.worker.busy, timeout=WAIT)
+    assert not w.session.is_embedded()  # cancelled, not finished
+    assert _mesh_shader._HOLDERS[0] == holders - 1
+    if holders == 1:
+        assert not getattr(MeshVisual._build_color_transform, _mesh_shader._MARK, False)
+    assert [ly.name for ly in viewer.layers] == made  # its layers and labels stay
+    viewer.add_image(img[:128, :128], name="second")  # not followed
+    qtbot.wait(300)
+    assert w.image_layer.name == "field" and len(viewer.layers) == len(made) + 1
+    w.pos_layer.add(np.array([[100.0, 100.0]]))  # a prompt reaches it no more
+    qtbot.wait(300)
+    assert not w.has_preview() and not w.worker.busy
+    for key in ("Shift-C", "Shift-X", "Shift-Z", "Shift-N", "Shift-P"):
+        assert viewer.bind_key(key, None) is None  # unbound
+    w.retire()  # twice: nothing more happens

@@ -12,8 +12,8 @@ again at the next draw. In software GL (llvmpipe) a mouse move of a box drag cos
 when the same pass-through transform is asked for: the shader code is the same, so nothing is
 compiled again; the colormap transform (a mesh coloured by values) is made as before. It
 changes no drawing (``tests/test_mesh_shader.py`` compares the pixels). Each annotator dock holds
-it (:func:`hold`) until the dock is deleted (with napari's window), and vispy's own method is back
-once the last one is gone; meanwhile it serves every mesh of the napari process, so other shapes
+it (:func:`hold`) until the dock is closed or deleted, and vispy's own method is back once the
+last one has let go; meanwhile it serves every mesh of the napari process, so other shapes
 layers gain too (``benchmarks/first_mask.py --mesh-shader alternate`` measures it in the
 annotator).
 """

@@ -67,7 +67,15 @@ class PropagatePanel(QGroupBox):
         self._timer = QTimer(self)
         self._timer.setInterval(50)
         self._timer.timeout.connect(self._drain)
-        viewer.bind_key("Shift-P", lambda _v: self.propagate(), overwrite=True)
+        self._viewer = viewer
+        self._key = lambda _v: self.propagate()
+        viewer.bind_key("Shift-P", self._key, overwrite=True)
+
+    def unbind(self) -> None:
+        """Let go of Shift-P (its dock was closed); a binding made since by another dock stays."""
+        current = self._viewer.bind_key("Shift-P", None)
+        if current is not None and current is not self._key:
+            self._viewer.bind_key("Shift-P", current, overwrite=True)
 
     def options(self) -> PropagateOptions:
         return PropagateOptions(min_iou=float(self.min_iou.value()), min_area=int(self.min_area.value()),

@@ -21,6 +21,7 @@ import logging
 
 from napari.layers import Image
 from napari.utils.notifications import show_info
+from qtpy.QtCore import QEvent
 from qtpy.QtWidgets import (
     QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
@@ -53,7 +54,8 @@ class SamAnnotatorWidget(DockWidget):
 
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
         super().__init__(parent)
-        release_mesh_fix = keep_mesh_shaders()  # a dragged box repaints without compiling its shader again
+        self._release_mesh_fix = keep_mesh_shaders()  # a dragged box repaints without compiling its shader again
+        self._docked = self._retired = False  # in a dock of the window / taken out of it (retire)
         self.viewer = napari_viewer
         self.worker = worker or default_worker()
         self.policy = get_policy()
@@ -75,14 +77,18 @@ class SamAnnotatorWidget(DockWidget):
         self._follow = PostedCall(self._follow_active, self)
         self._keep_status = False  # a model switch's message outlives the embedding it starts
         self._build_ui()
-        session = self.session
+        session, release_mesh_fix = self.session, self._release_mesh_fix
         self.destroyed.connect(lambda *_: (self.joint_repaint.finish(), session.close(), release_mesh_fix()))
-        self.viewer.layers.selection.events.active.connect(self._on_active_layer)
-        self.viewer.dims.events.current_step.connect(self._on_step)
-        self.viewer.camera.events.center.connect(self._on_camera)
+        self._viewer_hooks = ((self.viewer.layers.selection.events.active, self._on_active_layer),
+                              (self.viewer.dims.events.current_step, self._on_step),
+                              (self.viewer.camera.events.center, self._on_camera))
+        for emitter, callback in self._viewer_hooks:
+            emitter.connect(callback)
+        self._keys = {}
         for key, fn in (("Shift-C", self.commit), ("Shift-X", self.clear_prompts), ("Shift-Z", self.undo),
                         ("Shift-N", self._toggle_click_sign)):
-            self.viewer.bind_key(key, lambda _v, fn=fn: fn(), overwrite=True)
+            self._keys[key] = lambda _v, fn=fn: fn()
+            self.viewer.bind_key(key, self._keys[key], overwrite=True)
         self.session.set_model(self.model_name)
         self._preload_model()
         warm_up(self, self.session.schedule)  # napari's one-off work for its first layers, before the first drop
@@ -94,6 +100,44 @@ class SamAnnotatorWidget(DockWidget):
             images = [ly for ly in self.viewer.layers if isinstance(ly, Image)]
             if images:
                 self.set_image_layer(images[-1])
+
+    def event(self, ev) -> bool:  # noqa: N802 - Qt name
+        # napari takes a closed dock's widget out of it (parent None) and keeps it until its
+        # window closes: the annotator stops there, not at its deletion
+        if ev.type() == QEvent.Type.ParentChange:
+            if self.parent() is not None:
+                self._docked = True
+            elif self._docked:
+                self.retire()
+        return super().event(ev)
+
+    def retire(self) -> None:
+        """The dock was closed: its queued and running work is cancelled, the viewer's events,
+        its prompt layers and the keys Shift-C/X/Z/N/P no longer reach it (a key another dock
+        bound since stays bound), and it lets go of the mesh shader fix. The layers it made and
+        the labels stay in the viewer. Idempotent; nothing starts it again."""
+        if self._retired:
+            return
+        self._retired = True
+        self.joint_repaint.finish()
+        self.session.close()
+        self._release_mesh_fix()
+        for emitter, callback in self._viewer_hooks:
+            try:
+                emitter.disconnect(callback)
+            except (TypeError, ValueError, RuntimeError):  # already gone
+                logger.debug("%r was not connected", callback)
+        for ly in () if self._layers is None else (self._layers.pos, self._layers.neg, self._layers.boxes):
+            if ly is not None:
+                try:
+                    ly.events.data.disconnect(self._on_prompts_changed)
+                except (TypeError, ValueError, RuntimeError):
+                    logger.debug("prompt layer %r was not connected", ly.name)
+        for key, ours in self._keys.items():
+            current = self.viewer.bind_key(key, None)
+            if current is not None and current is not ours:  # bound since by another dock: keep it
+                self.viewer.bind_key(key, current, overwrite=True)
+        self.propagate_panel.unbind()
 
     # -- UI ---------------------------------------------------------------------------
     def _build_ui(self) -> None:
@@ -262,6 +306,8 @@ class SamAnnotatorWidget(DockWidget):
         self._follow.post()
 
     def _follow_active(self) -> None:
+        if self._retired:  # a follow posted before the dock closed
+            return
         layer = self.viewer.layers.selection.active
         if isinstance(layer, Image) and layer is not self.image_layer and layer in self.viewer.layers:
             self.set_image_layer(layer)
@@ -447,7 +493,7 @@ class SamAnnotatorWidget(DockWidget):
 
     # -- prompts and the current object ---------------------------------------------------------
     def _on_prompts_changed(self, event=None) -> None:
-        if self._removing:
+        if self._removing or self._retired:
             return
         action = str(getattr(event, "action", "") or "")
         if action.endswith("ing"):  # "adding"/"changing"/"removing": wait for the final event
