@@ -870,3 +870,11 @@ def test_closing_the_dock_stops_its_work_and_lets_go_of_the_viewer(make_napari_v
     for key in ("Shift-C", "Shift-X", "Shift-Z", "Shift-N", "Shift-P"):
         assert viewer.bind_key(key, None) is None  # unbound
     w.retire()  # twice: nothing more happens
+    # opened again from the Plugins menu: a new annotator on the active image, its keys bound
+    viewer.layers.selection.active = viewer.layers["second"]
+    _dock2, w2 = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    assert w2 is not w and w2.image_layer.name == "second"
+    qtbot.waitUntil(w2.session.is_embedded, timeout=WAIT)
+    w2.pos_layer.add(np.array([[64.0, 64.0]]))
+    qtbot.waitUntil(w2.has_preview, timeout=WAIT)
+    assert viewer.bind_key("Shift-C", None) is not None
