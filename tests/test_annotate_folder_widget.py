@@ -193,3 +193,18 @@ def test_adapt_sam_button_switches_the_annotator_model(make_napari_viewer, qtbot
     assert dock.folder.presegment.method == "sam-everything" and dock.folder.presegment.model == str(made)
     assert list(dock.plot.series["train loss"]) == [0.5]
     dock.folder.close()
+
+
+def test_closing_the_dock_lets_go_of_its_keys_and_the_folder(make_napari_viewer, qtbot, shared_data, tmp_path):
+    images, out = small_folder(shared_data, tmp_path, 2), tmp_path / "out"
+    viewer = make_napari_viewer(show=True)
+    dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "Annotate folder")
+    w.with_annotator.setChecked(False)
+    assert w.open(images, out)
+    _key(viewer, qtbot, Qt.Key.Key_Right)  # Shift-Right: Next, while the dock is open
+    assert w.folder.index == 1
+    dock.destroyOnClose()  # the dock's close button: napari keeps the widget
+    _key(viewer, qtbot, Qt.Key.Key_Left)  # Shift-Left reaches it no more
+    assert w.folder.index == 1
+    for key in ("Shift-Right", "Shift-Left", "Shift-K"):
+        assert viewer.bind_key(key, None) is None

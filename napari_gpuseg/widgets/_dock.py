@@ -109,6 +109,22 @@ class DockWidget(QWidget):
     """Prefix of the dock's error messages."""
 
     worker = None  # the docks that submit jobs set their InferenceWorker here
+    _docked = False  # in a dock of napari's window (set on the first parent change)
+
+    def event(self, ev) -> bool:  # noqa: N802 - Qt name
+        # napari takes a closed dock's widget out of its QDockWidget (parent None) and keeps it
+        # until the window closes (its key bindings still refer to it): the dock stops here
+        if ev.type() == QEvent.Type.ParentChange:
+            if self.parent() is not None:
+                self._docked = True
+            elif self._docked:
+                self._docked = False
+                self.on_closed()
+        return super().event(ev)
+
+    def on_closed(self) -> None:
+        """The dock was closed (its widget taken out of the window): docks with work in the
+        background or keys bound in the viewer stop and let go of them here."""
 
     def _make_status_parts(self, idle: str = "idle") -> None:
         """``self.status`` (word-wrapped, two lines high) and ``self.progress`` (a bar).

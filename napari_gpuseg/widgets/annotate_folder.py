@@ -80,9 +80,23 @@ class AnnotateFolderWidget(DockWidget):
         self._rest_items = None
         relay()
         self._build_ui()
-        for name, key in KEYS.items():
-            self.viewer.bind_key(key, lambda _v, fn=getattr(self, name): fn(), overwrite=True)
+        self._keys = {key: (lambda _v, fn=getattr(self, name): fn()) for name, key in KEYS.items()}
+        for key, bound in self._keys.items():
+            self.viewer.bind_key(key, bound, overwrite=True)
         self.destroyed.connect(lambda *_: self.folder is not None and self.folder.close())
+
+    def on_closed(self) -> None:
+        """The dock was closed: its training or Segment-the-rest job is cancelled, the folder
+        stops reading ahead (labels are saved as they change), and Shift-Right/Left/K are let go
+        (a key another dock bound since keeps its binding)."""
+        if self.job is not None:
+            self.job.cancel()
+        if self.folder is not None:
+            self.folder.close()
+        for key, ours in self._keys.items():
+            current = self.viewer.bind_key(key, None)
+            if current is not None and current is not ours:
+                self.viewer.bind_key(key, current, overwrite=True)
 
     # -- UI ---------------------------------------------------------------------------------
     def _build_ui(self) -> None:

@@ -21,7 +21,6 @@ import logging
 
 from napari.layers import Image
 from napari.utils.notifications import show_info
-from qtpy.QtCore import QEvent
 from qtpy.QtWidgets import (
     QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
 )
@@ -55,7 +54,7 @@ class SamAnnotatorWidget(DockWidget):
     def __init__(self, napari_viewer, worker: InferenceWorker | None = None, parent=None):
         super().__init__(parent)
         self._release_mesh_fix = keep_mesh_shaders()  # a dragged box repaints without compiling its shader again
-        self._docked = self._retired = False  # in a dock of the window / taken out of it (retire)
+        self._retired = False  # the dock was closed (retire)
         self.viewer = napari_viewer
         self.worker = worker or default_worker()
         self.policy = get_policy()
@@ -101,15 +100,8 @@ class SamAnnotatorWidget(DockWidget):
             if images:
                 self.set_image_layer(images[-1])
 
-    def event(self, ev) -> bool:  # noqa: N802 - Qt name
-        # napari takes a closed dock's widget out of it (parent None) and keeps it until its
-        # window closes: the annotator stops there, not at its deletion
-        if ev.type() == QEvent.Type.ParentChange:
-            if self.parent() is not None:
-                self._docked = True
-            elif self._docked:
-                self.retire()
-        return super().event(ev)
+    def on_closed(self) -> None:
+        self.retire()
 
     def retire(self) -> None:
         """The dock was closed: its queued and running work is cancelled, the viewer's events,
