@@ -31,6 +31,14 @@ def auto_spin(tooltip: str, maximum: int = 256, minimum: int = 0, step: int = 1)
     return spin
 
 
+def let_go_of_key(viewer, key: str, ours) -> None:
+    """Unbind ``key`` from ``viewer`` when it is still bound to ``ours`` (a closed dock's
+    binding); a binding another dock made since is kept."""
+    current = viewer.bind_key(key, None)
+    if current is not None and current is not ours:
+        viewer.bind_key(key, current, overwrite=True)
+
+
 def notify_error(message: str) -> None:
     """A napari error notification; logged when napari cannot show one."""
     try:

@@ -16,6 +16,7 @@ from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QPushButton, QSpinBox
 
 from ..engine.sam.propagation.propagate import PropagateOptions
+from ._dock import let_go_of_key
 
 
 class PropagatePanel(QGroupBox):
@@ -73,9 +74,7 @@ class PropagatePanel(QGroupBox):
 
     def unbind(self) -> None:
         """Let go of Shift-P (its dock was closed); a binding made since by another dock stays."""
-        current = self._viewer.bind_key("Shift-P", None)
-        if current is not None and current is not self._key:
-            self._viewer.bind_key("Shift-P", current, overwrite=True)
+        let_go_of_key(self._viewer, "Shift-P", self._key)
 
     def options(self) -> PropagateOptions:
         return PropagateOptions(min_iou=float(self.min_iou.value()), min_area=int(self.min_area.value()),

@@ -23,7 +23,7 @@ from qtpy.QtWidgets import (
 
 from .. import io as gio
 from ._bridge import relay, submit
-from ._dock import DockWidget
+from ._dock import DockWidget, let_go_of_key
 from ._plot import HistoryPlot
 from ._unet_jobs import train_worker
 
@@ -94,9 +94,7 @@ class AnnotateFolderWidget(DockWidget):
         if self.folder is not None:
             self.folder.close()
         for key, ours in self._keys.items():
-            current = self.viewer.bind_key(key, None)
-            if current is not None and current is not ours:
-                self.viewer.bind_key(key, current, overwrite=True)
+            let_go_of_key(self.viewer, key, ours)
 
     # -- UI ---------------------------------------------------------------------------------
     def _build_ui(self) -> None:

@@ -35,7 +35,7 @@ from ._annotation_layers import (add_rest, ensure_layers, remove_on_plane, selec
 from ._annotator_region import REGION_BUTTON, add_region, region_in_view, too_big
 from ._choices import (add_adapted_choice, browse_checkpoint, chosen_sam_model, fill_sam_models,
                        is_box_trained, offer_adapted_sam, take_sam_models)
-from ._dock import DockWidget, auto_spin, scrollable
+from ._dock import DockWidget, auto_spin, let_go_of_key, scrollable
 from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
 from ._joint_repaint import AfterRepaint, JointRepaint, PostedCall
@@ -126,9 +126,7 @@ class SamAnnotatorWidget(DockWidget):
                 except (TypeError, ValueError, RuntimeError):
                     logger.debug("prompt layer %r was not connected", ly.name)
         for key, ours in self._keys.items():
-            current = self.viewer.bind_key(key, None)
-            if current is not None and current is not ours:  # bound since by another dock: keep it
-                self.viewer.bind_key(key, current, overwrite=True)
+            let_go_of_key(self.viewer, key, ours)
         self.propagate_panel.unbind()
 
     # -- UI ---------------------------------------------------------------------------
