@@ -119,12 +119,7 @@ class SamAnnotatorWidget(DockWidget):
                 emitter.disconnect(callback)
             except (TypeError, ValueError, RuntimeError):  # already gone
                 logger.debug("%r was not connected", callback)
-        for ly in () if self._layers is None else (self._layers.pos, self._layers.neg, self._layers.boxes):
-            if ly is not None:
-                try:
-                    ly.events.data.disconnect(self._on_prompts_changed)
-                except (TypeError, ValueError, RuntimeError):
-                    logger.debug("prompt layer %r was not connected", ly.name)
+        self._disconnect_prompts(self._layers)
         for key, ours in self._keys.items():
             let_go_of_key(self.viewer, key, ours)
         self.propagate_panel.unbind()
@@ -370,14 +365,19 @@ class SamAnnotatorWidget(DockWidget):
         select_prompt_tool(self.viewer, lay, is_box_trained(self.model_name))
 
     def _connect_prompts(self, lay) -> None:
+        self._disconnect_prompts(lay)
         for ly in (lay.pos, lay.neg, lay.boxes):
+            if ly is not None:
+                ly.events.data.connect(self._on_prompts_changed)
+
+    def _disconnect_prompts(self, lay) -> None:
+        for ly in () if lay is None else (lay.pos, lay.neg, lay.boxes):
             if ly is None:
                 continue
             try:
                 ly.events.data.disconnect(self._on_prompts_changed)
-            except (TypeError, ValueError, RuntimeError):  # not connected yet
-                logger.debug("prompt layer %r was not connected yet", ly.name)
-            ly.events.data.connect(self._on_prompts_changed)
+            except (TypeError, ValueError, RuntimeError):  # not connected (yet)
+                logger.debug("prompt layer %r was not connected", ly.name)
 
     @property
     def neg_layer(self):

@@ -219,9 +219,7 @@ def apply_decoder(sam: nn.Module, doc: Mapping, source: str | os.PathLike | None
     enc = encoder_tensors(doc)
     if enc:
         ref_enc = sam.image_encoder.state_dict()
-        unexpected = [k for k in enc if k not in ref_enc]
-        mismatched = [(k, tuple(enc[k].shape), tuple(ref_enc[k].shape)) for k in enc
-                      if k in ref_enc and tuple(ref_enc[k].shape) != tuple(enc[k].shape)]
+        _others, unexpected, mismatched = compare_state_dict(sam.image_encoder, enc)  # a part: none missing
         if unexpected or mismatched:
             raise CheckpointError("decoder checkpoint does not fit the image_encoder: "
                                   + mismatch_summary([], unexpected, mismatched), [], unexpected, mismatched)
