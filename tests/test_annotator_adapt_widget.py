@@ -59,17 +59,17 @@ def open_annotator(make_napari_viewer, qtbot, monkeypatch, img):
     """The dock following a t00 cut, without embedding the image's tiles in the background
     (the adapt wiring is tested here: each box embeds its own view first)."""
     viewer = make_napari_viewer()
-    _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     monkeypatch.setattr(w, "_embed_current", lambda: False)
     viewer.add_image(img, name="t00")
     qtbot.waitUntil(lambda: w.box_layer is not None, timeout=WAIT)
-    return viewer, w
+    return viewer, w, dock
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
 def test_cancel_then_adapt_to_these_objects(make_napari_viewer, qtbot, monkeypatch, frame):
     img, gt, steps = frame
-    viewer, w = open_annotator(make_napari_viewer, qtbot, monkeypatch, img)
+    viewer, w, dock = open_annotator(make_napari_viewer, qtbot, monkeypatch, img)
     panel = w.adapt_panel
     assert w.model_name == DEFAULT_MODEL and not panel.adapt_btn.isEnabled()
     assert "at least 3 objects" in panel.adapt_btn.toolTip()
@@ -132,3 +132,20 @@ def test_cancel_then_adapt_to_these_objects(make_napari_viewer, qtbot, monkeypat
     other.model_combo.setCurrentIndex(i)
     assert other.model_name == path
     other.close()
+
+    # the dock closed while it adapts: the run is cancelled, nothing more is saved
+    steps["n"] = 500
+    seen = []
+
+    def close_at_first_step(ev):
+        on_event(ev)
+        seen.append(ev.step)
+        if len(seen) == 1:
+            dock.destroyOnClose()  # the dock's close button: napari keeps the widget
+
+    panel._on_event = close_at_first_step
+    qtbot.mouseClick(panel.adapt_btn, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not panel.running, timeout=WAIT)
+    assert seen and w.parent() is None
+    assert panel.result.path == path and [m["path"] for m in adapted_models()] == [path]
+    assert w.model_name == path

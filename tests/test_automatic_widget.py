@@ -6,6 +6,7 @@ the shared inference worker keeps the model and embeddings between tests.
 import numpy as np
 import pytest
 import tifffile
+from qtpy.QtWidgets import QDockWidget
 
 from napari_gpuseg.models.registry import DEFAULT_MODEL
 from napari_gpuseg.engine.metrics import object_f1
@@ -181,6 +182,15 @@ def test_segment_everything_runs_and_cancel_is_clean(make_napari_viewer, qtbot, 
     w.cancel()
     qtbot.waitUntil(lambda: w.run_button.isEnabled(), timeout=WAIT)
     assert "cancel" in w.status.text()
+    # the same run, and the dock closed: napari keeps its widget, the run is cancelled
+    w.run()
+    qtbot.wait(200)
+    dock = w.parent()
+    while not isinstance(dock, QDockWidget):
+        dock = dock.parent()
+    dock.destroyOnClose()  # the dock's close button
+    qtbot.waitUntil(lambda: w.run_button.isEnabled(), timeout=WAIT)
+    assert w.status.text() == "cancelled"
 
 
 def test_csv_boxes_per_plane_of_a_tzyx_stack(make_napari_viewer, tmp_path):

@@ -138,22 +138,64 @@ def test_a_status_that_wraps_does_not_move_the_bar_under_it(make_napari_viewer, 
     viewer = make_napari_viewer(show=True)
     viewer.add_image(np.zeros((64, 64), np.uint8), name="img")
     _d, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
-    qtbot.wait(300)
+    seen = []
 
-    def bar_top_after(text):
+    def settled():  # napari styles the new dock and the window lays it out after a while
+        seen.append((w.status.width(), w.status.fontMetrics().lineSpacing()))
+        return len(seen) > 50 and len(set(seen[-50:])) == 1
+
+    qtbot.waitUntil(settled, timeout=20_000)
+    # its own messages come no more (they would replace the texts measured here)
+    qtbot.waitUntil(lambda: "embedding ready" in w.status.text(), timeout=120_000)
+
+    def bar_top_after(text):  # below the status line's top: rows above it may change meanwhile
         w.status.setText(text)
         qtbot.wait(100)
-        return w.progress.mapTo(w, w.progress.rect().topLeft()).y()
+        top = w.status.mapTo(w, w.status.rect().topLeft()).y()
+        return w.progress.mapTo(w, w.progress.rect().topLeft()).y() - top
 
     short = bar_top_after("idle")
     label, width = w.status, w.status.width()
 
-    def lines(text):  # how many lines the text takes at this width, as a plain label
+    def plain_height(text):  # the height the text takes at this width, as a plain label
         label.setText(text)
-        return QLabel.heightForWidth(label, width) / label.fontMetrics().lineSpacing()
+        return QLabel.heightForWidth(label, width)
 
+    one_line = plain_height("idle")
     long_text = "first look: 877 px, predicted IoU 0.92 · 2/36 tiles"
-    while lines(long_text) < 1.5:  # two lines at this dock's width, whatever the font
+    while plain_height(long_text) <= one_line:  # two lines at this dock's width, whatever the font
         long_text += " and more"
-    assert lines(long_text) < 2.5
+    assert plain_height(long_text) == label._reserved()  # two lines, not three
     assert bar_top_after(long_text) == short == bar_top_after("idle")
+
+
+def test_closing_a_dock_cancels_its_run(make_napari_viewer, monkeypatch):
+    """napari takes a closed dock's widget out of the window and keeps it alive: every dock
+    with a run and a Cancel button cancels that run when its close button is pressed (the
+    runs' cancelling is tested with each dock; the annotator and the folder annotator stop
+    more, tested in their modules)."""
+    import importlib
+
+    viewer = make_napari_viewer()
+    names = {"BatchFolderWidget": "Batch folder", "SamAutomaticWidget": "SAM automatic",
+             "UNetPredictWidget": "U-Net predict", "UNetTrainWidget": "U-Net train",
+             "UNetAdaptWidget": "Adapt U-Net", "SamAdaptWidget": "Adapt SAM"}
+    cancelled = []
+    for module, name in _manifest_docks():
+        if name in names:
+            cls = getattr(importlib.import_module(module), name)
+            monkeypatch.setattr(cls, "cancel", lambda self, n=name: cancelled.append(n))
+    for name, title in names.items():
+        dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", title)
+        assert cancelled.count(name) == 0
+        dock.destroyOnClose()  # the dock's close button
+        assert w.parent() is None and cancelled.count(name) == 1, (name, cancelled)
+
+
+def test_a_long_layer_name_is_cut_in_the_middle_for_the_status_line():
+    from napari_gpuseg.widgets._dock import short_name
+
+    assert short_name("t00") == "t00"
+    name = "IXMtest_A02_s1_w1B8B3C6E8-6F0B-4F1B-9D4B-1E2E8A0B2C3D"
+    cut = short_name(name)
+    assert len(cut) == 24 and cut.startswith("IXMtest_A02") and cut.endswith("2C3D") and "…" in cut

@@ -73,8 +73,8 @@ def test_monitor_dock_on_real_viewer(make_napari_viewer, qtbot, on_cpu):
     assert "MiB" in widget.fields["rss"].text() or "GiB" in widget.fields["rss"].text()
     assert widget.last.process_rss > 0
     assert not widget.reset_button.isEnabled()  # nothing to reset on CPU
-    widget.close()
-    assert not widget.timer.isActive()
+    dock.destroyOnClose()  # the dock's close button: napari keeps the widget, it stops polling
+    assert widget.parent() is None and not widget.timer.isActive()
 
 
 def test_monitor_on_a_mocked_gpu(qtbot, fake_cuda):

@@ -39,6 +39,15 @@ def let_go_of_key(viewer, key: str, ours) -> None:
         viewer.bind_key(key, current, overwrite=True)
 
 
+def short_name(name: str, limit: int = 24) -> str:
+    """A layer name for a status line: at most ``limit`` characters (a long file name is cut
+    in the middle, its start and end kept), so the message keeps to the line's two lines."""
+    if len(name) <= limit:
+        return name
+    head = (limit - 1) // 2
+    return f"{name[:head]}…{name[len(name) - (limit - 1 - head):]}"
+
+
 def notify_error(message: str) -> None:
     """A napari error notification; logged when napari cannot show one."""
     try:
@@ -92,10 +101,22 @@ class StatusLabel(QLabel):
         super().__init__(text)
         self.setWordWrap(True)
         self.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        self._reserved_for: tuple[str, int] = ("", 0)  # (font, height of LINES lines in it)
 
     def _reserved(self) -> int:
-        margins = self.contentsMargins()
-        return self.LINES * self.fontMetrics().lineSpacing() + margins.top() + margins.bottom()
+        """The height this label takes for a text of exactly :attr:`LINES` lines in its
+        current font and style, measured on itself (font metrics and margins alone fell 8 px
+        short of what a word-wrapped label lays out, so every two-line message moved the bar
+        under it)."""
+        self.ensurePolished()
+        font = self.font().toString()
+        if self._reserved_for[0] != font:
+            text = self.text()
+            super().setText("\n".join(["Ag"] * self.LINES))
+            height = QLabel.heightForWidth(self, 10_000)
+            super().setText(text)
+            self._reserved_for = (font, height)
+        return self._reserved_for[1]
 
     def heightForWidth(self, width: int) -> int:
         return max(super().heightForWidth(width), self._reserved())
@@ -131,8 +152,13 @@ class DockWidget(QWidget):
         return super().event(ev)
 
     def on_closed(self) -> None:
-        """The dock was closed (its widget taken out of the window): docks with work in the
-        background or keys bound in the viewer stop and let go of them here."""
+        """The dock was closed (its widget taken out of the window): its run is cancelled
+        (:meth:`cancel`: what a run saved so far stays saved). Docks with more in the
+        background or keys bound in the viewer stop and let go of them here too."""
+        self.cancel()
+
+    def cancel(self) -> None:
+        """Cancel the dock's running job, if any (its Cancel button)."""
 
     def _make_status_parts(self, idle: str = "idle") -> None:
         """``self.status`` (word-wrapped, two lines high) and ``self.progress`` (a bar).

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from qtpy.QtCore import QTimer
 from qtpy.QtWidgets import (
-    QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
+    QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout,
 )
 
 from ..engine.runtime import memory
 from ..engine.runtime.device import device_name, get_policy
+from ._dock import DockWidget
 from ._plot import HistoryPlot
 
 fmt = memory.format_bytes
@@ -27,8 +28,9 @@ class _WrappedLabel(QLabel):
         self.setMinimumHeight(self.heightForWidth(self.width()))
 
 
-class GpuMonitorWidget(QWidget):
-    """Refreshes about twice a second; reading the probes is cheap (docs/benchmarks.md)."""
+class GpuMonitorWidget(DockWidget):
+    """Refreshes about twice a second while open; reading the probes is cheap
+    (docs/benchmarks.md)."""
 
     def __init__(self, napari_viewer=None, interval_ms: int = 500, parent=None):
         super().__init__(parent)
@@ -109,6 +111,10 @@ class GpuMonitorWidget(QWidget):
     def empty_cache(self) -> None:
         memory.empty_cache()
         self.refresh()
+
+    def on_closed(self) -> None:
+        """The dock was closed (napari keeps its widget): it stops polling the device."""
+        self.timer.stop()
 
     def closeEvent(self, event) -> None:  # noqa: N802
         self.timer.stop()

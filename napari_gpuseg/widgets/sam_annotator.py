@@ -35,7 +35,7 @@ from ._annotation_layers import (add_rest, ensure_layers, remove_on_plane, selec
 from ._annotator_region import REGION_BUTTON, add_region, region_in_view, too_big
 from ._choices import (add_adapted_choice, browse_checkpoint, chosen_sam_model, fill_sam_models,
                        is_box_trained, offer_adapted_sam, take_sam_models)
-from ._dock import DockWidget, auto_spin, let_go_of_key, scrollable
+from ._dock import DockWidget, auto_spin, let_go_of_key, scrollable, short_name
 from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
 from ._joint_repaint import AfterRepaint, JointRepaint, PostedCall
@@ -104,7 +104,8 @@ class SamAnnotatorWidget(DockWidget):
         self.retire()
 
     def retire(self) -> None:
-        """The dock was closed: its queued and running work is cancelled, the viewer's events,
+        """The dock was closed: its queued and running work is cancelled (an Adapt to these
+        objects run too: nothing of it is saved), the viewer's events,
         its prompt layers and the keys Shift-C/X/Z/N/P no longer reach it (a key another dock
         bound since stays bound), and it lets go of the mesh shader fix. The layers it made and
         the labels stay in the viewer. Idempotent; nothing starts it again."""
@@ -112,6 +113,7 @@ class SamAnnotatorWidget(DockWidget):
             return
         self._retired = True
         self.joint_repaint.finish()
+        self.adapt_panel.cancel()  # Adapt to these objects: nothing is saved, as with Cancel
         self.session.close()
         self._release_mesh_fix()
         for emitter, callback in self._viewer_hooks:
@@ -246,6 +248,8 @@ class SamAnnotatorWidget(DockWidget):
         ones) and the status line says ``note`` until the next message of the user's work."""
         combo = self.model_combo
         offer_adapted_sam(path, label)  # the other docks' model lists hold it too
+        if self._retired:  # closed as it finished: saved and listed, nothing here starts again
+            return
         combo.setCurrentIndex(add_adapted_choice(combo, path, label))
         self._on_model_chosen(combo.currentIndex())
         self._keep_status = True
@@ -427,7 +431,8 @@ class SamAnnotatorWidget(DockWidget):
             self.session.embed_async()  # only the decoder's warm-up
             return False
         index = self.session.plane
-        self._set_status(f"embedding {self.image_layer.name} {index or ''} (prompts need not wait)")
+        plane = f", plane {', '.join(map(str, index))}" if index else ""  # () for a 2D image
+        self._set_status(f"embedding {short_name(self.image_layer.name)}{plane} (prompts need not wait)")
         # the image's tiles in the background: a new image or slice replaces this job, and a
         # prompt meanwhile embeds only its own view, ahead of it
         key = self.session.key()
