@@ -10,9 +10,11 @@ what ``benchmarks/clicks.py`` reports), and the first mask's predicted IoU (clam
 [0, 1], as shown) is set against its true IoU. A first mask is *bad* when its true IoU is
 under 0.5 (the object needs real correction). For thresholds 0.50..0.95 the table gives how
 many first masks are flagged, and the precision (flagged masks that are bad) and recall (bad
-masks that are flagged) of the flag. Validation data only: the whole cells of the
-``scratch_assay`` validation frames t07-t09 (at most ``--cap`` per frame) and the nuclei of
-the last 8 BBBC039 fields (at most ``--per-field`` per field), drawn with seed 0. Each click
+masks that are flagged) of the flag. ``--data training`` (choose the threshold there): the
+whole cells of the ``scratch_assay`` training frames t00-t06 (at most ``--cap`` per frame)
+and the nuclei of the first 16 BBBC039 fields (at most ``--per-field`` per field);
+``--data validation`` (report it there): the cells of t07-t09 and the nuclei of the last 8
+BBBC039 fields; drawn with seed 0. Each click
 embeds the views it needs (the whole images are not embedded). With 8 nuclei per field no
 first mask of a nucleus was bad (true IoU >= 0.5 for all 64): the default 15 per field gives
 the flag something to find on nuclei too. The defaults (165 objects) took 485 s of CPU time
@@ -28,7 +30,7 @@ import time
 import numpy as np
 import tifffile
 
-from _data import bbbc039_validation
+from _data import bbbc039_validation, shared_data
 from _machine import machine_line
 from clicks import scratch_validation
 from napari_gpuseg.engine import AnnotationSession, load_engine
@@ -40,8 +42,14 @@ BAD_IOU = 0.5
 THRESHOLDS = np.round(np.arange(0.50, 0.951, 0.05), 2)
 
 
-def frames() -> dict[str, list[tuple]]:
-    return {"scratch cells t07-t09": scratch_validation("cells"), "BBBC039 val (8 fields)": bbbc039_validation()}
+def frames(data: str = "validation") -> dict[str, list[tuple]]:
+    if data == "validation":
+        return {"scratch cells t07-t09": scratch_validation("cells"), "BBBC039 val (8 fields)": bbbc039_validation()}
+    cells, bbbc = shared_data() / "scratch_assay" / "cells", shared_data() / "bbbc039"
+    return {"scratch cells t00-t06": [(cells / "images" / f"t{t:02d}.tif", cells / "masks" / f"t{t:02d}.tif")
+                                      for t in range(7)],
+            "BBBC039 training (16 fields)": [(p, bbbc / "masks" / p.name)
+                                             for p in sorted((bbbc / "images").glob("*.tif"))[:16]]}
 
 
 def flag_table(pred: np.ndarray, true: np.ndarray, thresholds=THRESHOLDS) -> list[dict]:
@@ -65,6 +73,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a registry name or decoder file")
     ap.add_argument("--cap", type=int, default=15, help="at most N cells per scratch_assay frame (seed 0)")
     ap.add_argument("--per-field", type=int, default=15, help="at most N nuclei per BBBC039 field (seed 0)")
+    ap.add_argument("--data", choices=("training", "validation"), default="validation",
+                    help="training: the objects to choose the threshold on; validation: to report it")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     print(machine_line())
@@ -72,7 +82,7 @@ def main(argv=None) -> int:
     session = AnnotationSession(load_engine(args.model, cache=cache), cache=cache)
     pred, true, where = [], [], []
     t0 = time.perf_counter()
-    for (name, files), cap in zip(frames().items(), (args.cap, args.per_field)):
+    for (name, files), cap in zip(frames(args.data).items(), (args.cap, args.per_field)):
         for img_path, mask_path in files:
             r = session_click_ious(session, tifffile.imread(img_path), tifffile.imread(mask_path), clicks=1,
                                    max_objects=cap, box=False)
