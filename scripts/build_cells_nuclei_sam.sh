@@ -62,4 +62,5 @@ $CMD train-sam "${DATA_ARGS[@]}" --model "$WORK/stage1.pt" --out "$OUT" \
   --eval-every "${EVAL_EVERY:-20}" --patience "${PATIENCE2:-12}"
 
 python scripts/calibrate_iou_head.py "$OUT" "$OUT" --choose-output ${EMB_CACHE:+--cache-dir "$EMB_CACHE"}
+python scripts/calibrate_iou_head.py "$OUT" "$OUT" --choose-blend ${EMB_CACHE:+--cache-dir "$EMB_CACHE"}
 sha256sum "$OUT"

@@ -51,6 +51,7 @@ from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.iou_head import first_click_samples, fit_iou_head
 from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
+from napari_gpuseg.engine.sam.training.click_eval import click_ious
 from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder, save_decoder, set_decoder_fields
 
 
@@ -72,6 +73,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None, help="keep the embeddings in this folder across runs")
     ap.add_argument("--bias-only", action="store_true",
                     help="move only the head's output biases (one offset per candidate)")
+    ap.add_argument("--choose-blend", action="store_true",
+                    help="leave the head as it is: measure first clicks with the candidates of both views "
+                         f"blended at each of {', '.join(f'{b:g}' for b in BLENDS)} and kept one by one, "
+                         "and store the best temperature in OUT as click_blend (None: keep one)")
     ap.add_argument("--choose-output", action="store_true",
                     help="leave the head as it is: measure which candidate a first click should keep "
                          "(click_choice.choose_click_output) and store it in OUT as click_output")
@@ -85,6 +90,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     if args.choose_output:
         return choose_output(engine, data, args.decoder, args.out, t0)
+    if args.choose_blend:
+        return choose_blend(engine, data, args.decoder, args.out, t0)
     feats, ious = [], []
     for image, labels, cap in training_fields(data):
         f, i = first_click_samples(engine, tifffile.imread(image), tifffile.imread(labels), cap, seed=0)
@@ -127,6 +134,52 @@ def choose_output(engine, data: Path, decoder: str, out: str, t0: float) -> int:
     set_decoder_fields(out, click_output=choice.output,
                        click_choice={**choice.record(), "data": "scratch_assay cells t00-t06 (15 per frame), "
                                      "bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})
+    print(f"wrote {out} in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
+    return 0
+
+
+BLENDS = (5.0, 10.0, 20.0)
+"""The temperatures ``--choose-blend`` measures (softmax(t x predicted IoU) weights)."""
+
+
+def choose_blend(engine, data: Path, decoder: str, out: str, t0: float, margin: float = 0.01) -> int:
+    """``--choose-blend``: one click per training object with one candidate kept (the engine's
+    rule without a blend) and with the candidates of both views blended at each of
+    :data:`BLENDS` (``SamEngine.click_blend``); OUT is the decoder with the temperature whose
+    mean IoU over all objects beats keeping one by more than ``margin`` (the best of those,
+    else None) stored as ``click_blend``, and what was measured as ``click_blend_choice``."""
+    if engine.click_output is not None:
+        raise SystemExit(f"{decoder} keeps candidate {engine.click_output} (click_output): a blend "
+                         "applies to the IoU head's choice only")
+    fields = training_fields(data)
+    loaded = [(tifffile.imread(i), tifffile.imread(m), cap) for i, m, cap in fields]
+    rules = (None, *BLENDS)
+    per_rule = {}
+    with engine.reuse_decodes():  # the decoder's outputs do not depend on the blend: decoded once
+        for blend in rules:
+            engine.click_blend = blend
+            per_rule[blend] = [click_ious(engine, im, lab, clicks=1, max_objects=cap, box=False)["clicks"][:, 0]
+                               for im, lab, cap in loaded]
+            print(f"blend {blend}: {np.concatenate(per_rule[blend]).mean():.3f} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    names = {None: "one kept", **{b: f"blend {b:g}" for b in BLENDS}}
+    print("| training objects | n | " + " | ".join(names.values()) + " |")
+    print("| --- | ---: |" + " ---: |" * len(rules))
+    for kind in dict.fromkeys(i.parent.parent.name for i, _m, _c in fields):
+        idx = [k for k, (i, _m, _c) in enumerate(fields) if i.parent.parent.name == kind]
+        cat = {r: np.concatenate([per_rule[r][k] for k in idx]) for r in rules}
+        print(f"| {kind} | {len(cat[None])} | " + " | ".join(f"{v.mean():.3f}" for v in cat.values()) + " |")
+    means = {r: float(np.concatenate(v).mean()) for r, v in per_rule.items()}
+    print(f"| all | {len(np.concatenate(per_rule[None]))} | " + " | ".join(f"{v:.3f}" for v in means.values()) + " |")
+    best = max(BLENDS, key=lambda b: means[b])
+    chosen = best if means[best] > means[None] + margin else None
+    print(f"click_blend: {chosen} (None: one candidate kept)")
+    if Path(decoder).resolve() != Path(out).resolve():
+        shutil.copyfile(decoder, out)
+    set_decoder_fields(out, click_blend=chosen, click_blend_choice={
+        "blend": chosen, "one_click_iou": {names[r]: round(v, 4) for r, v in means.items()},
+        "objects": len(np.concatenate(per_rule[None])),
+        "data": "scratch_assay cells t00-t06 (15 per frame), bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})
     print(f"wrote {out} in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
     return 0
 

@@ -202,6 +202,68 @@ def test_a_first_click_keeps_the_scale_with_the_higher_predicted_iou(zoomed, mon
     assert (res.view.h == 171) == (wins == "zoomed")
 
 
+def test_a_blended_first_click_weights_the_candidates_by_predicted_iou():
+    from napari_gpuseg.engine.sam.interactive.decode_call import keep_best
+
+    low = torch.stack([torch.full((1, 8, 8), v) for v in (4.0, -2.0, -6.0, 1.0)], 1)  # (1, 4, 8, 8)
+    iou = torch.tensor([[0.9, 0.8, 0.1, 0.85]])
+    chosen, score = keep_best(low, iou, True, None, blend=10.0)
+    w = torch.softmax(10 * iou, 1)[0]
+    torch.testing.assert_close(chosen[0], (w[:, None, None] * low[0]).sum(0))
+    assert score.item() == pytest.approx(0.9)  # the score stays the best predicted IoU
+    assert torch.equal(keep_best(low, iou, True, 1, blend=10.0)[0][0], low[0, 1])  # a named candidate wins
+    assert torch.equal(keep_best(low, iou, False, None, blend=10.0)[0][0], low[0, 0])  # single output
+    torch.testing.assert_close(keep_best(low, iou, True, None, blend=1e4)[0], low[:, 0])  # cold: the best
+
+
+def test_the_two_views_of_a_first_click_join_in_the_native_view():
+    """Where both views see a pixel their logits are averaged with the weight of each view's
+    candidates (logsumexp of blend x predicted IoU); elsewhere the native view's stand."""
+    from napari_gpuseg.engine.sam.interactive.decode_call import blend_views
+
+    native, finer = View(0, 0, 64, 64, 64), View(16, 24, 32, 32, 64)
+    nat = MaskResult(np.zeros((64, 64), bool), 0, 0, 0.5, torch.full((16, 16), -1.0), native,
+                     np.array([0.5, 0.4, 0.1, 0.3]))
+    fine = MaskResult(np.ones((32, 32), bool), 16, 24, 0.9, torch.full((16, 16), 3.0), finer,
+                      np.array([0.9, 0.2, 0.1, 0.3]))
+    res = blend_views(fine, nat, 10.0)
+    assert res.view == native and (res.y0, res.x0) == (0, 0) and res.mask.shape == (64, 64)
+    expect = np.zeros((64, 64), bool)
+    expect[16:48, 24:56] = True  # the finer view outweighs (e^9 vs e^5): its +3 wins over -1
+    assert np.array_equal(res.mask, expect)
+    assert res.score == 0.9 and np.array_equal(res.all_scores, fine.all_scores)
+    # a corrective click refines the joined logits, in the native view's low-res grid
+    assert res.low_res.shape == (16, 16) and res.low_res[8, 10] > 2 and res.low_res[1, 1] == pytest.approx(-1)
+    # the same logits, a native view that outweighs: -1 wins where both see the pixel
+    heavy = MaskResult(nat.mask, 0, 0, 0.99, torch.full((16, 16), -4.0), native, np.array([0.99, 0.98, 0.97, 0.96]))
+    assert not blend_views(fine, heavy, 10.0).mask.any()
+
+
+def test_the_default_model_blends_a_first_clicks_candidates(shared_data):
+    """The shipped default names its blend (measured on training objects, the model card);
+    a first click on a real cell gives the two views' blends joined, a box the best mask."""
+    import tifffile
+
+    from napari_gpuseg.engine.sam.interactive.decode_call import blend_views
+
+    require_lite_medsam()
+    engine = load_engine(cache=EmbeddingCache())
+    assert engine.click_blend == 10.0 and engine.click_output is None
+    d = shared_data / "scratch_assay" / "cells"
+    img = tifffile.imread(d / "images" / "t03.tif")[:, :256]
+    prepared = engine.prepare(img)
+    click = Prompt(points=[[120.0, 100.0]], labels=[1])
+    (res,) = engine.predict(prepared, [click], multimask=True)
+    finer_view, native_view = engine.route(prepared, click), engine.route(prepared, click, zoom=False)
+    assert finer_view != native_view and res.view == native_view
+    (fine,) = engine._decode_routed(prepared, [click], [finer_view], True, None, False)
+    (nat,) = engine._decode_routed(prepared, [click], [native_view], True, None, False)
+    assert np.array_equal(res.mask, blend_views(fine, nat, 10.0).mask) and res.mask[100, 120]
+    engine.click_blend = None  # the rule before: one candidate of one view
+    (one,) = engine.predict(prepared, [click], multimask=True)
+    assert one.score == res.score and not np.array_equal(one.mask, res.mask)
+
+
 def test_training_views_follow_the_models_click_zoom_and_the_checkpoint_keeps_it(
         zoomed, shared_data, tmp_path):
     import tifffile

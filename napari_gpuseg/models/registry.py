@@ -68,7 +68,7 @@ class ModelSpec:
         return (58.395, 57.12, 57.375) if self.normalization == "sam" else (1.0, 1.0, 1.0)
 
 
-CELLS_NUCLEI_SAM_SHA256 = "b11ca8061961fa33d52af2f7869b744f4edf8becdd69d0ec1eddcd6b9f9ba0d5"  # weights/cells_nuclei_sam_decoder.pt (card: CELLS_NUCLEI_SAM_CARD.md)
+CELLS_NUCLEI_SAM_SHA256 = "09bbea8de5561768c5df74bf9f22b5dbf0a934305b69263e56e07c3385942fa0"  # weights/cells_nuclei_sam_decoder.pt (card: CELLS_NUCLEI_SAM_CARD.md)
 NUCLEI_SAM_SHA256 = "fc51a2a549e17eab49925aaa0766034909014dafe737625715760865a3ece9b4"  # weights/nuclei_sam_decoder.pt (card: NUCLEI_SAM_CARD.md)
 _SAM_SRC = "https://github.com/facebookresearch/segment-anything"
 _SAM_URL = "https://dl.fbaipublicfiles.com/segment_anything/"

@@ -136,9 +136,9 @@ def check_decoder(doc: Mapping, source=None) -> dict:
     non-empty string, ``base_sha256`` None or 64 hex digits, ``arch`` empty or a known
     architecture, ``image_size`` a positive integer (0 or None: unknown), ``click_zoom`` a number
     in :data:`CLICK_ZOOM`, ``click_output`` None or a candidate index (0 the single-mask
-    output, 1-3 SAM's three), ``state`` a non-empty mapping of names to tensors, all of
-    them finite. Else :class:`CheckpointError` naming the file and the field. ``source``:
-    the file, for the message."""
+    output, 1-3 SAM's three), ``click_blend`` None or a number in (0, 100], ``state`` a
+    non-empty mapping of names to tensors, all of them finite. Else :class:`CheckpointError`
+    naming the file and the field. ``source``: the file, for the message."""
     if not is_decoder_checkpoint(doc):
         raise _bad(source, f"not a SAM decoder checkpoint (format {FORMAT!r})")
     base = doc.get("base")
@@ -163,6 +163,10 @@ def check_decoder(doc: Mapping, source=None) -> dict:
     if out is not None and (isinstance(out, bool) or not isinstance(out, int) or not 0 <= out < CANDIDATES):
         raise _bad(source, f"'click_output' must be None or a candidate index from 0 to {CANDIDATES - 1}, "
                            f"got {out!r:.80}")
+    blend = doc.get("click_blend")
+    if blend is not None and (isinstance(blend, bool) or not isinstance(blend, (int, float))
+                              or not math.isfinite(blend) or not 0 < blend <= 100):
+        raise _bad(source, f"'click_blend' must be None or a number above 0 and at most 100, got {blend!r:.80}")
     state = doc.get("state")
     if not isinstance(state, Mapping) or not state:
         raise _bad(source, f"'state' must map parameter names to tensors, got {type(state).__name__}")
@@ -248,5 +252,6 @@ def apply_decoder(sam: nn.Module, doc: Mapping, source: str | os.PathLike | None
     sam.decoder_tuned = True
     sam.click_zoom = float(doc.get("click_zoom", 1.0))  # the scale its clicks were trained at
     sam.click_output = doc.get("click_output")  # the candidate a first click keeps (None: the head's)
+    sam.click_blend = doc.get("click_blend")  # None, or the temperature its candidates are blended with
     sam.decoder_base = doc.get("base")
     return sam

@@ -86,7 +86,8 @@ def crop_look(engine, image, prompt: Prompt, multimask: bool = False) -> MaskRes
         sparse, dense = engine.sam.prompt_encoder(points=points, boxes=boxes, masks=None)
         low_res, iou = module_outputs(engine.sam, dev, emb, sparse, dense[..., :side, :side],
                                       engine.candidates if multimask else "single", side=side)
-    chosen, scores = keep_best(low_res.float(), iou.float(), multimask, engine.click_output)
+    chosen, scores = keep_best(low_res.float(), iou.float(), multimask, engine.click_output,
+                               engine.blend_for(multimask))
     mask = render_masks(chosen, view, engine.MASK_RENDER_BYTES)[0]
     return MaskResult(mask, view.y0, view.x0, float(scores[0]), None, view,
                       iou.float().cpu().numpy()[0])

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from .fast_decoder import mask_region
-from .inputs import logits_to_view_mask
-from .prompt_types import Prompt
+from .inputs import logits_to_view_mask, view_logits_to_low_res
+from .prompt_types import MaskResult, Prompt
 from .views import View
 
 
@@ -57,18 +57,55 @@ def module_outputs(sam, device, emb: torch.Tensor, sparse, dense, outputs: str,
     return torch.cat([one, three], 1), torch.cat([iou1, iou3], 1)
 
 
-def keep_best(low_res: torch.Tensor, iou: torch.Tensor, multimask: bool, output: int | None = None):
+def keep_best(low_res: torch.Tensor, iou: torch.Tensor, multimask: bool, output: int | None = None,
+              blend: float | None = None):
     """(logits (N, L, L), scores (N,)): per prompt the candidate with the highest predicted
     IoU when ``multimask`` (candidate ``output`` instead when given: a decoder's measured
-    :attr:`~.predictor.SamEngine.click_output`), else the first (the only) output."""
+    :attr:`~.predictor.SamEngine.click_output`), else the first (the only) output.
+    ``blend`` (a decoder's measured :attr:`~.predictor.SamEngine.click_blend`, used when no
+    ``output`` is named): the candidates' logits averaged with weights softmax(``blend`` x
+    predicted IoU) instead of the best one alone; the score is still the highest predicted
+    IoU (:func:`blend_views` joins the blends of a click's two views)."""
     if not multimask:
         return low_res[:, 0], iou[:, 0]
     if output is not None:
         k = min(int(output), low_res.shape[1] - 1)
         return low_res[:, k], iou[:, k]
+    if blend is not None:
+        weights = torch.softmax(float(blend) * iou, dim=1)
+        return (weights[:, :, None, None] * low_res).sum(1), iou.max(dim=1).values
     best = iou.argmax(dim=1)
     ar = torch.arange(low_res.shape[0], device=low_res.device)
     return low_res[ar, best], iou[ar, best]
+
+
+def blend_views(finer: MaskResult, native: MaskResult, blend: float) -> MaskResult:
+    """A first click decoded in its click view (``finer``) and its native view, each as the
+    blend of its candidates (:func:`keep_best`), joined in the native view: where both views
+    see a pixel, their logits averaged with weights softmax over the views of
+    logsumexp(``blend`` x the view's predicted IoUs), so that the whole is the blend of all
+    candidates of both views (a pixel only the click view sees is left out). Its low-res
+    logits, the mask input of a corrective click, are the joined logits in the native view;
+    the score (and ``all_scores``) are those of the view whose best predicted IoU is higher."""
+    def mass(res: MaskResult) -> float:
+        return float(torch.logsumexp(float(blend) * torch.as_tensor(res.all_scores, dtype=torch.float64), 0))
+    a, b = mass(finer), mass(native)
+    top = max(a, b)
+    w_fine, w_nat = np.exp(a - top), np.exp(b - top)
+    nv, fv = native.view, finer.view
+    num = w_nat * logits_to_view_mask(native.low_res[None].float(), nv)[0].cpu().numpy().astype(np.float64)
+    den = np.full(num.shape, w_nat)
+    y0, y1 = max(nv.y0, fv.y0), min(nv.y0 + nv.h, fv.y0 + fv.h)
+    x0, x1 = max(nv.x0, fv.x0), min(nv.x0 + nv.w, fv.x0 + fv.w)
+    low_res = native.low_res
+    if y1 > y0 and x1 > x0:
+        fine = logits_to_view_mask(finer.low_res[None].float(), fv)[0].cpu().numpy()
+        num[y0 - nv.y0:y1 - nv.y0, x0 - nv.x0:x1 - nv.x0] += w_fine * fine[y0 - fv.y0:y1 - fv.y0, x0 - fv.x0:x1 - fv.x0]
+        den[y0 - nv.y0:y1 - nv.y0, x0 - nv.x0:x1 - nv.x0] += w_fine
+        joined = torch.as_tensor(num / den, dtype=torch.float32)
+        low_res = view_logits_to_low_res(joined, nv, native.low_res.float().cpu()).to(native.low_res.device)
+    top_view = finer if finer.score > native.score else native
+    return MaskResult(num / den > 0, nv.y0, nv.x0, top_view.score, low_res, nv, top_view.all_scores)
 
 
 def render_masks(low_res: torch.Tensor, view: View, max_bytes: int) -> np.ndarray:

@@ -104,3 +104,17 @@ def logits_to_view_mask(low_res: torch.Tensor, view: View) -> torch.Tensor:
         x = F.interpolate(x, size=(view.h, view.w), mode="bilinear", align_corners=False)
     return x[:, 0]
 
+
+
+def view_logits_to_low_res(logits: torch.Tensor, view: View, low_res: torch.Tensor) -> torch.Tensor:
+    """(h, w) logits at the view's native resolution -> (L, L) low-res logits of the view, the
+    inverse of :func:`logits_to_view_mask`; the model input's padding keeps ``low_res``'s."""
+    s = view.input_size
+    side = low_res.shape[-1]
+    canvas = F.interpolate(low_res[None, None].float(), size=(s, s), mode="bilinear", align_corners=False)
+    rh, rw = view.resized_hw
+    x = logits[None, None].float()
+    if (rh, rw) != (view.h, view.w):
+        x = F.interpolate(x, size=(rh, rw), mode="bilinear", align_corners=False)
+    canvas[..., :rh, :rw] = x
+    return F.interpolate(canvas, size=(side, side), mode="bilinear", align_corners=False, antialias=True)[0, 0]

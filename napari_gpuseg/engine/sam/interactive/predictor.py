@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .decode_call import keep_best, module_outputs, prompt_tensors, render_masks
+from .decode_call import blend_views, keep_best, module_outputs, prompt_tensors, render_masks
 from .fast_decoder import decode_sparse, supports_factored
 from ...runtime.batching import run_batched, to_device
 from ...runtime.device import Policy, all_finite, resolve_policy, guard_finite
@@ -68,6 +68,10 @@ class SamEngine(ViewSets):
         # labelled objects (scripts/calibrate_iou_head.py --choose-output, Adapt SAM) and
         # stored with the decoder (decoder_checkpoint.apply_decoder)
         self.click_output: int | None = getattr(sam, "click_output", None)
+        # with no click_output: a first click's mask blends all candidates of both its views,
+        # weighted by softmax(click_blend x predicted IoU) (keep_best, blend_views), where the
+        # decoder file names the temperature, measured on training objects (None: the best one)
+        self.click_blend: float | None = getattr(sam, "click_blend", None)
         self.last_batch_size: int | None = None
         self._extra_views: dict[str, list[View]] = {}  # ad-hoc views made per image digest
         # per embedding: the decoder's work that depends on the image alone (see fast_decoder)
@@ -319,14 +323,18 @@ class SamEngine(ViewSets):
                 results[i] = res
         # a first click in a zoomed view is also decoded at native scale; the candidate with
         # the higher predicted IoU wins, and the native one always when the zoomed mask
-        # reaches a cut edge of its view (the object may go on outside it)
+        # reaches a cut edge of its view (the object may go on outside it); with click_blend,
+        # both views' blends are joined instead (blend_views)
         zoomed = set(self.click_views(image)) - set(self.native_click_views(image))
         again = [i for i, (p, v) in enumerate(zip(prompts, routed)) if p.mask_input is None and v in zoomed]
         if again:
             redo = [prompts[i] for i in again]
             native = [self.route(image, p, zoom=False) for p in redo]
+            blend = self.blend_for(multimask)
             for i, res in zip(again, self._decode_routed(image, redo, native, multimask, cancel, near_box)):
-                if res.score > results[i].score or touches_cut(results[i].mask, routed[i], image.shape):
+                if blend is not None:
+                    results[i] = blend_views(results[i], res, blend)
+                elif res.score > results[i].score or touches_cut(results[i].mask, routed[i], image.shape):
                     results[i] = res
         return results
 
@@ -372,12 +380,16 @@ class SamEngine(ViewSets):
             low_res, iou = self._decoder_outputs(emb, view, prompts, multimask, memo, near_box)
             if reuse is not None and self._reused is not None:
                 self._reused[reuse] = (low_res, iou)
-        chosen, scores = keep_best(low_res, iou, multimask, self.click_output)
+        chosen, scores = keep_best(low_res, iou, multimask, self.click_output, self.blend_for(multimask))
         full_np = render_masks(chosen, view, self.MASK_RENDER_BYTES)
         scores_np = scores.cpu().numpy()
         all_scores = iou.cpu().numpy()
         return [MaskResult(full_np[i], view.y0, view.x0, float(scores_np[i]), chosen[i].detach(),
                            view, all_scores[i]) for i in range(len(prompts))]
+
+    def blend_for(self, multimask: bool) -> float | None:
+        """The temperature a multimask prompt's candidates are blended with (None: keep one)."""
+        return self.click_blend if multimask and self.click_output is None else None
 
     def _decoder_outputs(self, emb: torch.Tensor, view: View, prompts: list[Prompt], multimask: bool,
                          memo: dict | None, near_box: bool) -> tuple[torch.Tensor, torch.Tensor]:
