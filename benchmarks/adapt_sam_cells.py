@@ -111,7 +111,8 @@ def main(argv=None) -> int:
     adapted = load_engine(res.path, cache=cache)
     after = measure(adapted)
     print(f"adapted: {res.objects} objects, {res.steps} steps, {res.seconds:.0f} s training, "
-          f"{wall:.0f} s wall (embedding included)", flush=True)
+          f"{wall:.0f} s wall (embedding included); first clicks: click_output {adapted.click_output}, "
+          f"click_blend {adapted.click_blend} (measured on the annotated cells)", flush=True)
     print()
     print("| decoder | cells | 1 click | 3 clicks | box |")
     print("| --- | ---: | ---: | ---: | ---: |")

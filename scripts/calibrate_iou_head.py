@@ -50,8 +50,7 @@ import torch
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.iou_head import first_click_samples, fit_iou_head
-from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
-from napari_gpuseg.engine.sam.training.click_eval import click_ious
+from napari_gpuseg.engine.sam.training.click_choice import BLENDS, choose_click_blend, choose_click_output
 from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder, save_decoder, set_decoder_fields
 
 
@@ -138,47 +137,33 @@ def choose_output(engine, data: Path, decoder: str, out: str, t0: float) -> int:
     return 0
 
 
-BLENDS = (5.0, 10.0, 20.0)
-"""The temperatures ``--choose-blend`` measures (softmax(t x predicted IoU) weights)."""
-
-
-def choose_blend(engine, data: Path, decoder: str, out: str, t0: float, margin: float = 0.01) -> int:
+def choose_blend(engine, data: Path, decoder: str, out: str, t0: float) -> int:
     """``--choose-blend``: one click per training object with one candidate kept (the engine's
     rule without a blend) and with the candidates of both views blended at each of
-    :data:`BLENDS` (``SamEngine.click_blend``); OUT is the decoder with the temperature whose
-    mean IoU over all objects beats keeping one by more than ``margin`` (the best of those,
-    else None) stored as ``click_blend``, and what was measured as ``click_blend_choice``."""
+    :data:`~napari_gpuseg.engine.sam.training.click_choice.BLENDS`
+    (:func:`~napari_gpuseg.engine.sam.training.click_choice.choose_click_blend`); OUT is the
+    decoder with the chosen temperature stored as ``click_blend`` (None: keep one) and what was
+    measured as ``click_blend_choice``."""
     if engine.click_output is not None:
         raise SystemExit(f"{decoder} keeps candidate {engine.click_output} (click_output): a blend "
                          "applies to the IoU head's choice only")
     fields = training_fields(data)
-    loaded = [(tifffile.imread(i), tifffile.imread(m), cap) for i, m, cap in fields]
-    rules = (None, *BLENDS)
-    per_rule = {}
-    with engine.reuse_decodes():  # the decoder's outputs do not depend on the blend: decoded once
-        for blend in rules:
-            engine.click_blend = blend
-            per_rule[blend] = [click_ious(engine, im, lab, clicks=1, max_objects=cap, box=False)["clicks"][:, 0]
-                               for im, lab, cap in loaded]
-            print(f"blend {blend}: {np.concatenate(per_rule[blend]).mean():.3f} "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    names = {None: "one kept", **{b: f"blend {b:g}" for b in BLENDS}}
+    chosen, means, per_rule = choose_click_blend(engine, [(tifffile.imread(i), tifffile.imread(m), cap)
+                                                          for i, m, cap in fields])
+    names = {r: "one kept" if r is None else f"blend {r:g}" for r in means}
     print("| training objects | n | " + " | ".join(names.values()) + " |")
-    print("| --- | ---: |" + " ---: |" * len(rules))
+    print("| --- | ---: |" + " ---: |" * len(means))
     for kind in dict.fromkeys(i.parent.parent.name for i, _m, _c in fields):
         idx = [k for k, (i, _m, _c) in enumerate(fields) if i.parent.parent.name == kind]
-        cat = {r: np.concatenate([per_rule[r][k] for k in idx]) for r in rules}
+        cat = {r: np.concatenate([per_rule[r][k] for k in idx]) for r in means}
         print(f"| {kind} | {len(cat[None])} | " + " | ".join(f"{v.mean():.3f}" for v in cat.values()) + " |")
-    means = {r: float(np.concatenate(v).mean()) for r, v in per_rule.items()}
-    print(f"| all | {len(np.concatenate(per_rule[None]))} | " + " | ".join(f"{v:.3f}" for v in means.values()) + " |")
-    best = max(BLENDS, key=lambda b: means[b])
-    chosen = best if means[best] > means[None] + margin else None
+    n = len(np.concatenate(per_rule[None]))
+    print(f"| all | {n} | " + " | ".join(f"{v:.3f}" for v in means.values()) + " |")
     print(f"click_blend: {chosen} (None: one candidate kept)")
     if Path(decoder).resolve() != Path(out).resolve():
         shutil.copyfile(decoder, out)
     set_decoder_fields(out, click_blend=chosen, click_blend_choice={
-        "blend": chosen, "one_click_iou": {names[r]: round(v, 4) for r, v in means.items()},
-        "objects": len(np.concatenate(per_rule[None])),
+        "blend": chosen, "objects": n, "one_click_iou": {names[r]: round(v, 4) for r, v in means.items()},
         "data": "scratch_assay cells t00-t06 (15 per frame), bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})
     print(f"wrote {out} in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
     return 0

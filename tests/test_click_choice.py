@@ -103,6 +103,31 @@ def test_every_rule_measured_from_one_decode_gives_each_rules_own_masks(cache, c
     assert len(runs) > once  # outside it, the decoder runs again
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
+def test_the_shipped_decoder_blends_as_measured_and_the_session_clicks_what_was_measured(cache, cells):
+    """The shipped file names the blend measured on its 291 training objects (kept only where it
+    beat one kept by more than 0.01); measuring on whole cells leaves the engine as it was, and
+    the annotator's path gives the masks measured for that temperature."""
+    from napari_gpuseg.engine.sam.training.click_choice import BLENDS, choose_click_blend
+
+    doc = read_decoder(SHIPPED)
+    stored = doc["click_blend_choice"]
+    assert stored["objects"] == 291 and stored["blend"] == doc["click_blend"] == 10.0
+    ious = stored["one_click_iou"]
+    assert ious[f"blend {doc['click_blend']:g}"] == max(ious.values()) > ious["one kept"] + 0.01
+    engine = load_engine(cache=cache)
+    img, lab = cells
+    chosen, means, per_rule = choose_click_blend(engine, [(img, lab, 10)])
+    assert engine.click_blend == 10.0 and set(means) == {None, *BLENDS}  # left as it was
+    assert all(len(np.concatenate(v)) == 10 for v in per_rule.values())
+    through = session_click_ious(AnnotationSession(engine, cache=cache), img, lab, clicks=1, max_objects=10, box=False)
+    assert through["clicks"][:, 0].mean() == pytest.approx(means[10.0], abs=1e-6)
+    engine.click_output = 1
+    with pytest.raises(ValueError, match="IoU head's choice only"):
+        choose_click_blend(engine, [(img, lab, 10)])
+    engine.click_output = None
+
+
 @pytest.mark.parametrize("candidates, keeps, first, trained", [
     ("all", 1, "multi", 1), ("all", 0, "multi", None), ("all", 0, "all", 0), ("all", 3, "multi", 3),
     # a stock decoder offers SAM's three alone: its candidate k is the trained decoder's k + 1
@@ -137,7 +162,11 @@ def test_train_sam_measures_which_candidate_a_first_click_keeps_and_stores_it(ce
     assert doc["click_choice"]["objects"] == 4
     assert set(doc["click_choice"]["one_click_iou"]) == {"head", "0", "1", "2", "3"}
     assert doc["click_output"] == doc["click_choice"]["output"]
-    assert load_engine(str(out)).click_output == doc["click_output"]
+    # whether its candidates are better blended was measured too; a blend replaces a kept candidate
+    assert doc["click_blend_choice"]["objects"] == 4 and doc.get("click_blend") == doc["click_blend_choice"]["blend"]
+    assert doc.get("click_blend") is None or doc["click_output"] is None
+    engine = load_engine(str(out))
+    assert engine.click_output == doc["click_output"] and engine.click_blend == doc.get("click_blend")
     assert "a first click keeps " in said and "one click on 4 objects" in said
     out0 = tmp_path / "head.pt"
     assert main([*base, "--choose-output", "0", "--out", str(out0), "--quiet"]) == 0

@@ -83,25 +83,79 @@ def choose_click_output(engine, fields: Iterable[tuple], margin: float = 0.01, c
     return ClickChoice(chosen, means, n, per_field)
 
 
+BLENDS = (5.0, 10.0, 20.0)
+"""The temperatures :func:`choose_click_blend` measures (softmax(t x predicted IoU) weights)."""
+
+
+def choose_click_blend(engine, fields: Iterable[tuple], blends=BLENDS, margin: float = 0.01,
+                       cancel=None) -> tuple[float | None, dict, dict]:
+    """Measure one click per object of each ``(image, labels, max_objects)`` in ``fields``
+    with one candidate kept (the IoU head's choice) and with the candidates of both views
+    blended at each temperature of ``blends`` (:attr:`SamEngine.click_blend`). Returns (the
+    temperature whose mean IoU beats keeping one by more than ``margin``, the best of those,
+    else None; mean IoU per rule, None for one kept; per rule, each field's IoUs). The
+    engine must keep the head's choice (``click_output`` None); its ``click_blend`` is left
+    as it was."""
+    if engine.click_output is not None:
+        raise ValueError("a blend applies to the IoU head's choice only (click_output is set)")
+    fields = list(fields)
+    per_rule: dict = {}
+    before = engine.click_blend
+    try:
+        with engine.reuse_decodes():  # the decoder's outputs do not depend on the blend: decoded once
+            for blend in (None, *blends):
+                engine.click_blend = blend
+                per_rule[blend] = [click_ious(engine, im, lab, clicks=1, max_objects=cap, box=False,
+                                              cancel=cancel)["clicks"][:, 0] for im, lab, cap in fields]
+    finally:
+        engine.click_blend = before
+    means = {r: float(np.concatenate(v).mean()) if any(len(x) for x in v) else float("nan")
+             for r, v in per_rule.items()}
+    best = max(blends, key=lambda b: means[b])
+    return (best if means[best] > means[None] + margin else None), means, per_rule
+
+
 def store_click_choice(engine, path, images, labels, cancel=None, per_image: int | None = None) -> ClickChoice | None:
     """After training on ``labels`` (one label image per image, 0 = not annotated): measure
     the choice on every annotated object, or on ``per_image`` objects of each image drawn with
     seed 0 (:func:`choose_click_output`; only the views their clicks need are embedded) and
     store it in the decoder file at ``path`` (``click_output`` and the ``click_choice``
-    record). Cancelled by ``cancel`` meanwhile: the file is removed (nothing is kept, as when
-    training is cancelled) and None returned."""
+    record), and whether the candidates are better blended (:func:`choose_click_blend`, on the
+    same objects): a blend that beats keeping one by more than 0.01, and beats the candidate
+    chosen above by as much, is stored instead (``click_blend``, ``click_output`` None; the
+    ``click_blend_choice`` record either way). Cancelled by ``cancel`` meanwhile: the file is removed
+    (nothing is kept, as when training is cancelled) and None returned."""
     fields = []
     for im, lab in zip(images, labels):
         n = len(np.unique(lab[lab > 0]))
         if n:
             fields.append((im, lab, n if per_image is None else min(n, int(per_image))))
+    blend, means = None, None
+    before = engine.click_output
     try:
-        choice = choose_click_output(engine, fields, cancel=cancel)
+        with engine.reuse_decodes():  # both measurements decode each click once
+            choice = choose_click_output(engine, fields, cancel=cancel)
+            if fields:
+                engine.click_output = None
+                best, means, _per = choose_click_blend(engine, fields, cancel=cancel)
+                kept = choice.ious["head" if choice.output is None else str(choice.output)]
+                if best is not None and means[best] > kept + 0.01:  # beats the rule chosen above too
+                    blend, choice.output = best, None
     except Cancelled:
         Path(path).unlink(missing_ok=True)
         return None
-    set_decoder_fields(path, click_output=choice.output, click_choice=choice.record())
+    finally:
+        engine.click_output = before
+    extra = {}
+    if means is not None:
+        extra["click_blend_choice"] = {"blend": blend, "objects": choice.objects,
+                                       "one_click_iou": {_blend_key(r): round(v, 4) for r, v in means.items()}}
+    set_decoder_fields(path, click_output=choice.output, click_choice=choice.record(), click_blend=blend, **extra)
     return choice
+
+
+def _blend_key(blend: float | None) -> str:
+    return "one kept" if blend is None else f"blend {blend:g}"
 
 
 def output_to_train(engine, images, labels, first_candidates: str, cancel=None) -> int | None:
