@@ -84,7 +84,7 @@ MODELS: Dict[str, ModelSpec] = {
         ),
         ModelSpec(
             "cells_nuclei_sam", "lite_medsam", 256, "minmax", "cells_nuclei_sam_decoder.pt", None,
-            CELLS_NUCLEI_SAM_SHA256, 14509077, "Apache-2.0",
+            CELLS_NUCLEI_SAM_SHA256, 14509461, "Apache-2.0",
             "shipped with napari-gpuseg (weights/CELLS_NUCLEI_SAM_CARD.md); encoder: LiteMedSAM",
             "LiteMedSAM with a decoder tuned on whole cells and nuclei: clicks and boxes (default)",
             base="lite_medsam",
