@@ -105,7 +105,6 @@ def logits_to_view_mask(low_res: torch.Tensor, view: View) -> torch.Tensor:
     return x[:, 0]
 
 
-
 def view_logits_to_low_res(logits: torch.Tensor, view: View, low_res: torch.Tensor) -> torch.Tensor:
     """(h, w) logits at the view's native resolution -> (L, L) low-res logits of the view, the
     inverse of :func:`logits_to_view_mask`; the model input's padding keeps ``low_res``'s."""

@@ -123,8 +123,8 @@ def store_click_choice(engine, path, images, labels, cancel=None, per_image: int
     record), and whether the candidates are better blended (:func:`choose_click_blend`, on the
     same objects): a blend that beats keeping one by more than 0.01, and beats the candidate
     chosen above by as much, is stored instead (``click_blend``, ``click_output`` None; the
-    ``click_blend_choice`` record either way). Cancelled by ``cancel`` meanwhile: the file is removed
-    (nothing is kept, as when training is cancelled) and None returned."""
+    ``click_blend_choice`` record either way). Cancelled by ``cancel`` meanwhile: the file is
+    removed (nothing is kept, as when training is cancelled) and None returned."""
     fields = []
     for im, lab in zip(images, labels):
         n = len(np.unique(lab[lab > 0]))
