@@ -139,9 +139,9 @@ class SamAnnotatorWidget(DockWidget):
         self._make_status_parts()
         self.multimask = QCheckBox("best of the candidate masks for a first click")
         self.multimask.setChecked(True)
-        self.multimask.setToolTip("A first click asks the model for its candidate masks and keeps the one its "
-                                  "decoder names (measured on labelled objects), else the one it rates best; "
-                                  "unchecked: the single-mask output")
+        self.multimask.setToolTip("A first click asks the model for its candidate masks and, as its decoder "
+                                  "says (measured on labelled objects), blends them by predicted IoU or keeps "
+                                  "one, else the one it rates best; unchecked: the single-mask output")
         self.region_btn = QPushButton(REGION_BUTTON)  # shown for an image too big to annotate whole
         self.region_btn.setToolTip("Annotate the part of this image on the canvas as an image layer of its "
                                    "own, placed over it (at most %d px a side)" % regions.REGION_SIDE)

@@ -65,7 +65,7 @@ class AnnotationSession:
         self.cache = cache if cache is not None else EmbeddingCache()
         self.worker = worker or self._worker_for(model, default_worker, InferenceWorker)
         self._submit_fn = submit or self.worker.submit
-        self.multimask = True  # an object's first click keeps the best of the candidate masks
+        self.multimask = True  # an object's first click uses the candidate masks (SamEngine.predict)
         self.focus: tuple[float, float] | None = None  # (x, y) the background tiles start from
         self.stack_order: list[tuple] = []  # planes in the order the last stack embedding took them
         self.last_embed_seconds: float | None = None

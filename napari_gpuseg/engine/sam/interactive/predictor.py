@@ -295,8 +295,10 @@ class SamEngine(ViewSets):
 
         ``multimask=True`` asks for the candidates (:attr:`candidates`: SAM's three, and
         for a decoder tuned here its single-mask output too) and keeps the one with the
-        highest predicted IoU, or candidate :attr:`click_output` when the decoder names one
-        (``all_scores`` keeps every candidate's score). ``near_box=True``: the mask
+        highest predicted IoU, or candidate :attr:`click_output` when the decoder names one,
+        or, when it names :attr:`click_blend`, blends them by predicted IoU, a first click's
+        two views joined (``decode_call.blend_views``; ``all_scores`` keeps every candidate's
+        score). ``near_box=True``: the mask
         of a prompt with a box (and no mask input) is computed near its box only, the box
         grown by half its size per side (``fast_decoder.mask_region``, as box mode does);
         a mask reaching further is cut there. The same numbers inside; the decoder's mask
