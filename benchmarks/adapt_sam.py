@@ -5,7 +5,9 @@
 On the DSB2018 field (``shared/data/dsb2018``, never trained on): the objects whose
 centre lies in the left half are the user's annotation; the decoder of ``--model`` is
 fine-tuned on them with the Adapt SAM dock's own schedule (``widgets.sam_adapt``'s
-``adapt_config``: time-bound, embedding included in the reported wall time). Then the
+``adapt_config``: a fixed number of visits per object, bound by ``--minutes``; embedding
+included in the reported wall time), and the first-click candidate is measured on them as
+the dock does (``store_click_choice``). Then the
 objects of the right half are clicked (``click_ious``: 1, 3 clicks and a box) with the
 starting model and the adapted one, in the same run.
 
@@ -25,6 +27,7 @@ from _data import dsb2018_field
 from _machine import machine_line
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
+from napari_gpuseg.engine.sam.training.click_choice import store_click_choice
 from napari_gpuseg.engine.sam.training.click_eval import click_ious
 from napari_gpuseg.engine.sam.training.finetune import finetune_sam
 
@@ -59,8 +62,7 @@ def main(argv=None) -> int:
     start = load_engine(args.model, cache=cache)
     before = click_ious(start, img, right, clicks=3)
     out = Path(tempfile.mkdtemp()) / "adapted.pt"
-    cfg = adapt_config(1)
-    cfg.max_time = 60.0 * args.minutes
+    cfg = adapt_config(args.minutes, len(np.unique(annotation)) - 1)
     for item in args.set:
         key, value = item.split("=", 1)
         setattr(cfg, key, type(getattr(cfg, key))(value))
@@ -69,6 +71,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     tuned = load_engine(args.model, cache=EmbeddingCache())  # a fresh cache: embedding is part of the time
     res = finetune_sam([img], [annotation], model=tuned, config=cfg, out_path=out)
+    store_click_choice(res.engine, str(out), [img], [annotation])
     wall = time.perf_counter() - t0
     adapted = load_engine(str(out), cache=cache)
     after = click_ious(adapted, img, right, clicks=3)

@@ -69,7 +69,7 @@ def _adapt_once(shared_data: Path, folder: Path) -> str:
     cut = np.s_[:, :96]
     img, gt = tifffile.imread(d / "images" / "t00.tif")[cut], tifffile.imread(d / "masks" / "t00.tif")[cut]
     cfg = few_object_config(4, minutes=1)
-    cfg.max_steps, cfg.max_time, cfg.view_zooms = 1, None, (1.0,)
+    cfg.max_steps, cfg.max_time, cfg.view_zooms, cfg.orientations = 1, None, (1.0,), 1
     res = adapt_to_objects(img, gt, model=DEFAULT_MODEL, image_name="/data/scratch/t00.tif", folder=folder,
                            config=cfg)
     assert res.path is not None and res.steps == 1

@@ -98,9 +98,9 @@ def test_adapt_sam_starts_from_the_adapted_decoder(make_napari_viewer, qtbot, ad
 
     monkeypatch.setattr(finetune, "_engine", engine_of)
 
-    def short(minutes):
-        cfg = real_config(minutes)
-        cfg.max_steps, cfg.view_zooms, cfg.objects_per_view = 1, (1.0,), 2
+    def short(minutes, objects):
+        cfg = real_config(minutes, objects)
+        cfg.max_steps, cfg.view_zooms, cfg.objects_per_view, cfg.orientations = 1, (1.0,), 2, 1
         return cfg
 
     real_config = adapt_dock.adapt_config

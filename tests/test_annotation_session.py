@@ -248,7 +248,11 @@ def test_a_first_click_the_model_rates_low_says_so(engine):
     s = AnnotationSession(engine)
     s.prompt = Prompt(points=np.array([[5.0, 5.0]]), labels=np.array([1]))
     s.result = MaskResult(mask=np.ones((4, 4), bool), y0=0, x0=0, score=0.41, low_res=None, view=None)
-    assert "unsure (predicted IoU 0.41): draw a box" in s.unsure()
+    assert s.unsure() == "unsure (predicted IoU 0.41): draw a box, or adapt SAM to these objects"
+    s.result.score = 0.7999  # cut, not rounded: the hint never reads the threshold itself
+    assert "(predicted IoU 0.79)" in s.unsure()
+    s.result.score = 0.29
+    assert "(predicted IoU 0.29)" in s.unsure()
     s.result.score = 0.9
     assert s.unsure() is None
     s.result.score = 0.41

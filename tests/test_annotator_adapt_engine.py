@@ -52,7 +52,7 @@ def short(n_objects: int) -> object:
     """The few-object schedule cut to 2 steps on native views (the flow is tested here; what
     adapting learns is ``benchmarks/adapt_sam_cells.py``'s)."""
     cfg = few_object_config(n_objects, minutes=1)
-    cfg.max_steps, cfg.max_time, cfg.view_zooms = 2, None, (1.0,)
+    cfg.max_steps, cfg.max_time, cfg.view_zooms, cfg.orientations = 2, None, (1.0,), 1
     return cfg
 
 
@@ -197,7 +197,7 @@ def test_with_an_adapted_decoder_the_hints_offer_a_box_or_clicks_not_adapting(ad
     assert s.adapted and is_adapted(path)
     unsure_first_click(s, 0.41)
     hint = s.unsure()
-    assert hint.startswith("unsure (predicted IoU 0.41): draw a box around the object, or correct the mask with clicks")
+    assert hint == "unsure (predicted IoU 0.41): draw a box, or correct the mask with clicks"
     assert "adapt" not in hint.lower()
     for _ in range(3):
         s.effort.record(True, 0)

@@ -28,7 +28,7 @@ def frame(shared_data, tmp_path, monkeypatch):
 
     def short(n_objects, minutes=4.0):
         cfg = real(n_objects, minutes)
-        cfg.max_steps, cfg.max_time, cfg.view_zooms = steps["n"], None, (1.0,)
+        cfg.max_steps, cfg.max_time, cfg.view_zooms, cfg.orientations = steps["n"], None, (1.0,), 1
         return cfg
 
     monkeypatch.setattr(sam_adapt, "few_object_config", short)

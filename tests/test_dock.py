@@ -167,6 +167,12 @@ def test_a_status_that_wraps_does_not_move_the_bar_under_it(make_napari_viewer, 
         long_text += " and more"
     assert plain_height(long_text) == label._reserved()  # two lines, not three
     assert bar_top_after(long_text) == short == bar_top_after("idle")
+    from napari_gpuseg.engine.sam.training.adapt import unsure_hint
+
+    for adapted in (False, True):  # the longest first-mask message: a big mask the model is unsure of
+        text = "preview: 123456 px, " + unsure_hint(0.41, adapted=adapted)
+        assert plain_height(text) <= label._reserved(), text
+        assert bar_top_after(text) == short
 
 
 def test_closing_a_dock_cancels_its_run(make_napari_viewer, monkeypatch):

@@ -194,7 +194,7 @@ def test_adapt_sam_on_annotated_cells(shared_data, tmp_path):
     from napari_gpuseg.engine.sam.training.adapt import few_object_config
 
     cfg = few_object_config(4, minutes=1)
-    cfg.max_steps, cfg.max_time, cfg.view_zooms = 2, None, (1.0,)
+    cfg.max_steps, cfg.max_time, cfg.view_zooms, cfg.orientations = 2, None, (1.0,), 1
     stop = CancelToken()
     stop.cancel()
     res = adapt_sam_on_annotated(f, config=cfg, models_folder=adapted, cancel=stop)

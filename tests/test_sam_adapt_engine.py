@@ -43,6 +43,8 @@ def test_the_few_object_schedule_is_bound_by_visits_per_object_not_by_the_machin
         assert cfg.max_steps * cfg.objects_per_view >= FEW_OBJECT_VISITS * n
         assert cfg.max_time == 240.0 and cfg.lr == 3e-4
     assert few_object_config(0).max_steps == 20  # no object yet: the labels check says so later
+    # every picture in its 8 orientations for one image; as many pictures in all for several
+    assert [few_object_config(15, images=n).orientations for n in (1, 2, 3, 8, 20)] == [8, 4, 2, 1, 1]
 
 
 def test_adapt_saves_into_the_users_list_with_the_image_name(cells, embeddings, tmp_path, monkeypatch):
@@ -50,7 +52,7 @@ def test_adapt_saves_into_the_users_list_with_the_image_name(cells, embeddings, 
     monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(tmp_path / "cache"))
     img, ann = cells
     cfg = few_object_config(6, minutes=1)
-    cfg.max_steps, cfg.max_time, cfg.view_zooms = 2, None, (1.0,)
+    cfg.max_steps, cfg.max_time, cfg.view_zooms, cfg.orientations = 2, None, (1.0,), 1
     engine = load_engine("nuclei_sam", cache=embeddings)
     steps = []
     res = adapt_to_objects(img, ann, model=engine, image_name="/data/my cells.tif", config=cfg,
@@ -112,7 +114,7 @@ def test_a_cancel_while_the_first_click_choice_is_measured_keeps_nothing(cells, 
     require_lite_medsam()
     img, ann = cells
     cfg = few_object_config(6, minutes=1)
-    cfg.max_steps, cfg.max_time, cfg.view_zooms = 1, None, (1.0,)
+    cfg.max_steps, cfg.max_time, cfg.view_zooms, cfg.orientations = 1, None, (1.0,), 1
     token = CancelToken()
     measure = sam_adapt.store_click_choice
 

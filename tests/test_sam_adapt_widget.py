@@ -22,11 +22,11 @@ def field(shared_data, tmp_path):
     return src, img, gt
 
 
-def short(minutes):
+def short(minutes, objects):
     """The dock's schedule cut to 3 steps on native views with 2 objects each (the dock's
     flow is tested here; what the schedule learns is ``benchmarks/adapt_sam.py``'s)."""
-    cfg = ADAPT(minutes)
-    cfg.max_steps, cfg.view_zooms, cfg.objects_per_view = 3, (1.0,), 2
+    cfg = ADAPT(minutes, objects)
+    cfg.max_steps, cfg.view_zooms, cfg.objects_per_view, cfg.orientations = 3, (1.0,), 2, 1
     return cfg
 
 

@@ -439,6 +439,9 @@ def test_train_sam_options_reach_the_config(tmp_path):
     assert cfg.encoder_lr == 0 and config_from(parser.parse_args(base + ["--encoder-lr", "5e-5"])).encoder_lr == 5e-5
     with pytest.raises(TrainInputError, match="--encoder-lr must be 0"):
         config_from(parser.parse_args(base + ["--encoder-lr", "-1"]))
+    assert cfg.orientations == 1 and config_from(parser.parse_args(base + ["--orientations", "8"])).orientations == 8
+    with pytest.raises(TrainInputError, match="--orientations must be a whole number 1-8"):
+        config_from(parser.parse_args(base + ["--orientations", "9"]))
 
 
 def _seeded_step(engine, views, cfg):

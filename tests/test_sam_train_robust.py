@@ -1,4 +1,4 @@
-"""SAM decoder training on bad output paths and Ctrl-C, and its intensity variants."""
+"""SAM decoder training on bad output paths and Ctrl-C, and its intensity and orientation variants."""
 import numpy as np
 import pytest
 import tifffile
@@ -8,7 +8,8 @@ from napari_gpuseg.engine.sam.training import finetune as ft
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.finetune import TuneInterrupted, finetune_sam
 from napari_gpuseg.engine.sam.training.tune_config import SamTuneConfig
-from napari_gpuseg.engine.sam.training.train_views import collect_views, gamma_image, intensity_variants, invert_image
+from napari_gpuseg.engine.sam.training.train_views import (collect_views, gamma_image, intensity_variants, invert_image,
+                                                         orient, orientations_of)
 
 from sam_fixtures import require_lite_medsam
 
@@ -131,3 +132,28 @@ def test_both_polarities_embed_each_view_twice_under_one_source(lite, crop):
     assert len(both) == 2 * len(plain) and {v.source for v in both} == {0}
     assert not np.allclose(both[0].embedding.float().numpy(), both[-1].embedding.float().numpy())
     assert (both[0].labels == both[-1].labels).all()
+
+
+def test_orientations_turn_image_and_labels_together_and_embed_each(lite, crop):
+    img, lab = crop
+    img, lab = img[:, :200], lab[:, :200]  # not square: a quarter turn swaps the sides
+    for k in range(8):
+        im, lb = orient(img, lab, k)
+        assert im.shape == lb.shape and im.shape == (img.shape if k % 2 == 0 else img.shape[::-1])
+        for obj in np.unique(lab)[1:4]:  # every object keeps its pixels' values
+            assert sorted(im[lb == obj]) == sorted(img[lab == obj])
+    assert all((orient(img, lab, 0)[i] == a).all() for i, a in enumerate((img, lab)))
+    assert (orient(img, lab, 4)[0] == img[:, ::-1]).all() and (orient(img, lab, 1)[0] == np.rot90(img)).all()
+    rng = np.random.default_rng(0)
+    ks = [orientations_of(4, rng) for _ in range(20)]
+    assert all(k[0] == 0 and len(set(k)) == 4 for k in ks) and len({tuple(k) for k in ks}) > 1
+    assert orientations_of(8, rng) == list(range(8)) and orientations_of(1, None) == [0]
+    with pytest.raises(ValueError, match="orientation"):
+        orient(img, lab, 8)
+    with pytest.raises(ValueError, match="orientations"):
+        SamTuneConfig(orientations=9).check()
+    plain = collect_views(lite, [img], [lab])
+    four = collect_views(lite, [img], [lab], orientations=4, rng=np.random.default_rng(3))
+    assert {v.source for v in four} == {0} and len(four) > len(plain)
+    # the turned pictures are new pictures to the encoder
+    assert not any(np.allclose(four[-1].embedding.float().numpy(), v.embedding.float().numpy()) for v in plain)

@@ -49,6 +49,9 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
                         "(twice the views), random (one of the two per image); one, or one per folder pair")
     p.add_argument("--contrast-jitter", type=float, default=1.0,
                    help="G > 1: each embedded picture gets a random gamma in [1/G, G] (default 1: off)")
+    p.add_argument("--orientations", type=int, default=1,
+                   help="each picture in N of its 8 quarter turns and mirrors, as it is and N-1 at "
+                        "random (N times the views; default 1: as it is)")
     p.add_argument("--views-per-step", type=int, default=4)
     p.add_argument("--objects-per-view", type=int, default=6)
     p.add_argument("--lr", type=float, default=2e-4)
@@ -156,6 +159,7 @@ def config_from(args):
                         val_fraction=args.val_fraction, val_objects=args.val_objects,
                         eval_every=args.eval_every, patience=args.patience, max_time=args.max_time,
                         seed=args.seed, contrast_jitter=getattr(args, "contrast_jitter", 1.0),
+                        orientations=getattr(args, "orientations", 1),
                         view_zooms=tuple(args.zoom) if args.zoom else None, click_zoom=args.click_zoom)
     try:
         cfg.check()

@@ -20,14 +20,14 @@ from ._unet_jobs import default_output, train_worker
 LOSS = "train loss"
 
 
-def adapt_config(minutes: int):
-    """The Adapt SAM schedule: time-bound, small steps (one image, no validation split); a
-    first click trains the candidate the annotator will keep."""
-    from ..engine.sam.training.tune_config import SamTuneConfig
+def adapt_config(minutes: int, objects: int):
+    """The Adapt SAM schedule, the annotator's "Adapt to these objects" one
+    (:func:`~napari_gpuseg.engine.sam.training.adapt.few_object_config`): a fixed number of
+    visits per annotated object, so a GPU learns what a CPU does, sooner; ``minutes`` bounds
+    the wait on a slow machine."""
+    from ..engine.sam.training.adapt import few_object_config
 
-    return SamTuneConfig(max_steps=400, views_per_step=2, objects_per_view=4, lr=1e-4, warmup=5,
-                         views_per_image=None, val_fraction=0.0, max_time=60.0 * minutes,
-                         first_output="measured")
+    return few_object_config(objects, minutes)
 
 
 def adapt_job(image, labels, model, minutes, out_path, on_event, image_name=None, progress=None, cancel=None):
@@ -37,7 +37,7 @@ def adapt_job(image, labels, model, minutes, out_path, on_event, image_name=None
     from ..engine.sam.training.finetune import finetune_sam
 
     objects = int(len(np.unique(labels[labels > 0])))
-    res = finetune_sam([image], [labels], model=model, config=adapt_config(minutes), out_path=out_path,
+    res = finetune_sam([image], [labels], model=model, config=adapt_config(minutes, objects), out_path=out_path,
                        on_event=on_event, progress=progress, cancel=cancel, policy=train_worker().policy,
                        meta={"adapted": {"image": image_name, "objects": objects}})
     path, stopped = res.path, res.stopped

@@ -32,6 +32,7 @@ from ...runtime.cancel import CancelToken, ProgressFn
 from ..interactive.prompt_types import shown_iou
 from .click_choice import store_click_choice
 from .finetune import SamTuneEvent, SamTuneResult, finetune_sam
+from .train_views import ORIENTATIONS
 from .tune_config import SamTuneConfig
 
 UNSURE_IOU = 0.80
@@ -65,10 +66,11 @@ gain over the start's 0.358). AMD EPYC, avx2 only, fp32, 2 threads, 2026-11-28, 
 +0.078 / +0.048 after 40 / 80 / 150 / 250 / 400 steps, with 3 clicks and boxes below the
 start at every count, and the old schedule, bound by time alone, made 963 steps in two
 minutes for +0.018 (boxes 0.592 -> 0.459); at lr 3e-4 150 steps gave +0.136. More steps
-teach the few objects' outlines, not their kind."""
+teach the few objects' outlines, not their kind. With the 8 orientations (AMD EPYC Zen 4,
+avx512_bf16, 2 threads, 2026-11-29): +0.159 after 75 steps (94 s), +0.155 after 150."""
 
 
-def few_object_config(n_objects: int, minutes: float = 4.0) -> SamTuneConfig:
+def few_object_config(n_objects: int, minutes: float = 4.0, images: int = 1) -> SamTuneConfig:
     """The schedule for a few annotated objects on one or two images: a fixed number of
     visits per object (:data:`FEW_OBJECT_VISITS`), so a GPU and a CPU learn the same thing,
     the GPU sooner; ``minutes`` only bounds the wait on a slow machine (the learning rate's
@@ -76,16 +78,20 @@ def few_object_config(n_objects: int, minutes: float = 4.0) -> SamTuneConfig:
     box as the first prompt for 40 % of the objects (the fast way to annotate an unfamiliar
     kind, and the decoder's most reliable prompt, which the clicks learn beside), one
     corrective click, native views and views 1.5x finer (objects larger and smaller than
-    nuclei), and a mild random gamma per embedded picture. A first click trains the
-    candidate the annotator will keep (``first_output`` "measured"). No validation split:
-    every object teaches."""
+    nuclei), a mild random gamma per embedded picture, and every picture in its 8 quarter
+    turns and mirrors (:func:`~.train_views.orient`: a few objects seen in every orientation;
+    eight times the views to embed, seconds on a CPU for one field), fewer when there are
+    several ``images`` (8 // images, at least 1: as many pictures as one image). A first click trains the candidate the
+    annotator will keep (``first_output`` "measured"). No validation split: every object
+    teaches."""
     n = max(1, int(n_objects))
     per_step = min(4, n)
     steps = max(FEW_OBJECT_VISITS, math.ceil(FEW_OBJECT_VISITS * n / per_step))
     return SamTuneConfig(max_steps=steps, views_per_step=1, objects_per_view=per_step,
                          lr=3e-4, warmup=3, box_fraction=0.4, corrections=1, views_per_image=None,
                          val_fraction=0.0, max_time=60.0 * float(minutes), contrast_jitter=1.25,
-                         view_zooms=(1.0, 1.5), first_output="measured")
+                         view_zooms=(1.0, 1.5), first_output="measured",
+                         orientations=max(1, ORIENTATIONS // max(1, int(images))))
 
 
 @dataclass
@@ -174,7 +180,7 @@ def adapt_to_objects(images: np.ndarray | Sequence[np.ndarray], labels: np.ndarr
     name = name or _free_name(d, image_name)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"adapted model name {name!r}: use letters, digits, '_', '-', '.'")
-    cfg = config or few_object_config(n_objects, minutes)
+    cfg = config or few_object_config(n_objects, minutes, images=len(images))
     base = model if isinstance(model, (str, os.PathLike)) else getattr(getattr(model, "info", None), "name", "engine")
     out = d / f"{name}.pt"
     res = finetune_sam(images, labels, model=model, config=cfg, out_path=out, on_event=on_event, progress=progress,
@@ -228,14 +234,14 @@ def unsure_hint(predicted_iou: float, threshold: float = UNSURE_IOU, adapted: bo
     """The status-line hint for a first mask whose predicted IoU (clamped to [0, 1], as
     shown) is below ``threshold`` (None when the model is confident): the model is unsure, a
     box helps, and so does adapting, unless the model is already ``adapted`` (then a box or
-    corrective clicks)."""
+    corrective clicks). Short enough that the annotator's status line keeps its two lines;
+    the value is cut, not rounded, to two decimals."""
     if predicted_iou is None or not np.isfinite(predicted_iou):
         return None
     shown = shown_iou(predicted_iou)
     if shown >= threshold:
         return None
+    shown = math.floor(round(shown * 100, 6)) / 100  # 0.799 reads 0.79, never the threshold
     if adapted:
-        return (f"unsure (predicted IoU {shown:.2f}): draw a box around the object, "
-                "or correct the mask with clicks (Shift-N: a negative click removes a wrong part)")
-    return (f"unsure (predicted IoU {shown:.2f}): draw a box around the object, "
-            "or adapt SAM to these objects after a few commits")
+        return f"unsure (predicted IoU {shown:.2f}): draw a box, or correct the mask with clicks"
+    return f"unsure (predicted IoU {shown:.2f}): draw a box, or adapt SAM to these objects"

@@ -132,7 +132,7 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     zooms = cfg.view_zooms or (1.0, cfg.click_zoom or engine.click_zoom)
     views = collect_views(engine, images, labels, cfg.views_per_image, rng, progress, cancel,
                           zooms=tuple(dict.fromkeys(float(z) for z in zooms)), polarity=cfg.polarity,
-                          contrast_jitter=cfg.contrast_jitter, trunk=bool(tail))
+                          contrast_jitter=cfg.contrast_jitter, trunk=bool(tail), orientations=cfg.orientations)
     if cfg.first_output == "measured":  # before training: the base decoder's candidate
         cfg = dataclasses.replace(cfg, first_output=output_to_train(engine, images, labels, cfg.first_candidates, cancel))
     train_imgs, val_imgs = _split(len(images), cfg)

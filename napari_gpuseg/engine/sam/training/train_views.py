@@ -142,6 +142,32 @@ def intensity_variants(image: np.ndarray, polarity: str, contrast_jitter: float,
     return out
 
 
+ORIENTATIONS = 8  # the square's symmetries: four quarter turns, each mirrored or not
+
+
+def orient(image: np.ndarray, labels: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``image`` (Y, X[, C]) and its ``labels`` in orientation ``k`` of :data:`ORIENTATIONS`:
+    ``k % 4`` quarter turns, mirrored left-right when ``k >= 4`` (k = 0: as they are).
+    Microscopy has no up or down, so a turned picture is one more true example; the frozen
+    encoder sees it as a new picture (one more embedding)."""
+    if not 0 <= int(k) < ORIENTATIONS:
+        raise ValueError(f"orientation must be 0-{ORIENTATIONS - 1}, got {k}")
+    im, lab = np.rot90(image, int(k) % 4, axes=(0, 1)), np.rot90(labels, int(k) % 4, axes=(0, 1))
+    if k >= 4:
+        im, lab = im[:, ::-1], lab[:, ::-1]
+    return np.ascontiguousarray(im), np.ascontiguousarray(lab)
+
+
+def orientations_of(n: int, rng: np.random.Generator) -> list[int]:
+    """``n`` distinct orientations for one picture: as it is, then ``n - 1`` of the other
+    seven at random (no draw when ``n`` is 1)."""
+    if not 1 <= int(n) <= ORIENTATIONS:
+        raise ValueError(f"orientations must be 1-{ORIENTATIONS}, got {n}")
+    if n == 1:
+        return [0]
+    return [0] + sorted(int(k) for k in rng.permutation(np.arange(1, ORIENTATIONS))[: int(n) - 1])
+
+
 def candidate_views(engine, prepared, zoom: float) -> list[View]:
     """The views of one image at ``zoom`` (model input px per image px): the engine's grid
     at 1, else a grid of tiles ``input_size / zoom`` px a side, upscaled to the input (the
@@ -155,12 +181,13 @@ def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndar
                   views_per_image: int | Sequence[int | None] | None = None, rng: np.random.Generator | None = None,
                   progress: ProgressFn = None, cancel: CancelToken | None = None,
                   zooms: Sequence[float] = (1.0,), polarity: str | Sequence[str] = "as-is",
-                  contrast_jitter: float = 1.0, trunk: bool = False) -> list[TrainView]:
+                  contrast_jitter: float = 1.0, trunk: bool = False, orientations: int = 1) -> list[TrainView]:
     """Embedded training views of every image (at most ``views_per_image`` each per zoom,
     chosen at random among the views that hold at least one whole object; None = all; a
     sequence gives one number per image), at every scale in ``zooms`` (see
     :func:`candidate_views`), of each picture :func:`intensity_variants` makes of it
-    (``polarity``: one value, or one per image). All pictures of an image share its
+    (``polarity``: one value, or one per image), each in ``orientations`` orientations
+    (:func:`orientations_of`: 1 = as it is; up to 8). All pictures of an image share its
     ``source`` index, so a validation split by image keeps them together. ``trunk``: keep
     the encoder trunk's output instead of the embedding (:func:`trunk_features`)."""
     if len(images) != len(labels):
@@ -179,6 +206,7 @@ def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndar
             raise ValueError(f"polarity must be one of {', '.join(POLARITIES)}, got {pol[i]!r}")
     variant_rng = np.random.default_rng(int(rng.integers(1 << 31)) if pol.count("as-is") < len(pol)
                                         or contrast_jitter > 1 else 0)
+    orient_rng = np.random.default_rng(int(rng.integers(1 << 31))) if orientations > 1 else None
     out: list[TrainView] = []
     for i, (image, lab) in enumerate(zip(images, labels)):
         check(cancel)
@@ -186,7 +214,9 @@ def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndar
         pictures = ([image] if pol[i] == "as-is" and not contrast_jitter > 1
                     else intensity_variants(image, pol[i], contrast_jitter, variant_rng))
         for picture in pictures:
-            out += _embed_picture(engine, picture, lab, i, per[i], rng, zooms, cancel, trunk)
+            for k in orientations_of(orientations, orient_rng):
+                pic, plab = orient(picture, lab, k) if k else (picture, lab)
+                out += _embed_picture(engine, pic, plab, i, per[i], rng, zooms, cancel, trunk)
         if progress:
             progress(i + 1, len(images))
     return out

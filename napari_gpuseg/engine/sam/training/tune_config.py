@@ -36,6 +36,8 @@ class SamTuneConfig:
     polarity: str | list = "as-is"  # "as-is" | "invert" | "both" | "random" (one, or one per image):
     # the pictures of an image that are embedded (train_views.intensity_variants)
     contrast_jitter: float = 1.0  # > 1: each picture gets a random gamma in [1/g, g]
+    orientations: int = 1  # each picture in this many of the 8 quarter turns and mirrors
+    # (train_views.orientations_of: 1 = as it is)
     val_fraction: float = 0.1  # of the images, for early stopping
     val_objects: int = 96
     eval_every: int = 25
@@ -72,6 +74,8 @@ class SamTuneConfig:
             raise ValueError(f"polarity must be one of {', '.join(POLARITIES)}, got {self.polarity!r}")
         if not 1 <= self.contrast_jitter <= 4:
             raise ValueError(f"contrast_jitter must be between 1 and 4, got {self.contrast_jitter}")
+        if type(self.orientations) is not int or not 1 <= self.orientations <= 8:
+            raise ValueError(f"orientations must be a whole number 1-8, got {self.orientations!r}")
         if self.max_time is not None and self.max_time <= 0:
             raise ValueError(f"max_time must be positive, got {self.max_time}")
 
