@@ -43,8 +43,8 @@ def test_the_few_object_schedule_is_bound_by_visits_per_object_not_by_the_machin
         assert cfg.max_steps * cfg.objects_per_view >= FEW_OBJECT_VISITS * n
         assert cfg.max_time == 240.0 and cfg.lr == 3e-4
     assert few_object_config(0).max_steps == 20  # no object yet: the labels check says so later
-    # every picture in its 8 orientations for one image; as many pictures in all for several
-    assert [few_object_config(15, images=n).orientations for n in (1, 2, 3, 8, 20)] == [8, 4, 2, 1, 1]
+    # a few objects in all 8 orientations; fewer orientations for more objects (views to embed)
+    assert [few_object_config(n).orientations for n in (1, 15, 20, 40, 100, 160, 500)] == [8, 8, 8, 4, 1, 1, 1]
 
 
 def test_adapt_saves_into_the_users_list_with_the_image_name(cells, embeddings, tmp_path, monkeypatch):

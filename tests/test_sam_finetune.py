@@ -444,6 +444,18 @@ def test_train_sam_options_reach_the_config(tmp_path):
         config_from(parser.parse_args(base + ["--orientations", "9"]))
 
 
+def test_train_sam_says_where_the_held_back_score_started():
+    from types import SimpleNamespace
+
+    from napari_gpuseg.cli.train_sam import result_line
+
+    run = SimpleNamespace(stopped="time", best_score=0.71, best_step=380, path="d.pt",
+                          history=[{"step": 0, "loss": None, "val_score": 0.63}, {"step": 1, "loss": 0.2}])
+    assert result_line(run) == "time: best validation score 0.71 at step 380 (at the start: 0.63); saved d.pt"
+    run.history = run.history[1:]  # nothing held back: no start to name
+    assert result_line(run) == "time: best validation score 0.71 at step 380; saved d.pt"
+
+
 def _seeded_step(engine, views, cfg):
     """One training step from a fixed start: its loss and the gradients it left."""
     from napari_gpuseg.engine.sam.training import finetune as ft

@@ -147,6 +147,14 @@ def collect_pairs(args) -> list:
     return pairs
 
 
+def result_line(result) -> str:
+    """The run's last line: how it stopped, the best held-back score and its step, the score
+    the starting model had on the same objects (when held-back objects were scored), the file."""
+    start = next((h for h in result.history if h.get("step") == 0 and "val_score" in h), None)
+    return (f"{result.stopped}: best validation score {result.best_score} at step {result.best_step}"
+            + (f" (at the start: {start['val_score']})" if start else "") + f"; saved {result.path}")
+
+
 def config_from(args):
     from ..engine.sam.training.tune_config import SamTuneConfig
 
@@ -228,8 +236,7 @@ def run_train_sam(args) -> int:
     except (TrainInputError, OSError, ValueError, RuntimeError) as exc:
         print(f"napari-gpuseg train-sam: {exc}", file=sys.stderr)
         return 2
-    say(f"{result.stopped}: best validation score {result.best_score} at step {result.best_step}; "
-        f"saved {result.path}")
+    say(result_line(result))
     if not args.choose_output or result.path is None:
         return 0
     from ..engine.sam.training.click_choice import store_click_choice

@@ -70,7 +70,13 @@ teach the few objects' outlines, not their kind. With the 8 orientations (AMD EP
 avx512_bf16, 2 threads, 2026-11-29): +0.159 after 75 steps (94 s), +0.155 after 150."""
 
 
-def few_object_config(n_objects: int, minutes: float = 4.0, images: int = 1) -> SamTuneConfig:
+ORIENTED_OBJECTS = 160
+"""The few-object schedule shows its objects in as many of their 8 orientations as keep the
+oriented objects near this (20 objects in all 8; 40 in 4; 160 or more as they are): few
+objects need the variety, and the views to embed stay bounded for many."""
+
+
+def few_object_config(n_objects: int, minutes: float = 4.0) -> SamTuneConfig:
     """The schedule for a few annotated objects on one or two images: a fixed number of
     visits per object (:data:`FEW_OBJECT_VISITS`), so a GPU and a CPU learn the same thing,
     the GPU sooner; ``minutes`` only bounds the wait on a slow machine (the learning rate's
@@ -78,12 +84,11 @@ def few_object_config(n_objects: int, minutes: float = 4.0, images: int = 1) -> 
     box as the first prompt for 40 % of the objects (the fast way to annotate an unfamiliar
     kind, and the decoder's most reliable prompt, which the clicks learn beside), one
     corrective click, native views and views 1.5x finer (objects larger and smaller than
-    nuclei), a mild random gamma per embedded picture, and every picture in its 8 quarter
-    turns and mirrors (:func:`~.train_views.orient`: a few objects seen in every orientation;
-    eight times the views to embed, seconds on a CPU for one field), fewer when there are
-    several ``images`` (8 // images, at least 1: as many pictures as one image). A first click trains the candidate the
-    annotator will keep (``first_output`` "measured"). No validation split: every object
-    teaches."""
+    nuclei), a mild random gamma per embedded picture, and every picture in up to 8 quarter
+    turns and mirrors (:func:`~.train_views.orient`; :data:`ORIENTED_OBJECTS`: all 8 for up
+    to 20 objects, eight times the views to embed, seconds on a CPU for one field). A first
+    click trains the candidate the annotator will keep (``first_output`` "measured"). No
+    validation split: every object teaches."""
     n = max(1, int(n_objects))
     per_step = min(4, n)
     steps = max(FEW_OBJECT_VISITS, math.ceil(FEW_OBJECT_VISITS * n / per_step))
@@ -91,7 +96,7 @@ def few_object_config(n_objects: int, minutes: float = 4.0, images: int = 1) -> 
                          lr=3e-4, warmup=3, box_fraction=0.4, corrections=1, views_per_image=None,
                          val_fraction=0.0, max_time=60.0 * float(minutes), contrast_jitter=1.25,
                          view_zooms=(1.0, 1.5), first_output="measured",
-                         orientations=max(1, ORIENTATIONS // max(1, int(images))))
+                         orientations=max(1, min(ORIENTATIONS, ORIENTED_OBJECTS // n)))
 
 
 @dataclass
@@ -180,7 +185,7 @@ def adapt_to_objects(images: np.ndarray | Sequence[np.ndarray], labels: np.ndarr
     name = name or _free_name(d, image_name)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"adapted model name {name!r}: use letters, digits, '_', '-', '.'")
-    cfg = config or few_object_config(n_objects, minutes, images=len(images))
+    cfg = config or few_object_config(n_objects, minutes)
     base = model if isinstance(model, (str, os.PathLike)) else getattr(getattr(model, "info", None), "name", "engine")
     out = d / f"{name}.pt"
     res = finetune_sam(images, labels, model=model, config=cfg, out_path=out, on_event=on_event, progress=progress,
