@@ -40,7 +40,7 @@ DATA_ARGS=(
     --views-per-image 1 --polarity as-is
   --images "$DATA/dsb2018_more/images" --labels "$DATA/dsb2018_more/masks" --limit 0
     --views-per-image 1 --polarity random
-  --zoom 1 --zoom 1.5 --click-zoom 1.5 --contrast-jitter 1.5
+  --zoom 1 --zoom 1.5 --click-zoom 1.5 --contrast-jitter 1.5 --orientations "${ORIENTATIONS:-1}"
   --views-per-step "${VIEWS_PER_STEP:-4}" --objects-per-view 3 --box-fraction 0.25 --corrections 2
   --val-objects 48 --val-fraction 0.1 --seed 4 --choose-output 0
   ${DEVICE:+--device "$DEVICE"} ${PRECISION:+--precision "$PRECISION"}
@@ -58,7 +58,7 @@ fi
 
 # stage 2: the encoder's last stage and neck with the decoder, from stage 1
 $CMD train-sam "${DATA_ARGS[@]}" --model "$WORK/stage1.pt" --out "$OUT" \
-  --max-steps 5000 --max-time "${MAX_TIME2:-2700}" --lr 1e-4 --encoder-lr 1e-4 \
+  --max-steps 5000 --max-time "${MAX_TIME2:-2700}" --lr 1e-4 --encoder-lr 1e-4 --encoder-stages "${ENCODER_STAGES:-1}" \
   --eval-every "${EVAL_EVERY:-20}" --patience "${PATIENCE2:-12}"
 
 python scripts/calibrate_iou_head.py "$OUT" "$OUT" --choose-output ${EMB_CACHE:+--cache-dir "$EMB_CACHE"}

@@ -86,10 +86,36 @@ def test_short_training_learns_clicks_and_the_checkpoint_round_trips(lite, train
     assert abs(again["score"] - after["score"]) < 0.05
 
 
-def test_the_encoders_last_stage_trains_with_the_decoder_and_travels_in_the_file(lite, train_crop, tmp_path):
-    """``encoder_lr``: the last stage and neck change (the rest of the encoder does not), the
-    file carries them, and the tuned engine, the reloaded file and the base never share an
-    embedding, though all three use one cache."""
+def test_the_encoder_splits_before_any_of_its_last_three_stages_and_refuses_the_first():
+    """trunk(x, n) then last_stages(.., n) is the encoder for n = 1-3 (the trunk's tokens
+    get finer as n grows); 0 and the pixel convolutions of the first stage are refused."""
+    from napari_gpuseg.models.sam.tiny_vit import TinyViT
+
+    torch.manual_seed(0)
+    enc = TinyViT(img_size=64, patch_embed="conv1x1", num_classes=0).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        whole = enc(x)
+        sizes = []
+        for n in (1, 2, 3):
+            tokens, hw = enc.trunk(x, n)
+            sizes.append(tokens.shape[1])
+            assert tokens.shape[1] == hw[0] * hw[1]
+            assert torch.allclose(enc.last_stages(tokens, hw, n), whole, atol=1e-5)
+    assert sizes[0] == sizes[1] < sizes[2]  # the last merge keeps the resolution
+    assert enc.last_stages_parts(2) == ("layers.2.", "layers.3.", "neck.")
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="1-3"):
+            enc.last_stages_parts(bad)
+    with pytest.raises(ValueError, match="encoder_stages must be a whole number 1-3"):
+        SamTuneConfig(encoder_stages=4).check()
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_the_encoders_last_stages_train_with_the_decoder_and_travel_in_the_file(lite, train_crop, tmp_path, stages):
+    """``encoder_lr``: the last ``encoder_stages`` stages and the neck change (the rest of the
+    encoder does not), the file carries them, and the tuned engine, the reloaded file and the
+    base never share an embedding, though all three use one cache."""
     from napari_gpuseg.engine.runtime.device import make_policy
 
     img, lab = train_crop
@@ -98,14 +124,14 @@ def test_the_encoders_last_stage_trains_with_the_decoder_and_travels_in_the_file
     enc0 = {k: v.clone() for k, v in engine.sam.image_encoder.state_dict().items()}
     base_info = engine.info
     out = tmp_path / "tuned_encoder.pt"
-    res = finetune_sam([img], [lab], model=engine, config=tiny_config(max_steps=3, encoder_lr=1e-4),
-                       out_path=out)
+    res = finetune_sam([img], [lab], model=engine,
+                       config=tiny_config(max_steps=3, encoder_lr=1e-4, encoder_stages=stages), out_path=out)
     assert res.stopped == "done"
-    tail = ("layers.3.", "neck.")
+    tail = ("layers.2.", "layers.3.", "neck.") if stages == 2 else ("layers.3.", "neck.")
     changed = {k for k, v in engine.sam.image_encoder.state_dict().items()
                if v.is_floating_point() and not torch.equal(v, enc0[k])}
     assert changed and all(k.startswith(tail) for k in changed), sorted(changed)[:5]
-    assert any(k.startswith("neck.") for k in changed) and any(k.startswith("layers.3.") for k in changed)
+    assert all(any(k.startswith(t) for k in changed) for t in tail)
     doc = read_decoder(out)
     enc_keys = {k[len("image_encoder."):] for k in doc["state"] if k.startswith("image_encoder.")}
     assert enc_keys and all(k.startswith(tail) for k in enc_keys) and changed <= enc_keys

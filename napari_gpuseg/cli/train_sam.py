@@ -59,6 +59,9 @@ def add_train_sam_parser(subparsers) -> argparse.ArgumentParser:
                    help="also train the image encoder's last stage and neck at this learning rate "
                         "(TinyViT encoders: LiteMedSAM, MobileSAM); the checkpoint then carries them "
                         "(about 6 MB more). Default 0: the encoder stays frozen")
+    p.add_argument("--encoder-stages", type=int, default=1,
+                   help="with --encoder-lr: how many of the encoder's last stages train (1-3; default 1, "
+                        "the last; 2 adds LiteMedSAM's third stage, about 4 MB more in the file)")
     p.add_argument("--box-fraction", type=float, default=0.3)
     p.add_argument("--corrections", type=int, default=2)
     p.add_argument("--first-candidates", default="multi", choices=("multi", "all"),
@@ -168,6 +171,7 @@ def config_from(args):
                         eval_every=args.eval_every, patience=args.patience, max_time=args.max_time,
                         seed=args.seed, contrast_jitter=getattr(args, "contrast_jitter", 1.0),
                         orientations=getattr(args, "orientations", 1),
+                        encoder_stages=getattr(args, "encoder_stages", 1),
                         view_zooms=tuple(args.zoom) if args.zoom else None, click_zoom=args.click_zoom)
     try:
         cfg.check()

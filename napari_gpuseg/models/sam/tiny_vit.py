@@ -301,28 +301,38 @@ class TinyViT(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.last_stage(*self.trunk(x))
+        return self.last_stages(*self.trunk(x))
 
-    # The encoder in two parts, for training its last stage on cached trunk outputs
-    # (``SamTuneConfig.encoder_lr``): forward(x) == last_stage(*trunk(x)).
-    def trunk(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """Every stage but the last: ``B x 3 x H x W`` -> (``B x L x C`` tokens, their ``(h, w)``)."""
+    # The encoder in two parts, for training its last stages on cached trunk outputs
+    # (``SamTuneConfig.encoder_lr`` and ``encoder_stages``):
+    # forward(x) == last_stages(*trunk(x, n), n) for n in 1 .. len(layers) - 1.
+    def trunk(self, x: torch.Tensor, stages: int = 1) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Every stage but the last ``stages``: ``B x 3 x H x W`` -> (``B x L x C`` tokens,
+        their ``(h, w)``)."""
+        self._check_stages(stages)
         if cpu_fused.channels_last_input(x):  # oneDNN's channels-last convolutions (fp32 fused, bf16)
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.patch_embed(x)
         hw = (x.shape[2], x.shape[3])
-        x, hw = self.layers[0](x, hw)
-        for layer in self.layers[1:-1]:
+        for layer in self.layers[:len(self.layers) - stages]:
             x, hw = layer(x, hw)
         return x, hw
 
-    def last_stage(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """The last stage and the neck: trunk tokens -> ``B x 256 x h x w`` embedding."""
-        x, hw = self.layers[-1](x, hw)
+    def last_stages(self, x: torch.Tensor, hw: Tuple[int, int], stages: int = 1) -> torch.Tensor:
+        """The last ``stages`` stages and the neck: trunk tokens -> ``B x 256 x h x w`` embedding."""
+        self._check_stages(stages)
+        for layer in self.layers[len(self.layers) - stages:]:
+            x, hw = layer(x, hw)
         b, _, c = x.shape
         x = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
         return self.neck(x).contiguous()
 
-    def last_stage_parts(self) -> Tuple[str, ...]:
-        """State-dict name prefixes of :meth:`last_stage`'s parameters."""
-        return (f"layers.{len(self.layers) - 1}.", "neck.")
+    def last_stages_parts(self, stages: int = 1) -> Tuple[str, ...]:
+        """State-dict name prefixes of :meth:`last_stages`' parameters."""
+        self._check_stages(stages)
+        n = len(self.layers)
+        return tuple(f"layers.{i}." for i in range(n - stages, n)) + ("neck.",)
+
+    def _check_stages(self, stages: int) -> None:
+        if not 1 <= stages < len(self.layers):  # the first stage is convolutions over pixels
+            raise ValueError(f"encoder stages to train must be 1-{len(self.layers) - 1}, got {stages}")

@@ -20,11 +20,11 @@ embedded, and validation decodes, in the policy's precision, as the annotator wi
 The checkpoint holds only the decoder (:mod:`napari_gpuseg.models.sam.decoder_checkpoint`).
 
 ``encoder_lr > 0`` (TinyViT encoders: LiteMedSAM, MobileSAM) also trains the image
-encoder's last stage and neck, at that learning rate: the views keep the encoder trunk's
-output (every stage but the last, computed once), each step runs the last stage on its views
-with gradients, and the checkpoint then carries those encoder tensors too (about 3 M
-parameters, 6 MB in fp16, for LiteMedSAM), so that the tuned file gives other embeddings than
-its base.
+encoder's last ``encoder_stages`` stages (1: the last) and neck, at that learning rate: the
+views keep the encoder trunk's output (every stage before those, computed once), each step
+runs the trained stages on its views with gradients, and the checkpoint then carries those
+encoder tensors too (for LiteMedSAM about 3 M parameters, 6 MB in fp16, for the last stage;
+5 M, 10 MB, for the last two), so that the tuned file gives other embeddings than its base.
 """
 from __future__ import annotations
 
@@ -132,7 +132,8 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     zooms = cfg.view_zooms or (1.0, cfg.click_zoom or engine.click_zoom)
     views = collect_views(engine, images, labels, cfg.views_per_image, rng, progress, cancel,
                           zooms=tuple(dict.fromkeys(float(z) for z in zooms)), polarity=cfg.polarity,
-                          contrast_jitter=cfg.contrast_jitter, trunk=bool(tail), orientations=cfg.orientations)
+                          contrast_jitter=cfg.contrast_jitter, trunk=cfg.encoder_stages if tail else 0,
+                          orientations=cfg.orientations)
     if cfg.first_output == "measured":  # before training: the base decoder's candidate
         cfg = dataclasses.replace(cfg, first_output=output_to_train(engine, images, labels, cfg.first_candidates, cancel))
     train_imgs, val_imgs = _split(len(images), cfg)
@@ -217,14 +218,24 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
 
 def _encoder_tail(sam, cfg: SamTuneConfig) -> tuple[str, ...]:
     """The image encoder's state-dict prefixes that train (``cfg.encoder_lr > 0``: its last
-    stage and neck), else ``()``; ``ValueError`` for an encoder that cannot be split."""
+    ``cfg.encoder_stages`` stages and neck), else ``()``; ``ValueError`` for an encoder that
+    cannot be split there."""
     if not cfg.encoder_lr:
         return ()
     enc = sam.image_encoder
-    if not (hasattr(enc, "trunk") and hasattr(enc, "last_stage")):
+    if not (hasattr(enc, "trunk") and hasattr(enc, "last_stages")):
         raise ValueError(f"encoder_lr: only a TinyViT image encoder (LiteMedSAM, MobileSAM) can train its "
-                         f"last stage, this model has {type(enc).__name__}")
-    return tuple(enc.last_stage_parts())
+                         f"last stages, this model has {type(enc).__name__}")
+    return tuple(enc.last_stages_parts(cfg.encoder_stages))
+
+
+def trained_stages(sam, tokens: torch.Tensor, stages: int) -> torch.Tensor:
+    """The embeddings of trunk ``tokens`` (``B x L x C``, :func:`.train_views.trunk_features`)
+    through the encoder's last ``stages`` stages and neck. The tokens' grid has the
+    embedding's aspect, at the same or a finer resolution (an earlier stage's output)."""
+    h, w = sam.embedding_size
+    scale = max(1, round(math.sqrt(tokens.shape[1] / (h * w))))
+    return sam.image_encoder.last_stages(tokens, (h * scale, w * scale), stages)
 
 
 def _tail_params(sam, tail: tuple[str, ...]) -> list:
@@ -297,16 +308,16 @@ def _step(engine, views, train, k, rng, cfg: SamTuneConfig, opt, scaler, tail: t
     per object and decode for SAM's decoder at 256 px, two decodes kept per episode) are
     held at once.
 
-    With an encoder ``tail`` the views hold trunk outputs: the last stage turns them into
+    With an encoder ``tail`` the views hold trunk outputs: the trained stages turn them into
     embeddings with gradients once per step, the decoder's passes back-propagate into a
-    detached copy, and its gradient then goes through the last stage in one backward pass."""
+    detached copy, and its gradient then goes through those stages in one backward pass."""
     sam, device = engine.sam, engine.policy.device
     idx = rng.choice(train, size=min(cfg.views_per_step, len(train)), replace=False)
     emb, owner, gt = sample_objects(views, idx, k, rng, device)
     full = None
     if tail:
         with train_autocast(engine.policy):
-            full = sam.image_encoder.last_stage(emb, sam.embedding_size).float()
+            full = trained_stages(sam, emb, cfg.encoder_stages).float()
         emb = full.detach().requires_grad_(True)
     is_box = rng.random(len(gt)) < cfg.box_fraction
     opt.zero_grad(set_to_none=True)
@@ -342,7 +353,7 @@ class _Best:
 
     def _embedded(self) -> list:
         """The views as the decoder sees them: with an encoder tail, the held-back views'
-        trunk outputs through the current last stage (the others as they are)."""
+        trunk outputs through the current trained stages (the others as they are)."""
         if not self.tail:
             return self.views
         sam, policy = self.engine.sam, self.engine.policy
@@ -350,7 +361,7 @@ class _Best:
         for vi in sorted({vi for vi, _ in self.pairs}):
             tokens = self.views[vi].embedding[None].to(policy.device, torch.float32)
             with policy.autocast():
-                emb = sam.image_encoder.last_stage(tokens, sam.embedding_size)[0]
+                emb = trained_stages(sam, tokens, self.cfg.encoder_stages)[0]
             out[vi] = dataclasses.replace(self.views[vi], embedding=emb.to("cpu", torch.float16))
         return out
 

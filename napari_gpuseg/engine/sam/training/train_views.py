@@ -23,7 +23,7 @@ MIN_AREA = 12  # px at the model input: smaller objects are not training targets
 @dataclass
 class TrainView:
     """One embedded view: ``embedding`` (C, h, w) fp16 on the CPU (or, where the encoder's
-    last stage trains, the encoder trunk's output (h * w, C'), see :func:`trunk_features`),
+    last stages train, the encoder trunk's output (L, C'), see :func:`trunk_features`),
     ``labels`` (S, S) int32 instance ids at the model input (0 outside the image), ``ids``
     the objects that lie whole inside the view (the training targets), ``source`` the
     image's index."""
@@ -181,15 +181,16 @@ def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndar
                   views_per_image: int | Sequence[int | None] | None = None, rng: np.random.Generator | None = None,
                   progress: ProgressFn = None, cancel: CancelToken | None = None,
                   zooms: Sequence[float] = (1.0,), polarity: str | Sequence[str] = "as-is",
-                  contrast_jitter: float = 1.0, trunk: bool = False, orientations: int = 1) -> list[TrainView]:
+                  contrast_jitter: float = 1.0, trunk: int = 0, orientations: int = 1) -> list[TrainView]:
     """Embedded training views of every image (at most ``views_per_image`` each per zoom,
     chosen at random among the views that hold at least one whole object; None = all; a
     sequence gives one number per image), at every scale in ``zooms`` (see
     :func:`candidate_views`), of each picture :func:`intensity_variants` makes of it
     (``polarity``: one value, or one per image), each in ``orientations`` orientations
     (:func:`orientations_of`: 1 = as it is; up to 8). All pictures of an image share its
-    ``source`` index, so a validation split by image keeps them together. ``trunk``: keep
-    the encoder trunk's output instead of the embedding (:func:`trunk_features`)."""
+    ``source`` index, so a validation split by image keeps them together. ``trunk`` > 0:
+    keep the encoder trunk's output before its last ``trunk`` stages instead of the
+    embedding (:func:`trunk_features`)."""
     if len(images) != len(labels):
         raise ValueError(f"{len(images)} images but {len(labels)} label images")
     rng = rng or np.random.default_rng(0)
@@ -222,7 +223,7 @@ def collect_views(engine, images: Sequence[np.ndarray], labels: Sequence[np.ndar
     return out
 
 
-def _embed_picture(engine, image, lab, i, n_views, rng, zooms, cancel, trunk=False) -> list[TrainView]:
+def _embed_picture(engine, image, lab, i, n_views, rng, zooms, cancel, trunk=0) -> list[TrainView]:
     """The embedded views of one picture of image ``i`` (see :func:`collect_views`)."""
     out: list[TrainView] = []
     prepared = engine.prepare(image)
@@ -239,7 +240,7 @@ def _embed_picture(engine, image, lab, i, n_views, rng, zooms, cancel, trunk=Fal
             found = [found[k] for k in sorted(order)]
         picked += found
     if trunk and picked:
-        feats = trunk_features(engine, prepared, [v for v, _, _ in picked], cancel)
+        feats = trunk_features(engine, prepared, [v for v, _, _ in picked], cancel, stages=trunk)
         return [TrainView(f, vl, ids, i, view) for f, (view, vl, ids) in zip(feats, picked)]
     if picked:
         engine.embed([prepared], [[v for v, _, _ in picked]], cancel=cancel)
@@ -250,11 +251,12 @@ def _embed_picture(engine, image, lab, i, n_views, rng, zooms, cancel, trunk=Fal
 
 
 def trunk_features(engine, prepared, views: Sequence[View], cancel: CancelToken | None = None,
-                   batch: int = 4) -> list[torch.Tensor]:
-    """The encoder trunk's output (every stage but the last: ``image_encoder.trunk``, TinyViT
-    only) for each of ``views``, (L, C') fp16 on the CPU, in the policy's precision as the
-    engine embeds: training the last stage starts from these (the embedding itself would
-    already hold the stage being trained). Not cached: they belong to one training run."""
+                   batch: int = 4, stages: int = 1) -> list[torch.Tensor]:
+    """The encoder trunk's output (every stage but the last ``stages``:
+    ``image_encoder.trunk``, TinyViT only) for each of ``views``, (L, C') fp16 on the CPU, in
+    the policy's precision as the engine embeds: training the last stages starts from these
+    (the embedding itself would already hold the stages being trained). Not cached: they
+    belong to one training run."""
     from ..interactive.inputs import view_input
 
     enc, policy = engine.sam.image_encoder, engine.policy
@@ -263,6 +265,6 @@ def trunk_features(engine, prepared, views: Sequence[View], cancel: CancelToken 
         check(cancel)
         x = torch.stack([view_input(prepared, v, engine.info.normalization) for v in views[start:start + batch]])
         with torch.inference_mode(), policy.autocast():
-            tokens, _hw = enc.trunk(x.to(policy.device))
+            tokens, _hw = enc.trunk(x.to(policy.device), stages)
         out += [t.to("cpu", torch.float16).clone() for t in tokens]
     return out

@@ -15,8 +15,9 @@ class SamTuneConfig:
     views_per_step: int = 4
     objects_per_view: int = 6
     lr: float = 2e-4
-    encoder_lr: float = 0.0  # > 0: the image encoder's last stage and neck train too, at this
+    encoder_lr: float = 0.0  # > 0: the image encoder's last stage(s) and neck train too, at this
     # learning rate (TinyViT encoders; the checkpoint then carries them, see finetune)
+    encoder_stages: int = 1  # with encoder_lr: how many of its last stages train (1-3 for TinyViT)
     weight_decay: float = 1e-4
     warmup: int = 10
     box_fraction: float = 0.3  # objects whose first prompt is a box (else one click)
@@ -74,6 +75,8 @@ class SamTuneConfig:
             raise ValueError(f"polarity must be one of {', '.join(POLARITIES)}, got {self.polarity!r}")
         if not 1 <= self.contrast_jitter <= 4:
             raise ValueError(f"contrast_jitter must be between 1 and 4, got {self.contrast_jitter}")
+        if type(self.encoder_stages) is not int or not 1 <= self.encoder_stages <= 3:
+            raise ValueError(f"encoder_stages must be a whole number 1-3, got {self.encoder_stages!r}")
         if type(self.orientations) is not int or not 1 <= self.orientations <= 8:
             raise ValueError(f"orientations must be a whole number 1-8, got {self.orientations!r}")
         if self.max_time is not None and self.max_time <= 0:
