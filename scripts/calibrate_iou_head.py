@@ -143,10 +143,19 @@ def choose_blend(engine, data: Path, decoder: str, out: str, t0: float) -> int:
     :data:`~napari_gpuseg.engine.sam.training.click_choice.BLENDS`
     (:func:`~napari_gpuseg.engine.sam.training.click_choice.choose_click_blend`); OUT is the
     decoder with the chosen temperature stored as ``click_blend`` (None: keep one) and what was
-    measured as ``click_blend_choice``."""
-    if engine.click_output is not None:
-        raise SystemExit(f"{decoder} keeps candidate {engine.click_output} (click_output): a blend "
-                         "applies to the IoU head's choice only")
+    measured as ``click_blend_choice``. Where ``--choose-output`` kept a candidate, the blends
+    weigh the IoU head's predictions all the same, and the best one replaces that candidate
+    (``click_output`` None) only when its mean IoU is also above the candidate's, as measured
+    then on the same objects."""
+    kept = engine.click_output
+    if kept is not None:  # a candidate kept by --choose-output: a blend must beat it too
+        kept_iou = (read_decoder(decoder).get("click_choice") or {}).get("one_click_iou", {}).get(str(kept))
+        if kept_iou is None:
+            print(f"{decoder} keeps candidate {kept} (click_output) without its measured IoU: no blend chosen")
+            if Path(decoder).resolve() != Path(out).resolve():
+                shutil.copyfile(decoder, out)
+            return 0
+        engine.click_output = engine.sam.click_output = None  # the blends weigh the IoU head's predictions
     fields = training_fields(data)
     chosen, means, per_rule = choose_click_blend(engine, [(tifffile.imread(i), tifffile.imread(m), cap)
                                                           for i, m, cap in fields])
@@ -159,9 +168,15 @@ def choose_blend(engine, data: Path, decoder: str, out: str, t0: float) -> int:
         print(f"| {kind} | {len(cat[None])} | " + " | ".join(f"{v.mean():.3f}" for v in cat.values()) + " |")
     n = len(np.concatenate(per_rule[None]))
     print(f"| all | {n} | " + " | ".join(f"{v:.3f}" for v in means.values()) + " |")
-    print(f"click_blend: {chosen} (None: one candidate kept)")
+    if kept is not None:
+        print(f"| candidate {kept} kept (--choose-output) | {n} | {kept_iou:.3f} |")
+        if chosen is not None and means[chosen] <= kept_iou:
+            chosen = None
+    print(f"click_blend: {chosen} (None: one candidate kept" + (f", candidate {kept})" if kept is not None else ")"))
     if Path(decoder).resolve() != Path(out).resolve():
         shutil.copyfile(decoder, out)
+    if kept is not None and chosen is not None:  # the blend replaces the kept candidate
+        set_decoder_fields(out, click_output=None)
     set_decoder_fields(out, click_blend=chosen, click_blend_choice={
         "blend": chosen, "objects": n, "one_click_iou": {names[r]: round(v, 4) for r, v in means.items()},
         "data": "scratch_assay cells t00-t06 (15 per frame), bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})
