@@ -11,6 +11,8 @@
 #      stage and starts stage 2 from FILE.
 #   2. the decoder and the encoder's last stage and neck (--encoder-lr), from stage 1; $MAX_TIME2 s
 #      (default 2700). The output of the encoder's first three stages is computed once per view.
+# $ENCODER_STAGES (default 1) stages of the encoder train in stage 2; $ORIENTATIONS (default 1)
+# orientations of each picture; $VIEWS_PER_STEP (default 4); $DEVICE and $PRECISION as in train-sam.
 # Time-bound (embedding excluded): the weights depend on the machine's speed. Last, which candidate
 # a first click keeps is measured on the training objects (scripts/calibrate_iou_head.py
 # --choose-output); train-sam runs with --choose-output 0 for that reason.
