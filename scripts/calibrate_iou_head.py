@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     if args.choose_output:
         return choose_output(engine, data, args.decoder, args.out, t0)
     if args.choose_blend:
-        return choose_blend(engine, data, args.decoder, args.out, t0)
+        return choose_blend(engine, data, args.decoder, args.out, t0, doc)
     feats, ious = [], []
     for image, labels, cap in training_fields(data):
         f, i = first_click_samples(engine, tifffile.imread(image), tifffile.imread(labels), cap, seed=0)
@@ -128,8 +128,7 @@ def choose_output(engine, data: Path, decoder: str, out: str, t0: float) -> int:
         print(f"| {name} | {len(cat['head'])} | " + " | ".join(f"{v.mean():.3f}" for v in cat.values()) + " |")
     print(f"| all | {choice.objects} | " + " | ".join(f"{v:.3f}" for v in choice.ious.values()) + " |")
     print(f"click_output: {choice.output} (None: the IoU head's choice)")
-    if Path(decoder).resolve() != Path(out).resolve():
-        shutil.copyfile(decoder, out)
+    _copy(decoder, out)
     set_decoder_fields(out, click_output=choice.output,
                        click_choice={**choice.record(), "data": "scratch_assay cells t00-t06 (15 per frame), "
                                      "bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})
@@ -137,7 +136,7 @@ def choose_output(engine, data: Path, decoder: str, out: str, t0: float) -> int:
     return 0
 
 
-def choose_blend(engine, data: Path, decoder: str, out: str, t0: float) -> int:
+def choose_blend(engine, data: Path, decoder: str, out: str, t0: float, doc: dict) -> int:
     """``--choose-blend``: one click per training object with one candidate kept (the engine's
     rule without a blend) and with the candidates of both views blended at each of
     :data:`~napari_gpuseg.engine.sam.training.click_choice.BLENDS`
@@ -149,11 +148,10 @@ def choose_blend(engine, data: Path, decoder: str, out: str, t0: float) -> int:
     then on the same objects."""
     kept = engine.click_output
     if kept is not None:  # a candidate kept by --choose-output: a blend must beat it too
-        kept_iou = (read_decoder(decoder).get("click_choice") or {}).get("one_click_iou", {}).get(str(kept))
+        kept_iou = (doc.get("click_choice") or {}).get("one_click_iou", {}).get(str(kept))
         if kept_iou is None:
             print(f"{decoder} keeps candidate {kept} (click_output) without its measured IoU: no blend chosen")
-            if Path(decoder).resolve() != Path(out).resolve():
-                shutil.copyfile(decoder, out)
+            _copy(decoder, out)
             return 0
         engine.click_output = engine.sam.click_output = None  # the blends weigh the IoU head's predictions
     fields = training_fields(data)
@@ -173,8 +171,7 @@ def choose_blend(engine, data: Path, decoder: str, out: str, t0: float) -> int:
         if chosen is not None and means[chosen] <= kept_iou:
             chosen = None
     print(f"click_blend: {chosen} (None: one candidate kept" + (f", candidate {kept})" if kept is not None else ")"))
-    if Path(decoder).resolve() != Path(out).resolve():
-        shutil.copyfile(decoder, out)
+    _copy(decoder, out)
     if kept is not None and chosen is not None:  # the blend replaces the kept candidate
         set_decoder_fields(out, click_output=None)
     set_decoder_fields(out, click_blend=chosen, click_blend_choice={
@@ -182,6 +179,12 @@ def choose_blend(engine, data: Path, decoder: str, out: str, t0: float) -> int:
         "data": "scratch_assay cells t00-t06 (15 per frame), bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})
     print(f"wrote {out} in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
     return 0
+
+
+def _copy(decoder: str, out: str) -> None:
+    """OUT starts as the decoder file (nothing to do where they are one file)."""
+    if Path(decoder).resolve() != Path(out).resolve():
+        shutil.copyfile(decoder, out)
 
 
 if __name__ == "__main__":
