@@ -77,11 +77,14 @@ def _adapt_once(shared_data: Path, folder: Path) -> str:
 
 
 def decoder_matches(engine, path) -> bool:
-    """Whether ``engine``'s prompt encoder and mask decoder hold the decoder file ``path``'s
-    weights (as stored: fp16)."""
+    """Whether ``engine``'s prompt encoder and mask decoder, and the image-encoder parts the
+    file carries (an encoder stage tuned with it), hold the decoder file ``path``'s weights
+    (as stored: fp16)."""
     import torch
 
     from napari_gpuseg.models.sam.decoder_checkpoint import decoder_state, read_decoder
 
     saved, held = read_decoder(path)["state"], decoder_state(engine.sam)
-    return saved.keys() == held.keys() and all(torch.equal(saved[k], held[k]) for k in saved)
+    whole = engine.sam.state_dict()
+    return held.keys() <= saved.keys() and all(
+        torch.equal(saved[k], held[k] if k in held else whole[k].to(saved[k].dtype)) for k in saved)

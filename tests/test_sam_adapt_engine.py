@@ -7,8 +7,8 @@ import tifffile
 
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.runtime.cancel import CancelToken
-from napari_gpuseg.engine.sam.training.adapt import (FEW_OBJECT_VISITS, adapt_to_objects, adapted_dir, adapted_models,
-                                            few_object_config, unsure_hint)
+from napari_gpuseg.engine.sam.training.adapt import (ADAPT_ENCODER_LR, ADAPT_LR, FEW_OBJECT_VISITS, adapt_to_objects,
+                                                     adapted_dir, adapted_models, few_object_config, unsure_hint)
 from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder
@@ -41,7 +41,9 @@ def test_the_few_object_schedule_is_bound_by_visits_per_object_not_by_the_machin
         cfg = few_object_config(n, minutes=4)
         assert (cfg.max_steps, cfg.objects_per_view) == (steps, per_step), n
         assert cfg.max_steps * cfg.objects_per_view >= FEW_OBJECT_VISITS * n
-        assert cfg.max_time == 240.0 and cfg.lr == 3e-4
+        assert cfg.max_time == 240.0 and cfg.lr == ADAPT_LR
+        # the encoder's last stage and neck learn too (LiteMedSAM's TinyViT)
+        assert cfg.encoder_lr == ADAPT_ENCODER_LR > 0 and cfg.encoder_stages == 1
     assert few_object_config(0).max_steps == 20  # no object yet: the labels check says so later
     # a few objects in all 8 orientations; fewer orientations for more objects (views to embed)
     assert [few_object_config(n).orientations for n in (1, 15, 20, 40, 100, 160, 500)] == [8, 8, 8, 4, 1, 1, 1]
@@ -64,6 +66,12 @@ def test_adapt_saves_into_the_users_list_with_the_image_name(cells, embeddings, 
     assert listed[0]["image"] == "/data/my cells.tif" and listed[0]["objects"] == 6
     adapted = load_engine(listed[0]["path"], cache=engine.cache)
     assert adapted.info.decoder_tuned
+    # the encoder's last stage and neck learnt too: the file carries them, and the adapted
+    # model's embeddings are its own (never the base's from the shared cache)
+    state = read_decoder(listed[0]["path"])["state"]
+    assert {k.split(".")[1] for k in state if k.startswith("image_encoder.")} == {"layers", "neck"}
+    assert all(k.startswith(("image_encoder.layers.3.", "image_encoder.neck.")) for k in state if "encoder." in k[:14])
+    assert adapted.info.encoder not in (engine.info.encoder, "lite_medsam")
     # the first clicks trained the candidate measured on these cells before training (the base
     # keeps none of its own): the one choose_click_output picks with the base's decoder
     aimed = read_decoder(listed[0]["path"])["training"]["config"]["first_output"]
@@ -80,6 +88,26 @@ def test_adapt_saves_into_the_users_list_with_the_image_name(cells, embeddings, 
     assert res2.name == "my_cells_adapted_2" and len(adapted_models()) == 2
     (adapted_dir() / "my_cells_adapted.pt").unlink()
     assert [m["name"] for m in adapted_models()] == ["my_cells_adapted_2"]
+
+
+def test_a_model_fine_tuning_cannot_take_is_refused_in_one_line_before_embedding(cells, tmp_path):
+    """Training compares masks with objects at the model's input size: SAM's ViT models (random
+    weights here, 128 px in, 32 px masks; 1024 and 256 for the real ones) are refused up front."""
+    import torch
+
+    from napari_gpuseg.engine.runtime.device import Policy
+    from napari_gpuseg.engine.sam.interactive.predictor import SamEngine, SamModelInfo
+    from napari_gpuseg.models.sam import build_sam
+
+    engine = SamEngine(build_sam("vit_b", image_size=128), SamModelInfo("vit_b-random", 128, "sam"),
+                       Policy(torch.device("cpu"), "fp32"))
+    embedded = []
+    engine.embed = lambda *a, **k: embedded.append(a)
+    img, ann = cells
+    with pytest.raises(ValueError, match=r"^fine-tuning needs a model whose masks come at its input size .*"
+                                         r"vit_b-random takes 128 px and gives 32 px masks$"):
+        adapt_to_objects(img, ann, model=engine, folder=tmp_path)
+    assert embedded == [] and adapted_models(tmp_path) == []
 
 
 def test_adapt_refuses_empty_labels_and_cancel_saves_nothing(cells, embeddings, tmp_path):

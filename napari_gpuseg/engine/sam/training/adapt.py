@@ -4,8 +4,9 @@
     engine = load_engine(res.path)            # or pick res.name from adapted_models()
 
 ``labels`` holds the objects the user committed (5-20 is the case this is tuned for; 0 is
-unannotated). The image encoder stays frozen; the prompt encoder and mask decoder learn
-from simulated clicks, boxes and corrective clicks on those objects with
+unannotated). The prompt encoder, the mask decoder and the image encoder's last stage and
+neck (LiteMedSAM's TinyViT, the encoder of every model fine-tuning takes) learn from
+simulated clicks, boxes and corrective clicks on those objects with
 :func:`few_object_config`'s schedule; then one click on each of them measures which
 candidate a first click should keep (:func:`~.click_choice.store_click_choice`: the
 file's ``click_output``), and the decoder is saved into the user's list of
@@ -67,7 +68,29 @@ gain over the start's 0.358). AMD EPYC, avx2 only, fp32, 2 threads, 2026-11-28, 
 start at every count, and the old schedule, bound by time alone, made 963 steps in two
 minutes for +0.018 (boxes 0.592 -> 0.459); at lr 3e-4 150 steps gave +0.136. More steps
 teach the few objects' outlines, not their kind. With the 8 orientations (AMD EPYC Zen 4,
-avx512_bf16, 2 threads, 2026-11-29): +0.159 after 75 steps (94 s), +0.155 after 150."""
+avx512_bf16, 2 threads, 2026-11-29): +0.159 after 75 steps (94 s), +0.155 after 150.
+With the encoder's last stage trained too (:data:`ADAPT_ENCODER_LR`; Zen 4, 2026-11-30):
++0.180 after 75 steps (143 s), +0.186 after 115 (241 s, the 4-minute bound)."""
+
+
+ADAPT_LR = 1e-4
+"""The few-object schedule's learning rate for the prompt encoder and mask decoder."""
+
+ADAPT_ENCODER_LR = 1e-4
+"""The few-object schedule's learning rate for the image encoder's last stage and neck
+(the models fine-tuning takes, LiteMedSAM-based, have a TinyViT encoder). Chosen on
+training frames, ``benchmarks/adapt_sam_cells.py --frame 3 --measure-frames 0 1 2``: 15 cells
+of t03 from ``nuclei_sam``, the 209 cells of t00-t02 measured, 1-click gain over 0.431 (an
+H200, bf16, 2026-11-30, ``docs/gpu-runs/2026-11-30-h200-adapt-encoder.log``):
+- decoder only at lr 3e-4 (before): +0.140;
+- with the decoder at 3e-4: encoder 3e-5 / 1e-4 / 3e-4 +0.135 / +0.136 / +0.098, the last
+  two stages at 1e-4 +0.102;
+- with the decoder at 1e-4: encoder 3e-5 / **1e-4** / 2e-4 +0.144 / **+0.151** (twice) /
+  +0.153, 120 steps +0.157; the decoder at 2e-4 +0.148.
+Within 0.01 of each other, 1e-4 for both is kept (the 75 steps of the schedule). Then on
+the validation protocol (15 cells of t06, the 270 cells of t07-t09), same run: +0.157
+before, +0.178 with it (3 clicks 0.639 -> 0.646, box 0.611 -> 0.656); on the CPU (AMD EPYC Zen 4, avx512_bf16, training steps fp32,
+2026-11-30): 0.363 -> 0.543 (+0.180), 3 clicks 0.647, box 0.657, 143 s of training."""
 
 
 ORIENTED_OBJECTS = 160
@@ -93,7 +116,7 @@ def few_object_config(n_objects: int, minutes: float = 4.0) -> SamTuneConfig:
     per_step = min(4, n)
     steps = max(FEW_OBJECT_VISITS, math.ceil(FEW_OBJECT_VISITS * n / per_step))
     return SamTuneConfig(max_steps=steps, views_per_step=1, objects_per_view=per_step,
-                         lr=3e-4, warmup=3, box_fraction=0.4, corrections=1, views_per_image=None,
+                         lr=ADAPT_LR, encoder_lr=ADAPT_ENCODER_LR, warmup=3, box_fraction=0.4, corrections=1, views_per_image=None,
                          val_fraction=0.0, max_time=60.0 * float(minutes), contrast_jitter=1.25,
                          view_zooms=(1.0, 1.5), first_output="measured",
                          orientations=max(1, min(ORIENTATIONS, ORIENTED_OBJECTS // n)))

@@ -127,6 +127,7 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
         check_output_path(out_path)
     engine = _engine(model, policy, cache_dir)
     sam, device = engine.sam, engine.policy.device
+    _check_geometry(sam, engine)
     rng = np.random.default_rng(cfg.seed)
     tail = _encoder_tail(sam, cfg)
     zooms = cfg.view_zooms or (1.0, cfg.click_zoom or engine.click_zoom)
@@ -214,6 +215,18 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     if stopped == "interrupted":
         raise TuneInterrupted(result)
     return result
+
+
+def _check_geometry(sam, engine) -> None:
+    """Training compares the decoder's masks with the objects at the model's input size: a
+    model whose masks come smaller (SAM ViT-B/L/H and MobileSAM: 1024 px in, 256 px masks) is
+    refused with one line before anything is embedded."""
+    pe = sam.prompt_encoder
+    masks = pe.mask_input_size
+    if tuple(masks) != tuple(pe.input_image_size):
+        raise ValueError(f"fine-tuning needs a model whose masks come at its input size (LiteMedSAM and the "
+                         f"decoders tuned on it, 256 px); {engine.info.name} takes {pe.input_image_size[0]} px "
+                         f"and gives {masks[0]} px masks")
 
 
 def _encoder_tail(sam, cfg: SamTuneConfig) -> tuple[str, ...]:
