@@ -117,7 +117,7 @@ def test_adapt_refuses_empty_labels_and_cancel_saves_nothing(cells, embeddings, 
     require_lite_medsam()
     token = CancelToken()
     cfg = few_object_config(6, minutes=1)
-    cfg.view_zooms = (1.0,)
+    cfg.view_zooms, cfg.orientations = (1.0,), 1  # one view to embed before the first step cancels
     res = adapt_to_objects(img, ann, model=load_engine("nuclei_sam", cache=embeddings), folder=tmp_path,
                            config=cfg, cancel=token, on_event=lambda ev: token.cancel())
     assert res.path is None and res.stopped == "cancelled" and adapted_models(tmp_path) == []
