@@ -48,7 +48,7 @@ _ADAPTED: dict = {}
 
 def adapted_decoder(shared_data: Path, tmp_path_factory) -> tuple[Path, str, str]:
     """A real adapted decoder in the user's list of a cache folder (``<cache>/adapted_sam``):
-    the default model adapted for one step on native views to the cells of the left 96 px of
+    the default model's decoder adapted for one step on native views to the cells of the left 96 px of
     scratch-assay t00 (a training frame), saved by ``adapt_to_objects`` as ``t00_adapted``
     from ``/data/scratch/t00.tif``; made once per test run (read it, do not change it).
     ``(cache folder, path, label the model lists show)``."""
@@ -70,6 +70,7 @@ def _adapt_once(shared_data: Path, folder: Path) -> str:
     img, gt = tifffile.imread(d / "images" / "t00.tif")[cut], tifffile.imread(d / "masks" / "t00.tif")[cut]
     cfg = few_object_config(4, minutes=1)
     cfg.max_steps, cfg.max_time, cfg.view_zooms, cfg.orientations = 1, None, (1.0,), 1
+    cfg.encoder_lr = 0.0  # the decoder alone (the docks' use of the file does not depend on it)
     res = adapt_to_objects(img, gt, model=DEFAULT_MODEL, image_name="/data/scratch/t00.tif", folder=folder,
                            config=cfg)
     assert res.path is not None and res.steps == 1

@@ -93,6 +93,10 @@ def test_adapting_to_committed_cells_switches_the_session_and_lists_it(frame, wo
     got = s.box(*box)
     engine = worker.cached_model(("sam", res.path, worker.policy))
     assert engine is not None and engine.info.decoder_tuned  # the adapted decoder made that mask
+    # its encoder's last stage learnt too: the box's view was embedded again, for it
+    from napari_gpuseg.engine.sam.loader import load_engine
+
+    assert engine.info.encoder != load_engine("nuclei_sam", cache=EmbeddingCache()).info.encoder
     assert (got & mask).sum() > 0.5 * mask.sum()
     s.commit()
     assert len(np.unique(s.labels)) - 1 == 5

@@ -29,6 +29,9 @@ def frame(shared_data, tmp_path, monkeypatch):
     def short(n_objects, minutes=4.0):
         cfg = real(n_objects, minutes)
         cfg.max_steps, cfg.max_time, cfg.view_zooms, cfg.orientations = steps["n"], None, (1.0,), 1
+        # the decoder alone: the dock's wiring is tested here (the encoder's last stage learning,
+        # and the session switching to it: test_annotator_adapt_engine)
+        cfg.encoder_lr = 0.0
         return cfg
 
     monkeypatch.setattr(sam_adapt, "few_object_config", short)

@@ -195,6 +195,7 @@ def test_adapt_sam_on_annotated_cells(shared_data, tmp_path):
 
     cfg = few_object_config(4, minutes=1)
     cfg.max_steps, cfg.max_time, cfg.view_zooms, cfg.orientations = 2, None, (1.0,), 1
+    cfg.encoder_lr = 0.0  # the decoder alone: the folder's wiring is tested here (the encoder: test_sam_adapt_engine)
     stop = CancelToken()
     stop.cancel()
     res = adapt_sam_on_annotated(f, config=cfg, models_folder=adapted, cancel=stop)

@@ -83,7 +83,7 @@ def test_adapt_saves_into_the_users_list_with_the_image_name(cells, embeddings, 
     assert doc["click_choice"]["objects"] == 6 and set(doc["click_choice"]["one_click_iou"]) == {"head", "0", "1", "2", "3"}
     assert adapted.click_output == doc["click_output"] == doc["click_choice"]["output"]
     # a second adaptation of the same image gets its own name; a vanished file drops out
-    cfg.max_steps = 1
+    cfg.max_steps, cfg.encoder_lr = 1, 0.0  # the name is what this one is for
     res2 = adapt_to_objects(img, ann, model=engine, image_name="/data/my cells.tif", config=cfg)
     assert res2.name == "my_cells_adapted_2" and len(adapted_models()) == 2
     (adapted_dir() / "my_cells_adapted.pt").unlink()

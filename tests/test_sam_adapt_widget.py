@@ -27,6 +27,7 @@ def short(minutes, objects):
     flow is tested here; what the schedule learns is ``benchmarks/adapt_sam.py``'s)."""
     cfg = ADAPT(minutes, objects)
     cfg.max_steps, cfg.view_zooms, cfg.objects_per_view, cfg.orientations = 3, (1.0,), 2, 1
+    cfg.encoder_lr = 0.0  # the decoder alone: the dock's wiring is tested here (the encoder: test_sam_adapt_engine)
     return cfg
 
 

@@ -8,8 +8,11 @@ the image being annotated, then annotate on with the adapted decoder.
 or, waiting, ``session.adapt(minutes=3, image_name="t00.tif")``. Training runs on a fresh
 copy of the session's model (:func:`~napari_gpuseg.engine.sam.training.adapt.adapt_to_objects`), so
 the session keeps annotating with its model meanwhile, and a cancel leaves it in place with
-nothing written. The copy shares the session's embedding cache: what the session embedded
-is not embedded again. The adapted decoder joins the user's list
+nothing written. The copy shares the session's embedding cache: the views the session
+embedded serve the first clicks measured before training without being embedded again (the
+encoder's last stage trains on its first stages' output, computed for the training views).
+The adapted model's encoder is its own, so the session embeds the image again once it
+switches. The adapted decoder joins the user's list
 (:func:`~napari_gpuseg.engine.sam.training.adapt.adapted_models`) with the image's name.
 """
 from __future__ import annotations
@@ -108,9 +111,9 @@ class SessionAdaptation:
             config = sam_adapt.few_object_config(self.objects, self.minutes)
         from ..sam.loader import load_engine
 
-        # a fresh copy of the model on the session's embedding cache: the decoder learns apart
-        # from the session's, and the views the session embedded (the first-click choice's
-        # clicks on the committed objects) are not embedded again
+        # a fresh copy of the model on the session's embedding cache: it learns apart from the
+        # session's, and the views the session embedded (the clicks on the committed objects
+        # measured before training) are not embedded again
         engine = load_engine(self._base(), policy or self.policy, cache=self.cache)
         try:
             return sam_adapt.adapt_to_objects(self.image, self.labels, model=engine, minutes=self.minutes,
