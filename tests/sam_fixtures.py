@@ -48,8 +48,8 @@ _ADAPTED: dict = {}
 
 def adapted_decoder(shared_data: Path, tmp_path_factory) -> tuple[Path, str, str]:
     """A real adapted decoder in the user's list of a cache folder (``<cache>/adapted_sam``):
-    the default model's decoder adapted for one step on native views to the cells of the left 96 px of
-    scratch-assay t00 (a training frame), saved by ``adapt_to_objects`` as ``t00_adapted``
+    the default model's decoder (alone) adapted for one step on native views to the cells of
+    the left 96 px of scratch-assay t00 (a training frame), saved by ``adapt_to_objects`` as ``t00_adapted``
     from ``/data/scratch/t00.tif``; made once per test run (read it, do not change it).
     ``(cache folder, path, label the model lists show)``."""
     if "made" not in _ADAPTED:

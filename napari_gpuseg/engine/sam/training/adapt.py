@@ -89,9 +89,10 @@ H200, bf16, 2026-11-30, ``docs/gpu-runs/2026-11-30-h200-adapt-encoder.log``):
   +0.153, 120 steps +0.157; the decoder at 2e-4 +0.148.
 Within 0.01 of each other, 1e-4 for both is kept (the 75 steps of the schedule). Then on
 the validation protocol (15 cells of t06, the 270 cells of t07-t09), same run: +0.157
-before, +0.178 with it (3 clicks 0.639 -> 0.646, box 0.611 -> 0.656); on the CPU (AMD EPYC Zen 4, avx512_bf16, training steps fp32,
-2026-11-30): 0.363 -> 0.543 (+0.180), 3 clicks 0.647, box 0.657, 143 s of training; an
-AVX2-only CPU in fp32 (emulated there): 0.358 -> 0.543 (+0.185), 175 s of training, 242 s wall."""
+before, +0.178 with it (3 clicks 0.639 -> 0.646, box 0.611 -> 0.656). On the CPU (AMD EPYC
+Zen 4, avx512_bf16, training steps fp32, 2026-11-30): 0.363 -> 0.543 (+0.180), 3 clicks
+0.647, box 0.657, 143 s of training; an AVX2-only CPU in fp32 (emulated there): 0.358 ->
+0.543 (+0.185), 175 s of training, 242 s wall."""
 
 
 ORIENTED_OBJECTS = 160
@@ -104,22 +105,24 @@ def few_object_config(n_objects: int, minutes: float = 4.0) -> SamTuneConfig:
     """The schedule for a few annotated objects on one or two images: a fixed number of
     visits per object (:data:`FEW_OBJECT_VISITS`), so a GPU and a CPU learn the same thing,
     the GPU sooner; ``minutes`` only bounds the wait on a slow machine (the learning rate's
-    decay follows whichever runs out first). Small steps (one view, up to four objects), a
-    box as the first prompt for 40 % of the objects (the fast way to annotate an unfamiliar
-    kind, and the decoder's most reliable prompt, which the clicks learn beside), one
-    corrective click, native views and views 1.5x finer (objects larger and smaller than
-    nuclei), a mild random gamma per embedded picture, and every picture in up to 8 quarter
-    turns and mirrors (:func:`~.train_views.orient`; :data:`ORIENTED_OBJECTS`: all 8 for up
-    to 20 objects, eight times the views to embed, seconds on a CPU for one field). A first
-    click trains the candidate the annotator will keep (``first_output`` "measured"). No
-    validation split: every object teaches."""
+    decay follows whichever runs out first). The prompt encoder, the mask decoder and the
+    image encoder's last stage and neck learn (:data:`ADAPT_LR`, :data:`ADAPT_ENCODER_LR`).
+    Small steps (one view, up to four objects), a box as the first prompt for 40 % of the
+    objects (the fast way to annotate an unfamiliar kind, and the decoder's most reliable
+    prompt, which the clicks learn beside), one corrective click, native views and views
+    1.5x finer (objects larger and smaller than nuclei), a mild random gamma per embedded
+    picture, and every picture in up to 8 quarter turns and mirrors
+    (:func:`~.train_views.orient`; :data:`ORIENTED_OBJECTS`: all 8 for up to 20 objects,
+    eight times the views to embed, seconds on a CPU for one field). A first click trains the
+    candidate the annotator will keep (``first_output`` "measured"). No validation split:
+    every object teaches."""
     n = max(1, int(n_objects))
     per_step = min(4, n)
     steps = max(FEW_OBJECT_VISITS, math.ceil(FEW_OBJECT_VISITS * n / per_step))
     return SamTuneConfig(max_steps=steps, views_per_step=1, objects_per_view=per_step,
-                         lr=ADAPT_LR, encoder_lr=ADAPT_ENCODER_LR, warmup=3, box_fraction=0.4, corrections=1, views_per_image=None,
-                         val_fraction=0.0, max_time=60.0 * float(minutes), contrast_jitter=1.25,
-                         view_zooms=(1.0, 1.5), first_output="measured",
+                         lr=ADAPT_LR, encoder_lr=ADAPT_ENCODER_LR, warmup=3, box_fraction=0.4, corrections=1,
+                         views_per_image=None, val_fraction=0.0, max_time=60.0 * float(minutes),
+                         contrast_jitter=1.25, view_zooms=(1.0, 1.5), first_output="measured",
                          orientations=max(1, min(ORIENTATIONS, ORIENTED_OBJECTS // n)))
 
 

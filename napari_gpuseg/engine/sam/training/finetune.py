@@ -19,7 +19,9 @@ policy's autocast (a GradScaler for fp16) and a halved batch on out-of-memory. T
 embedded, and validation decodes, in the policy's precision, as the annotator will.
 The checkpoint holds only the decoder (:mod:`napari_gpuseg.models.sam.decoder_checkpoint`).
 
-``encoder_lr > 0`` (TinyViT encoders: LiteMedSAM, MobileSAM) also trains the image
+Only models whose masks come at their input size train (LiteMedSAM and decoders tuned on it,
+256 px); others (SAM ViT-B/L/H, MobileSAM: 256 px masks for a 1024 px input) are refused in
+one line. ``encoder_lr > 0`` (their TinyViT encoder) also trains the image
 encoder's last ``encoder_stages`` stages (1: the last) and neck, at that learning rate: the
 views keep the encoder trunk's output (every stage before those, computed once), each step
 runs the trained stages on its views with gradients, and the checkpoint then carries those
