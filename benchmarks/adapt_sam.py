@@ -25,6 +25,7 @@ from scipy import ndimage as ndi
 
 from _data import dsb2018_field
 from _machine import machine_line
+from _overrides import override
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.click_choice import store_click_choice
@@ -62,10 +63,7 @@ def main(argv=None) -> int:
     start = load_engine(args.model, cache=cache)
     before = click_ious(start, img, right, clicks=3)
     out = Path(tempfile.mkdtemp()) / "adapted.pt"
-    cfg = adapt_config(args.minutes, len(np.unique(annotation)) - 1)
-    for item in args.set:
-        key, value = item.split("=", 1)
-        setattr(cfg, key, type(getattr(cfg, key))(value))
+    cfg = override(adapt_config(args.minutes, len(np.unique(annotation)) - 1), args.set)
     if args.set:
         print("schedule overrides:", ", ".join(args.set))
     t0 = time.perf_counter()

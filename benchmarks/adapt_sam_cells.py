@@ -31,6 +31,7 @@ from scipy import ndimage as ndi
 
 from _data import shared_data
 from _machine import machine_line
+from _overrides import override
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.training.adapt import adapt_to_objects, few_object_config
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
@@ -60,23 +61,6 @@ def row(name, r) -> str:
     c = r["clicks"]
     return (f"| {name} | {r['n']} | {c[:, 0].mean():.3f} | {c[:, min(2, c.shape[1] - 1)].mean():.3f} | "
             f"{r['box'].mean():.3f} |")
-
-
-def override(cfg, items):
-    """``cfg`` with each ``KEY=VALUE`` of ``items`` set, as the field's type (``None`` clears
-    it; a tuple field takes its numbers separated by ``;``, e.g. ``view_zooms=1;1.5``)."""
-    for item in items:
-        key, value = item.split("=", 1)
-        cur = getattr(cfg, key)
-        if value == "None":
-            setattr(cfg, key, None)
-        elif cur is None and value.lstrip("-").isdigit():
-            setattr(cfg, key, int(value))
-        elif isinstance(cur, tuple):
-            setattr(cfg, key, tuple(float(v) for v in value.split(";")))
-        else:
-            setattr(cfg, key, type(cur)(value))
-    return cfg
 
 
 def main(argv=None) -> int:

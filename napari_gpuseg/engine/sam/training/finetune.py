@@ -129,7 +129,7 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
         check_output_path(out_path)
     engine = _engine(model, policy, cache_dir)
     sam, device = engine.sam, engine.policy.device
-    _check_geometry(sam, engine)
+    _check_geometry(engine)
     rng = np.random.default_rng(cfg.seed)
     tail = _encoder_tail(sam, cfg)
     zooms = cfg.view_zooms or (1.0, cfg.click_zoom or engine.click_zoom)
@@ -219,11 +219,11 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
     return result
 
 
-def _check_geometry(sam, engine) -> None:
+def _check_geometry(engine) -> None:
     """Training compares the decoder's masks with the objects at the model's input size: a
     model whose masks come smaller (SAM ViT-B/L/H and MobileSAM: 1024 px in, 256 px masks) is
     refused with one line before anything is embedded."""
-    pe = sam.prompt_encoder
+    pe = engine.sam.prompt_encoder
     masks = pe.mask_input_size
     if tuple(masks) != tuple(pe.input_image_size):
         raise ValueError(f"fine-tuning needs a model whose masks come at its input size (LiteMedSAM and the "
