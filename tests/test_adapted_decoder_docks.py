@@ -4,11 +4,13 @@ image)", newest first), choosing it makes segment everything load it and Adapt S
 it; a dock opened before the adapting gets it too; and the annotator's unsure hint, with an
 adapted decoder, offers a box or corrective clicks, not adapting again."""
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tifffile
 import torch
+from qtpy.QtCore import Qt
 
 from napari_gpuseg.engine.sam.training import adapt as sam_adapt
 from napari_gpuseg.models import registry
@@ -181,3 +183,57 @@ def test_the_status_line_offers_a_box_or_clicks_with_an_adapted_decoder(make_nap
     assert "adapt" not in text.lower(), text
     shown = float(text.split("predicted IoU ")[1][:4])
     assert 0.0 <= shown <= 1.0
+
+
+def test_forget_deletes_the_adapted_decoder_in_use_and_every_list_lets_go_of_it(make_napari_viewer, qtbot, made,
+                                                                                tmp_path, monkeypatch):
+    """*Forget* in the annotator's Adapt panel: only for an adapted decoder of the user's list,
+    asked first (No keeps it); Yes puts the annotator on the default model, deletes the file,
+    and takes it off every open model list, a dock that had it chosen going to the default."""
+    import json
+    import shutil
+
+    from qtpy.QtWidgets import QMessageBox
+
+    from napari_gpuseg.engine.sam.training.adapt import adapted_models
+
+    _cache, made_path, label = made
+    folder = tmp_path / "cache" / "adapted_sam"
+    folder.mkdir(parents=True)
+    path = str(folder / "t00_adapted.pt")
+    shutil.copy(made_path, path)  # the run's shared decoder stays as it is
+    (folder / "index.json").write_text(json.dumps([{"name": "t00_adapted", "path": path, "image": "/data/scratch/t00.tif",
+                                                    "base": DEFAULT_MODEL, "objects": 4,
+                                                    "created": "2026-11-30T10:00:00"}]))
+    monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(tmp_path / "cache"))
+    viewer = make_napari_viewer()
+    auto, annotator = dock(viewer, "SAM automatic"), dock(viewer, "SAM annotator")
+    panel = annotator.adapt_panel
+    assert annotator.model_name == DEFAULT_MODEL and not panel.forget_btn.isEnabled()
+    assert "not one of your adapted models" in panel.forget_btn.toolTip()
+    for w in (auto, annotator):  # both docks on the adapted decoder, as a user picks it
+        i = w.model_combo.findData(path)
+        assert w.model_combo.itemText(i) == label
+        w.model_combo.setCurrentIndex(i)
+        w.model_combo.activated.emit(i)
+    assert auto.model_name == annotator.model_name == annotator.session.model == path
+    assert panel.forget_btn.isEnabled() and "Delete t00_adapted" in panel.forget_btn.toolTip()
+
+    asked = []
+    answer = QMessageBox.StandardButton.No
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: asked.append(a[2]) or answer)
+    qtbot.mouseClick(panel.forget_btn, Qt.MouseButton.LeftButton)
+    assert asked and "Delete t00_adapted (from t00.tif)?" in asked[0]
+    assert annotator.model_name == path and Path(path).is_file() and len(adapted_models()) == 1  # No: kept
+
+    answer = QMessageBox.StandardButton.Yes
+    qtbot.mouseClick(panel.forget_btn, Qt.MouseButton.LeftButton)
+    assert not Path(path).exists() and adapted_models() == []
+    assert json.loads((folder / "index.json").read_text()) == []
+    assert annotator.model_name == annotator.session.model == DEFAULT_MODEL
+    assert annotator.status.text().startswith("forgot t00_adapted (its file was deleted): annotating with")
+    for w in (auto, annotator):
+        assert w.model_combo.findData(path) < 0
+    assert auto.model_name == DEFAULT_MODEL  # it had it chosen
+    assert not panel.forget_btn.isEnabled()
+    assert Path(made_path).is_file()

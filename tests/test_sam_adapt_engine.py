@@ -1,5 +1,6 @@
 """Adapt SAM at engine level: a few objects in, a decoder in the user's list out; the unsure hint."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,7 +9,8 @@ import tifffile
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.runtime.cancel import CancelToken
 from napari_gpuseg.engine.sam.training.adapt import (ADAPT_ENCODER_LR, ADAPT_LR, FEW_OBJECT_VISITS, adapt_to_objects,
-                                                     adapted_dir, adapted_models, few_object_config, unsure_hint)
+                                                     adapted_dir, adapted_entry, adapted_models, few_object_config,
+                                                     forget_adapted, unsure_hint)
 from napari_gpuseg.engine.sam.training.click_choice import choose_click_output
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder
@@ -89,6 +91,14 @@ def test_adapt_saves_into_the_users_list_with_the_image_name(cells, embeddings, 
     assert res2.name == "my_cells_adapted_2" and len(adapted_models()) == 2
     (adapted_dir() / "my_cells_adapted.pt").unlink()
     assert [m["name"] for m in adapted_models()] == ["my_cells_adapted_2"]
+    # forgetting one deletes its file and takes it off the list; a file not on it is never deleted
+    browsed = tmp_path / "browsed.pt"
+    browsed.write_bytes(b"a checkpoint of the user's")
+    assert forget_adapted(browsed) is None and browsed.is_file()
+    assert adapted_entry(res2.path)["name"] == "my_cells_adapted_2" and adapted_entry("nuclei_sam") is None
+    assert forget_adapted(res2.path)["name"] == "my_cells_adapted_2"
+    assert not Path(res2.path).exists() and adapted_models() == [] and adapted_entry(res2.path) is None
+    assert forget_adapted(res2.path) is None
 
 
 def test_a_model_fine_tuning_cannot_take_is_refused_in_one_line_before_embedding(cells, tmp_path):

@@ -1,15 +1,16 @@
 """Adapt panel of the SAM annotator: "Adapt to these objects" adapts the model's decoder to
 the objects committed on the image (``engine.annotate.adapting.SessionAdaptation``) in the
 training thread, with a live loss, Cancel and a time budget; once done the annotator
-annotates on with the adapted decoder, which joins its model list. The panel only wires the
-button, the plot and Cancel: what is learnt from, the training and the saving are the
+annotates on with the adapted decoder, which joins its model list. "Forget" takes the
+adapted decoder in use off the list and deletes its file. The panel only wires the buttons
+and the plot: what is learnt from, the training, the saving and the forgetting are the
 engine's."""
 from __future__ import annotations
 
 from qtpy.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QPushButton
 
 from ..engine.annotate.adapting import MIN_OBJECTS, SessionAdaptation, adapt_blocker
-from ..engine.sam.training.adapt import FEW_OBJECT_VISITS
+from ..engine.sam.training.adapt import FEW_OBJECT_VISITS, adapted_entry
 from ..engine.runtime.cancel import CancelToken
 from ._bridge import on_gui, submit
 from ._choices import adapted_label, image_file
@@ -26,16 +27,16 @@ READY_TIP = ("Train SAM's decoder on the objects committed on this image (a copy
 class AdaptPanel(QGroupBox):
     """Takes what it uses of the annotator as arguments: ``session``, ``image_layer()`` (the
     layer on display), ``image_alive()``, ``set_status(text)``, ``on_progress(done, total)``,
-    ``on_error(exc)`` and ``use_adapted(path, label, message)`` (switch the annotator to the
-    adapted decoder)."""
+    ``on_error(exc)``, ``use_adapted(path, label, message)`` (switch the annotator to the
+    adapted decoder) and ``forget()`` (take the adapted decoder in use off the list)."""
 
     def __init__(self, session, *, image_layer, image_alive, set_status, on_progress, on_error,
-                 use_adapted, parent=None):
+                 use_adapted, forget, parent=None):
         super().__init__("Adapt to these objects", parent)
         self.session = session
         self._image_layer, self._image_alive = image_layer, image_alive
         self._set_status, self._on_progress, self._on_error = set_status, on_progress, on_error
-        self._use_adapted = use_adapted
+        self._use_adapted, self._forget = use_adapted, forget
         self.job = None
         self._token: CancelToken | None = None
         self.adaptation: SessionAdaptation | None = None
@@ -53,8 +54,10 @@ class AdaptPanel(QGroupBox):
         self.cancel_btn = QPushButton("Cancel")
         self.cancel_btn.setToolTip("Stop adapting: the model stays as it was, nothing is saved")
         self.cancel_btn.setEnabled(False)
+        self.forget_btn = QPushButton("Forget")
         self.adapt_btn.clicked.connect(self.adapt)
         self.cancel_btn.clicked.connect(self.cancel)
+        self.forget_btn.clicked.connect(lambda: self._forget())
         self.plot = HistoryPlot((LOSS,), maxlen=PLOT_STEPS)
         self.plot.setVisible(False)  # shown from the first run on
         form = QFormLayout(self)
@@ -62,6 +65,7 @@ class AdaptPanel(QGroupBox):
         row = QHBoxLayout()
         row.addWidget(self.adapt_btn)
         row.addWidget(self.cancel_btn)
+        row.addWidget(self.forget_btn)
         form.addRow(row)
         form.addRow(self.plot)
         self.refresh()
@@ -78,6 +82,12 @@ class AdaptPanel(QGroupBox):
         self.adapt_btn.setToolTip(READY_TIP if why is None else f"Not now: {why}.")
         self.cancel_btn.setEnabled(self.running)
         self.minutes.setEnabled(not self.running)
+        mine = adapted_entry(self.session.model)
+        self.forget_btn.setEnabled(mine is not None and not self.running)
+        self.forget_btn.setToolTip(
+            f"Delete {mine['name']}, the adapted model in use, and take it off the model lists" if mine
+            else "Not now: the model in use is not one of your adapted models" if not self.running
+            else "Not now: adapting now")
 
     # -- the job ------------------------------------------------------------------------------
     def adapt(self):

@@ -114,6 +114,28 @@ def offer_adapted_sam(path: str, label: str) -> int:
     return n
 
 
+def withdraw_adapted_sam(path: str) -> int:
+    """A forgotten adapted decoder (``engine.sam.training.adapt.forget_adapted``) leaves every
+    open model list (:func:`fill_sam_models`); a list that had it chosen goes to the default
+    model as if the user picked it, so its dock applies it. How many lists held it."""
+    n = 0
+    for combo in list(_SAM_COMBOS):
+        try:
+            index = combo.findData(path)
+            if index < 0:
+                continue
+            chosen = combo.currentIndex() == index
+            combo.removeItem(index)
+            n += 1
+            if chosen:
+                default = max(0, combo.findText(DEFAULT_MODEL))
+                combo.setCurrentIndex(default)
+                combo.activated.emit(default)
+        except RuntimeError:  # a combo whose Qt object is gone
+            logger.debug("a closed model list still held adapted decoder %s", path)
+    return n
+
+
 def model_kind(model: str) -> str:
     """How a SAM model name or file takes prompts, judged without building the network:
     ``"boxes"`` (LiteMedSAM as published), ``"tuned"`` (a decoder tuned to clicks on

@@ -22,7 +22,7 @@ import logging
 from napari.layers import Image
 from napari.utils.notifications import show_info
 from qtpy.QtWidgets import (
-    QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QMessageBox, QPushButton, QVBoxLayout, QWidget,
 )
 
 from ..engine.annotate import region as regions
@@ -30,11 +30,13 @@ from ..engine.annotate.adapting import adapt_offer
 from ..engine.annotate.session import AnnotationSession
 from ..engine.runtime.device import get_policy
 from ..engine.runtime.worker import InferenceWorker, default_worker
+from ..engine.sam.loader import DEFAULT_MODEL
+from ..engine.sam.training.adapt import adapted_entry, forget_adapted
 from ._annotation_layers import (add_rest, ensure_layers, remove_on_plane, select_prompt_tool, spatial_shape,
                                  toggle_click_sign)
 from ._annotator_region import REGION_BUTTON, add_region, region_in_view, too_big
-from ._choices import (add_adapted_choice, browse_checkpoint, chosen_sam_model, fill_sam_models,
-                       is_box_trained, offer_adapted_sam, take_sam_models)
+from ._choices import (adapted_label, add_adapted_choice, browse_checkpoint, chosen_sam_model, fill_sam_models,
+                       is_box_trained, offer_adapted_sam, take_sam_models, withdraw_adapted_sam)
 from ._dock import DockWidget, auto_spin, let_go_of_key, scrollable, short_name
 from ._first_layer import warm_up
 from ._prompts import boxes_xyxy, current_prompt, plane_index, view_focus
@@ -202,7 +204,7 @@ class SamAnnotatorWidget(DockWidget):
         self.adapt_panel = AdaptPanel(
             self.session, image_layer=lambda: self.image_layer, image_alive=self._image_alive,
             set_status=self._set_status, on_progress=self._on_progress, on_error=self._on_error,
-            use_adapted=self.use_adapted)
+            use_adapted=self.use_adapted, forget=self.forget_adapted)
         layout.addWidget(self.adapt_panel)
         self.propagate_panel = PropagatePanel(
             self.viewer, self.session, labels_layer=lambda: self.labels_layer, image_alive=self._image_alive,
@@ -255,12 +257,37 @@ class SamAnnotatorWidget(DockWidget):
         self._keep_status = True
         self._set_status(note)
 
+    def forget_adapted(self, confirm: bool = True) -> bool:
+        """Forget the adapted decoder in use (the Adapt panel's *Forget*): after a yes to the
+        question, the annotator goes on with the default model, the decoder leaves every
+        model list and its file is deleted (``forget_adapted``). Whether it was forgotten."""
+        path = self.model_name
+        entry = adapted_entry(path)
+        if entry is None or self.adapt_panel.running:
+            return False
+        label = adapted_label(entry)
+        if confirm and QMessageBox.question(
+                self, "Forget adapted model",
+                f"Delete {label}? Its file is removed from the cache folder and it leaves the model "
+                "lists; the labels made with it stay.") != QMessageBox.StandardButton.Yes:
+            return False
+        default = max(0, self.model_combo.findText(DEFAULT_MODEL))
+        self.model_combo.setCurrentIndex(default)  # the session lets go of the file first
+        self._on_model_chosen(default)
+        forget_adapted(path)
+        withdraw_adapted_sam(path)
+        self._keep_status = True
+        self._set_status(f"forgot {entry['name']} (its file was deleted): annotating with {self.model_name}")
+        self.adapt_panel.refresh()
+        return True
+
     def _on_model_chosen(self, _index: int) -> None:
         if not browse_checkpoint(self.model_combo, self):
             return
         self._update_hint()
         select_prompt_tool(self.viewer, self._layers, is_box_trained(self.model_name))  # the model's tool
         self.session.set_model(self.model_name)  # the current object goes: decoded again below
+        self.adapt_panel.refresh()  # Forget: only for an adapted decoder of the user's list
         self._clear_preview()
         self._preload_model()
         self._embed_current()

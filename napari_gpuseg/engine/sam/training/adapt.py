@@ -155,13 +155,21 @@ def adapted_models(folder: str | os.PathLike | None = None) -> list[dict]:
     with ``load_engine(path)``), ``image`` (the image it came from), ``base`` (the model
     it started from), ``objects``, ``created`` (ISO time). Entries whose file is gone are
     left out; a missing or unreadable index gives []."""
-    d = adapted_dir(folder)
-    try:
-        entries = json.loads((d / INDEX).read_text())
-    except (OSError, ValueError):
-        return []
-    out = [e for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str) and Path(e["path"]).is_file()]
+    out = [e for e in _read_index(adapted_dir(folder))
+           if isinstance(e, dict) and isinstance(e.get("path"), str) and Path(e["path"]).is_file()]
     return sorted(out, key=lambda e: str(e.get("created", "")), reverse=True)
+
+
+def adapted_entry(model, folder: str | os.PathLike | None = None) -> dict | None:
+    """The entry of :func:`adapted_models` whose file is ``model`` (a path), else None (a
+    registry name, another file, a file gone)."""
+    if not isinstance(model, (str, os.PathLike)) or not str(model):
+        return None
+    try:
+        target = Path(model).resolve()
+        return next((e for e in adapted_models(folder) if Path(e["path"]).resolve() == target), None)
+    except OSError:
+        return None
 
 
 def _free_name(d: Path, image_name: str | None) -> str:
@@ -173,18 +181,41 @@ def _free_name(d: Path, image_name: str | None) -> str:
     return name
 
 
-def _record(d: Path, entry: dict) -> None:
-    index = d / INDEX
+def _read_index(d: Path) -> list:
     try:
-        entries = json.loads(index.read_text())
-        if not isinstance(entries, list):
-            entries = []
+        entries = json.loads((d / INDEX).read_text())
     except (OSError, ValueError):
-        entries = []
-    entries = [e for e in entries if not (isinstance(e, dict) and e.get("name") == entry["name"])] + [entry]
+        return []
+    return entries if isinstance(entries, list) else []
+
+
+def _write_index(d: Path, entries: list) -> None:
+    index = d / INDEX
     tmp = index.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(entries, indent=1))
     os.replace(tmp, index)
+
+
+def _record(d: Path, entry: dict) -> None:
+    entries = [e for e in _read_index(d) if not (isinstance(e, dict) and e.get("name") == entry["name"])]
+    _write_index(d, entries + [entry])
+
+
+def forget_adapted(path: str | os.PathLike, folder: str | os.PathLike | None = None) -> dict | None:
+    """Take the adapted decoder ``path`` off the user's list (:func:`adapted_models`) and
+    delete its file; the entry it had. ``None`` when ``path`` is not on that list: then
+    nothing is deleted (only files the list holds are removed, never a checkpoint the user
+    browsed to)."""
+    d = adapted_dir(folder)
+    target = Path(path).resolve()
+    entries = _read_index(d)
+    gone = next((e for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)
+                 and Path(e["path"]).resolve() == target), None)
+    if gone is None:
+        return None
+    target.unlink(missing_ok=True)  # first: a list whose file is gone already leaves it out
+    _write_index(d, [e for e in entries if e is not gone])
+    return gone
 
 
 def adapt_to_objects(images: np.ndarray | Sequence[np.ndarray], labels: np.ndarray | Sequence[np.ndarray],
