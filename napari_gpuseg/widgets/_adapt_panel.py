@@ -85,9 +85,9 @@ class AdaptPanel(QGroupBox):
         mine = adapted_entry(self.session.model)
         self.forget_btn.setEnabled(mine is not None and not self.running)
         self.forget_btn.setToolTip(
-            f"Delete {mine['name']}, the adapted model in use, and take it off the model lists" if mine
-            else "Not now: the model in use is not one of your adapted models" if not self.running
-            else "Not now: adapting now")
+            "Not now: adapting now" if self.running
+            else f"Delete {mine['name']}, the adapted model in use, and take it off the model lists" if mine
+            else "Not now: the model in use is not one of your adapted models")
 
     # -- the job ------------------------------------------------------------------------------
     def adapt(self):

@@ -204,7 +204,7 @@ class SamAnnotatorWidget(DockWidget):
         self.adapt_panel = AdaptPanel(
             self.session, image_layer=lambda: self.image_layer, image_alive=self._image_alive,
             set_status=self._set_status, on_progress=self._on_progress, on_error=self._on_error,
-            use_adapted=self.use_adapted, forget=self.forget_adapted)
+            use_adapted=self.use_adapted, forget=self.forget_model)
         layout.addWidget(self.adapt_panel)
         self.propagate_panel = PropagatePanel(
             self.viewer, self.session, labels_layer=lambda: self.labels_layer, image_alive=self._image_alive,
@@ -257,7 +257,7 @@ class SamAnnotatorWidget(DockWidget):
         self._keep_status = True
         self._set_status(note)
 
-    def forget_adapted(self, confirm: bool = True) -> bool:
+    def forget_model(self, confirm: bool = True) -> bool:
         """Forget the adapted decoder in use (the Adapt panel's *Forget*): after a yes to the
         question, the annotator goes on with the default model, the decoder leaves every
         model list and its file is deleted (``forget_adapted``). Whether it was forgotten."""
