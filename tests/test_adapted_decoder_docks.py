@@ -1,8 +1,9 @@
 """A decoder adapted with the annotator's "Adapt to these objects" in the other SAM docks, on
 a real viewer: SAM automatic and Adapt SAM list it as the annotator does ("name (from
 image)", newest first), choosing it makes segment everything load it and Adapt SAM start from
-it; a dock opened before the adapting gets it too; and the annotator's unsure hint, with an
-adapted decoder, offers a box or corrective clicks, not adapting again."""
+it; a dock opened before the adapting gets it too; the annotator's unsure hint, with an
+adapted decoder, offers a box or corrective clicks, not adapting again; and *Forget* deletes
+it and takes it off every list."""
 import functools
 from pathlib import Path
 
@@ -202,9 +203,9 @@ def test_forget_deletes_the_adapted_decoder_in_use_and_every_list_lets_go_of_it(
     folder.mkdir(parents=True)
     path = str(folder / "t00_adapted.pt")
     shutil.copy(made_path, path)  # the run's shared decoder stays as it is
-    (folder / "index.json").write_text(json.dumps([{"name": "t00_adapted", "path": path, "image": "/data/scratch/t00.tif",
-                                                    "base": DEFAULT_MODEL, "objects": 4,
-                                                    "created": "2026-11-30T10:00:00"}]))
+    entry = {"name": "t00_adapted", "path": path, "image": "/data/scratch/t00.tif", "base": DEFAULT_MODEL,
+             "objects": 4, "created": "2026-11-30T10:00:00"}
+    (folder / "index.json").write_text(json.dumps([entry]))
     monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(tmp_path / "cache"))
     viewer = make_napari_viewer()
     auto, annotator = dock(viewer, "SAM automatic"), dock(viewer, "SAM annotator")
