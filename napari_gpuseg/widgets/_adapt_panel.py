@@ -38,6 +38,7 @@ class AdaptPanel(QGroupBox):
         self._set_status, self._on_progress, self._on_error = set_status, on_progress, on_error
         self._use_adapted, self._forget = use_adapted, forget
         self.job = None
+        self._mine: dict | None = None  # the list's entry of the model in use (Forget), if adapted
         self._token: CancelToken | None = None
         self.adaptation: SessionAdaptation | None = None
         self.result = None  # the last AdaptResult that saved a decoder
@@ -68,11 +69,17 @@ class AdaptPanel(QGroupBox):
         row.addWidget(self.forget_btn)
         form.addRow(row)
         form.addRow(self.plot)
-        self.refresh()
+        self.model_changed()
 
     @property
     def running(self) -> bool:
         return self.job is not None
+
+    def model_changed(self) -> None:
+        """The annotator switched models: whether *Forget* applies is asked of the user's list
+        once here, not at every refresh (commits, undo, each step through a stack)."""
+        self._mine = adapted_entry(self.session.model)
+        self.refresh()
 
     def refresh(self) -> None:
         """Enable the button when the image has enough committed objects; the tooltip says why not."""
@@ -82,7 +89,7 @@ class AdaptPanel(QGroupBox):
         self.adapt_btn.setToolTip(READY_TIP if why is None else f"Not now: {why}.")
         self.cancel_btn.setEnabled(self.running)
         self.minutes.setEnabled(not self.running)
-        mine = adapted_entry(self.session.model)
+        mine = self._mine
         self.forget_btn.setEnabled(mine is not None and not self.running)
         self.forget_btn.setToolTip(
             "Not now: adapting now" if self.running

@@ -278,7 +278,6 @@ class SamAnnotatorWidget(DockWidget):
         withdraw_adapted_sam(path)
         self._keep_status = True
         self._set_status(f"forgot {entry['name']} (its file was deleted): annotating with {self.model_name}")
-        self.adapt_panel.refresh()
         return True
 
     def _on_model_chosen(self, _index: int) -> None:
@@ -287,7 +286,7 @@ class SamAnnotatorWidget(DockWidget):
         self._update_hint()
         select_prompt_tool(self.viewer, self._layers, is_box_trained(self.model_name))  # the model's tool
         self.session.set_model(self.model_name)  # the current object goes: decoded again below
-        self.adapt_panel.refresh()  # Forget: only for an adapted decoder of the user's list
+        self.adapt_panel.model_changed()  # Forget: only for an adapted decoder of the user's list
         self._clear_preview()
         self._preload_model()
         self._embed_current()

@@ -274,7 +274,7 @@ def is_adapted(model) -> bool:
         if not path.is_file():
             return False
         path = path.resolve()
-        if any(Path(e["path"]).resolve() == path for e in adapted_models()):
+        if adapted_entry(path) is not None:
             return True
         return _saved_as_adapted(str(path), path.stat().st_mtime_ns)
     except OSError:
