@@ -92,7 +92,8 @@ the validation protocol (15 cells of t06, the 270 cells of t07-t09), same run: +
 before, +0.178 with it (3 clicks 0.639 -> 0.646, box 0.611 -> 0.656). On the CPU (AMD EPYC
 Zen 4, avx512_bf16, training steps fp32, 2026-11-30): 0.363 -> 0.543 (+0.180), 3 clicks
 0.647, box 0.657, 143 s of training; an AVX2-only CPU in fp32 (emulated there): 0.358 ->
-0.543 (+0.185), 175 s of training, 242 s wall."""
+0.543 (+0.185), 175 s of training, 242 s wall; on a real AVX2-only CPU (AMD EPYC Zen 3, fp32,
+2026-11-30): 0.358 -> 0.542 (+0.184), 192 s of training, 277 s wall."""
 
 
 ORIENTED_OBJECTS = 160
