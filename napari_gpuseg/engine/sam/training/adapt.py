@@ -167,10 +167,15 @@ def adapted_entry(model, folder: str | os.PathLike | None = None) -> dict | None
     if not isinstance(model, (str, os.PathLike)) or not str(model):
         return None
     try:
-        target = Path(model).resolve()
-        return next((e for e in adapted_models(folder) if Path(e["path"]).resolve() == target), None)
+        return _entry_of(adapted_models(folder), Path(model).resolve())
     except OSError:
         return None
+
+
+def _entry_of(entries: list, target: Path) -> dict | None:
+    """The index entry whose file is ``target`` (a resolved path), else None."""
+    return next((e for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)
+                 and Path(e["path"]).resolve() == target), None)
 
 
 def _free_name(d: Path, image_name: str | None) -> str:
@@ -210,8 +215,7 @@ def forget_adapted(path: str | os.PathLike, folder: str | os.PathLike | None = N
     d = adapted_dir(folder)
     target = Path(path).resolve()
     entries = _read_index(d)
-    gone = next((e for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)
-                 and Path(e["path"]).resolve() == target), None)
+    gone = _entry_of(entries, target)
     if gone is None:
         return None
     target.unlink(missing_ok=True)  # first: a list whose file is gone already leaves it out
