@@ -118,6 +118,10 @@ def main() -> None:
     ap.add_argument("--mesh-shader", choices=("alternate", "on", "off"), default="on",
                     help="the boxes' mesh keeps its compiled shader across data changes (as shipped: "
                          "widgets/_mesh_shader.py) or compiles it again at each (vispy's own way)")
+    ap.add_argument("--preview-paint", choices=("alternate", "partial", "whole"), default="partial",
+                    help="the preview shows a mask by napari's partial labels refresh of what changed "
+                         "(as shipped: widgets/_annotation_layers.paint_preview) or by writing the plane "
+                         "and refreshing the whole layer (the way before); alternate: field by field")
     args = ap.parse_args()
     if args.prompt == "click" and args.edit_by != "setter":
         args.edit_by = "setter"  # a click's edits move the point through the setter
@@ -131,6 +135,7 @@ def main() -> None:
     from napari_gpuseg.engine.sam.interactive.predictor import SamEngine
     from napari_gpuseg.engine.annotate import steps
     from napari_gpuseg.widgets import _mesh_shader as mesh_shader
+    from napari_gpuseg.widgets import sam_annotator
     from napari_gpuseg.widgets.sam_annotator import BACKGROUND_HOLD_S
 
     policy = set_policy("auto", args.precision)
@@ -236,6 +241,16 @@ def main() -> None:
         if look is not None:  # nothing to show: the full decode need not wait for a paint
             look.set()
 
+    paint_partial = sam_annotator.paint_preview
+
+    def paint_whole(preview, index, mask):  # the plane written, the whole layer refreshed
+        data = preview.data
+        target = data[index] if index else data
+        if index:
+            data[...] = 0
+        target[...] = 0 if mask is None else mask
+        preview.refresh()
+
     for n_field, f in enumerate(files):
         waits = args.wait_for_tile == "on" or (args.wait_for_tile == "alternate" and n_field % 2 == 1)
         w.session._defer_for = defer_for if waits else (lambda *_a: None)
@@ -243,6 +258,8 @@ def main() -> None:
         steps.first_look = stamped_look if look else no_look
         look_paint["on"] = args.look_paint == "on" or (args.look_paint == "alternate" and n_field % 2 == 1)
         crop = args.crop_look == "on" or (args.crop_look == "alternate" and n_field % 2 == 1)
+        partial = args.preview_paint == "partial" or (args.preview_paint == "alternate" and n_field % 2 == 1)
+        sam_annotator.paint_preview = paint_partial if partial else paint_whole
         steps.supports_look = supports_look if crop else (lambda _engine: False)
         mesh_kept = args.mesh_shader == "on" or (args.mesh_shader == "alternate" and n_field % 2 == 1)
         (mesh_shader.install if mesh_kept else mesh_shader.uninstall)()
@@ -368,7 +385,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, mesh=mesh_kept, crop=crop, look=look, look_paint=look_paint["on"], waits=waits, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, partial=partial, mesh=mesh_kept, crop=crop, look=look, look_paint=look_paint["on"], waits=waits, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, mask_iou=mask_iou, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, by_mode=by_mode, by_gaps=by_gaps, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -412,6 +429,11 @@ def main() -> None:
                          f"final mask median {med(r['final'] for r in sub):.2f} s; mean IoU first "
                          f"{np.mean([r['mask_iou']['first'] for r in sub]):.3f}, final "
                          f"{np.mean([r['mask_iou']['final'] for r in sub]):.3f}"),
+            (args.preview_paint, "partial", ("preview refreshed whole", "preview refreshed where it changed"),
+             lambda sub: f"box edit -> mask median {med(x for r in sub for x in r['lat']):.0f} ms; show + repaint "
+                         f"median {med(p[-1] for r in sub for p in r['split'][True]):.0f} ms; worker idle "
+                         f"{med(x for r in sub for x in r['idle']):.0f} ms; max stall "
+                         f"{max(r['stall'] for r in sub):.0f} ms"),
             (args.look_paint, "look_paint", ("full decode at once", "full decode after the first look's paint"),
              lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s")):
         if flag != "alternate":

@@ -184,3 +184,28 @@ def toggle_click_sign(viewer, lay: AnnotationLayers | None) -> None:
     target = lay.pos if active is not None and active.name == lay.neg.name else lay.neg
     target.mode = "add"
     viewer.layers.selection.active = target
+
+
+def paint_preview(preview: Layer, index: tuple, mask: np.ndarray | None) -> None:
+    """Show ``mask`` (bool, the plane's shape; None: nothing) in the preview layer's plane
+    ``index`` (``()`` for a 2D image) and clear its other planes, refreshing on screen only
+    the pixels that changed: napari's partial labels refresh (``data_setitem``) colours and
+    uploads the bounding box of the change, where ``refresh()`` does the whole plane. A box
+    edited on a 520x696 field changes an object's worth of pixels: show + repaint 41 -> 35 ms
+    median on a 2-core AVX2-only EPYC (``benchmarks/first_mask.py --preview-paint alternate``).
+    napari keeps each change in the layer's undo history (its last 100, the changed pixels
+    only); the session's undo is the one for commits."""
+    data = preview.data
+    if index:
+        others = np.ones(data.shape[:len(index)], bool)
+        others[index] = False
+        if data[others].any():
+            data[others] = 0  # planes not on screen: napari reads them again when shown
+    plane = data[index] if index else data
+    changed = plane != (mask if mask is not None else 0)
+    if not changed.any():
+        return
+    where = np.nonzero(changed)
+    value = mask[where].astype(data.dtype) if mask is not None else data.dtype.type(0)
+    at = tuple(np.full(where[0].size, i) for i in index) + where
+    preview.data_setitem(at, value)

@@ -32,8 +32,8 @@ from ..engine.runtime.device import get_policy
 from ..engine.runtime.worker import InferenceWorker, default_worker
 from ..engine.sam.loader import DEFAULT_MODEL
 from ..engine.sam.training.adapt import adapted_entry, forget_adapted
-from ._annotation_layers import (add_rest, ensure_layers, remove_on_plane, select_prompt_tool, spatial_shape,
-                                 toggle_click_sign)
+from ._annotation_layers import (add_rest, ensure_layers, paint_preview, remove_on_plane, select_prompt_tool,
+                                 spatial_shape, toggle_click_sign)
 from ._annotator_region import REGION_BUTTON, add_region, region_in_view, too_big
 from ._choices import (adapted_label, add_adapted_choice, browse_checkpoint, chosen_sam_model, fill_sam_models,
                        is_box_trained, offer_adapted_sam, take_sam_models, withdraw_adapted_sam)
@@ -544,13 +544,9 @@ class SamAnnotatorWidget(DockWidget):
         """Paint the current object (the session checked it is not stale)."""
         if not self._image_alive() or self.preview_layer is None:
             return
-        data = self.preview_layer.data
         index = self.session.plane
-        target = data[index] if index else data
-        if index:
-            data[...] = 0
-        target[...] = result.full(target.shape)
-        self.preview_layer.refresh()
+        shape = self.preview_layer.data.shape[len(index):]
+        paint_preview(self.preview_layer, index, result.full(shape))
         what = "preview" if final else "first look"  # a first look: the full mask follows
         hint = self.session.unsure() if final else None
         self._set_status(f"{what}: {result.area} px, " + (hint or f"predicted IoU {result.predicted_iou:.2f}"))
@@ -578,9 +574,8 @@ class SamAnnotatorWidget(DockWidget):
     def _clear_preview(self) -> None:
         self.joint_repaint.finish()
         self.session.release_background()
-        if self.preview_layer is not None and self.preview_layer.data.any():
-            self.preview_layer.data[...] = 0
-            self.preview_layer.refresh()
+        if self.preview_layer is not None:
+            paint_preview(self.preview_layer, (), None)
 
     def has_preview(self) -> bool:
         return self.session.result is not None
