@@ -122,6 +122,10 @@ def main() -> None:
                     help="the preview shows a mask by napari's partial labels refresh of what changed "
                          "(as shipped: widgets/_annotation_layers.paint_preview) or by writing the plane "
                          "and refreshing the whole layer (the way before); alternate: field by field")
+    ap.add_argument("--drag-hold", choices=("alternate", "on", "off"), default="on",
+                    help="background embedding parked for a whole drag on a prompt layer, each move "
+                         "extending the hold (as shipped: sam_annotator.drag_hold), or from napari's "
+                         "first move event for hold_background_s only; alternate: field by field")
     args = ap.parse_args()
     if args.prompt == "click" and args.edit_by != "setter":
         args.edit_by = "setter"  # a click's edits move the point through the setter
@@ -260,6 +264,7 @@ def main() -> None:
         crop = args.crop_look == "on" or (args.crop_look == "alternate" and n_field % 2 == 1)
         partial = args.preview_paint == "partial" or (args.preview_paint == "alternate" and n_field % 2 == 1)
         sam_annotator.paint_preview = paint_partial if partial else paint_whole
+        w.hold_while_dragging = args.drag_hold == "on" or (args.drag_hold == "alternate" and n_field % 2 == 1)
         steps.supports_look = supports_look if crop else (lambda _engine: False)
         mesh_kept = args.mesh_shader == "on" or (args.mesh_shader == "alternate" and n_field % 2 == 1)
         (mesh_shader.install if mesh_kept else mesh_shader.uninstall)()
@@ -363,16 +368,26 @@ def main() -> None:
         pump(lambda: not w.worker.busy)  # the decoder warm-up after the tiles
         # baseline in the same run: the same kind of edits with the worker idle
         idle = []
+        ticks.clear()  # the probe again: the GUI thread's gaps from the same edits, worker idle
+        probe.start(10)
         for k in range(len(lat) + len(lat_off)):
             shift = rng.integers(-3, 4, 4)
             shown.clear()
             stamps.clear()
             by = edit_by(k)
+            t_start = time.perf_counter()
             t0 = edit(shift, by)
+            edit_t.append((t_start, None, f"idle {by}"))
             pump(lambda: "final" in shown)
             idle.append((shown["t"] - t0) * 1000)
             by_mode.setdefault(f"idle {by}", []).append(idle[-1])
             split["idle"].append(parts(t0))
+        probe.stop()
+        idle_starts = [e for e in edit_t if e[1] is None]
+        for end, gap in zip(ticks[1:], np.diff(ticks) * 1000):
+            last = next((e for e in reversed(idle_starts) if e[0] <= end), None)
+            if last is not None:
+                by_gaps.setdefault(last[2], []).append(gap)
 
         engine = w.session.engine()
         fresh = SamEngine(engine.sam, engine.info, engine.policy, cache=EmbeddingCache())
@@ -385,7 +400,7 @@ def main() -> None:
         job = w.worker.submit(embed_whole)
         pump(lambda: job.wait(0))
         whole_s = job.result()
-        rows.append(dict(field=f.name, partial=partial, mesh=mesh_kept, crop=crop, look=look, look_paint=look_paint["on"], waits=waits, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
+        rows.append(dict(field=f.name, partial=partial, drag_hold=w.hold_while_dragging, mesh=mesh_kept, crop=crop, look=look, look_paint=look_paint["on"], waits=waits, final=final_s, first_split=first_split, follow=follow_s, first=first_s, tiles=tiles_s, whole=whole_s,
                          ratio=first_s / whole_s, mask_iou=mask_iou, ready=ready_at_first, follow_split=follow_split, lat=lat, during=during,
                          views=len(views), idle=idle, lat_off=lat_off, by_mode=by_mode, by_gaps=by_gaps, split=split, kinds=kinds,
                          stall=gaps.max() if len(gaps) else float("nan"),
@@ -434,6 +449,12 @@ def main() -> None:
                          f"median {med(p[-1] for r in sub for p in r['split'][True]):.0f} ms; worker idle "
                          f"{med(x for r in sub for x in r['idle']):.0f} ms; max stall "
                          f"{max(r['stall'] for r in sub):.0f} ms"),
+            (args.drag_hold, "drag_hold", ("held from napari's first move event", "held for the whole drag"),
+             lambda sub: f"box edit -> mask median {med(x for r in sub for x in r['lat']):.0f} ms; by a drag "
+                         f"{med(x for r in sub for x in r['by_mode'].get('drag', [float('nan')])):.0f} ms; probe gaps "
+                         f"from a drag: max {max(x for r in sub for x in r['by_gaps'].get('drag', [0])):.0f} ms, p99 "
+                         f"{np.percentile([x for r in sub for x in r['by_gaps'].get('drag', [0])], 99):.0f} ms; max "
+                         f"stall while tiles embed {max(r['stall'] for r in sub):.0f} ms"),
             (args.look_paint, "look_paint", ("full decode at once", "full decode after the first look's paint"),
              lambda sub: f"both scales median {med(r['final'] for r in sub):.2f} s")):
         if flag != "alternate":

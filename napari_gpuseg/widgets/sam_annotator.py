@@ -18,6 +18,7 @@ adapted decoders (named with the image each came from).
 from __future__ import annotations
 
 import logging
+import weakref
 
 from napari.layers import Image
 from napari.utils.notifications import show_info
@@ -50,6 +51,32 @@ BACKGROUND_HOLD_S = 0.3
 to show the mask (it is released as soon as the repaint is done)."""
 
 
+def drag_hold(dock):
+    """A mouse-drag callback for the prompt layers: from the press to the release of a drag
+    that edits prompts (not a pan), background embedding stays parked, each move extending
+    the dock's ``hold_background_s``. napari tells the layer's data listeners of a drag only
+    at its first move ("changing") and at the release ("changed"): without this, the tiles
+    went on from 0.3 s into a drag, competing with the canvas's redraws at each move. Holds the
+    dock weakly: the layers outlive a closed dock."""
+    ref = weakref.ref(dock)
+
+    def hold() -> None:
+        d = ref()
+        if d is not None and d.hold_while_dragging and d.hold_background_s > 0:
+            d.session.hold_background(d.hold_background_s)
+
+    def on_drag(layer, event):
+        if layer.mode == "pan_zoom":
+            return
+        hold()
+        yield
+        while event.type == "mouse_move":
+            hold()
+            yield
+
+    return on_drag
+
+
 class SamAnnotatorWidget(DockWidget):
     TITLE = "SAM annotator"
 
@@ -72,6 +99,8 @@ class SamAnnotatorWidget(DockWidget):
         self.joint_repaint = JointRepaint(self)  # a prompt and its mask appear in one repaint
         # background work waits from a preview's decode until its repaint (0: no hold)
         self.hold_background_s = BACKGROUND_HOLD_S
+        self.hold_while_dragging = True  # a drag on a prompt layer parks it from press to release
+        self._drag_hold = drag_hold(self)
         self._after_repaint = AfterRepaint(self.session.release_background, self)
         self._looks_waiting: list = []  # ``shown`` callbacks of first looks painted next
         self._look_painted = AfterRepaint(self._on_look_painted, self)
@@ -399,6 +428,7 @@ class SamAnnotatorWidget(DockWidget):
         for ly in (lay.pos, lay.neg, lay.boxes):
             if ly is not None:
                 ly.events.data.connect(self._on_prompts_changed)
+                ly.mouse_drag_callbacks.insert(0, self._drag_hold)  # before the tool's own
 
     def _disconnect_prompts(self, lay) -> None:
         for ly in () if lay is None else (lay.pos, lay.neg, lay.boxes):
@@ -408,6 +438,8 @@ class SamAnnotatorWidget(DockWidget):
                 ly.events.data.disconnect(self._on_prompts_changed)
             except (TypeError, ValueError, RuntimeError):  # not connected (yet)
                 logger.debug("prompt layer %r was not connected", ly.name)
+            while self._drag_hold in ly.mouse_drag_callbacks:
+                ly.mouse_drag_callbacks.remove(self._drag_hold)
 
     @property
     def neg_layer(self):

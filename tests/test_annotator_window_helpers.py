@@ -1,6 +1,9 @@
-"""The SAM preview on a real viewer: a new mask reaches the layer's data and the screen, and
-only the part of the plane that changed is coloured and uploaded again (napari's partial
-labels refresh), for a 2D image and a stack's plane."""
+"""What the SAM annotator does on the window's side, on a real viewer: the preview shows a
+new mask in the layer's data and on screen, colouring and uploading again only the part of
+the plane that changed (napari's partial labels refresh), for a 2D image and a stack's plane;
+a drag on a prompt layer keeps background embedding parked from the press to the release."""
+from types import SimpleNamespace
+
 import numpy as np
 
 from napari_gpuseg.widgets._annotation_layers import paint_preview
@@ -59,3 +62,34 @@ def test_a_stack_plane_is_painted_and_the_other_planes_are_cleared(make_napari_v
     assert not preview.data[:2].any()
     np.testing.assert_array_equal(preview.data[2], mask)
     assert seen and seen[-1][0] == (14, 34)
+
+
+def test_a_drag_on_a_prompt_layer_parks_the_tiles_from_press_to_release(make_napari_viewer, qtbot, monkeypatch):
+    viewer = make_napari_viewer()
+    dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    monkeypatch.setattr(w, "_embed_current", lambda: False)  # no tiles: the wiring is tested here
+    viewer.add_image(np.zeros((64, 80), np.uint8), name="img")
+    qtbot.waitUntil(lambda: w.box_layer is not None, timeout=60_000)
+    layers = [w.pos_layer, w.neg_layer, w.box_layer]
+    assert all(ly.mouse_drag_callbacks[0] is w._drag_hold for ly in layers)  # before napari's tools
+    holds = []
+    monkeypatch.setattr(w.session, "hold_background", holds.append)
+    w.box_layer.mode = "select"
+    event = SimpleNamespace(type="mouse_press")
+    drag = w._drag_hold(w.box_layer, event)
+    next(drag)  # the press
+    for _ in range(3):  # each move extends the hold
+        event.type = "mouse_move"
+        next(drag)
+    event.type = "mouse_release"
+    assert next(drag, "ended") == "ended"
+    assert holds == [w.hold_background_s] * 4
+    w.hold_while_dragging = False
+    assert next(w._drag_hold(w.box_layer, SimpleNamespace(type="mouse_press")), None) is None and len(holds) == 4
+    w.hold_while_dragging = True
+    w.box_layer.mode = "pan_zoom"  # panning the canvas is not an edit
+    assert list(w._drag_hold(w.box_layer, SimpleNamespace(type="mouse_press"))) == [] and len(holds) == 4
+    # a closed dock takes its callback off the layers, which stay
+    viewer.window.remove_dock_widget(dock)
+    w.close()
+    assert all(w._drag_hold not in ly.mouse_drag_callbacks for ly in layers if ly in viewer.layers)
