@@ -62,6 +62,18 @@ def test_a_stack_plane_is_painted_and_the_other_planes_are_cleared(make_napari_v
     assert not preview.data[:2].any()
     np.testing.assert_array_equal(preview.data[2], mask)
     assert seen and seen[-1][0] == (14, 34)
+    paint_preview(preview, (1,), None)  # cleared from another plane (the user moved): all of it
+    assert not preview.data.any()
+    paint_preview(preview, (2,), np.ones((5, 5), bool))  # a mask of another shape (stale): ignored
+    assert not preview.data.any()
+
+
+def test_a_plane_index_the_layer_does_not_have_paints_the_layer_whole(make_napari_viewer):
+    viewer = make_napari_viewer()
+    preview = viewer.add_labels(np.zeros((40, 50), np.uint8), name="SAM preview")
+    mask = _disk((40, 50), 20, 25, 5)
+    paint_preview(preview, (3,), mask)  # the session already on a stack, the layer not yet
+    np.testing.assert_array_equal(preview.data, mask)
 
 
 def test_a_drag_on_a_prompt_layer_parks_the_tiles_from_press_to_release(make_napari_viewer, qtbot, monkeypatch):

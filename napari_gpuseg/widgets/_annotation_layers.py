@@ -196,12 +196,12 @@ def paint_preview(preview: Layer, index: tuple, mask: np.ndarray | None) -> None
     napari keeps each change in the layer's undo history (its last 100, the changed pixels
     only); the session's undo is the one for commits."""
     data = preview.data
-    if index:
-        others = np.ones(data.shape[:len(index)], bool)
-        others[index] = False
-        if data[others].any():
-            data[others] = 0  # planes not on screen: napari reads them again when shown
+    if len(index) != data.ndim - 2:  # the layer holds another image's shape (a switch under way)
+        index = ()
     plane = data[index] if index else data
+    if mask is not None and mask.shape != plane.shape:
+        return
+    _clear_other_planes(data, index)
     changed = plane != (mask if mask is not None else 0)
     if not changed.any():
         return
@@ -209,3 +209,15 @@ def paint_preview(preview: Layer, index: tuple, mask: np.ndarray | None) -> None
     value = mask[where].astype(data.dtype) if mask is not None else data.dtype.type(0)
     at = tuple(np.full(where[0].size, i) for i in index) + where
     preview.data_setitem(at, value)
+
+
+def _clear_other_planes(data: np.ndarray, index: tuple) -> None:
+    """Zero every plane of ``data`` but ``index`` (views of the array, no copies). They are not
+    on screen: napari reads them again when one is shown."""
+    if not index:
+        return
+    i = int(index[0])
+    for part in (data[:i], data[i + 1:]):
+        if part.any():
+            part[...] = 0
+    _clear_other_planes(data[i], index[1:])

@@ -607,7 +607,7 @@ class SamAnnotatorWidget(DockWidget):
         self.joint_repaint.finish()
         self.session.release_background()
         if self.preview_layer is not None:
-            paint_preview(self.preview_layer, (), None)
+            paint_preview(self.preview_layer, self.session.plane, None)
 
     def has_preview(self) -> bool:
         return self.session.result is not None
