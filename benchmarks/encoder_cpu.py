@@ -4,8 +4,11 @@ input) run as
 * ``plain``: the ops as written, NCHW (``NAPARI_GPUSEG_CPU_FUSION=0``; the encoder as it was);
 * ``channels_last``: plain ops, channels-last input (oneDNN picks NHWC convolutions);
 * ``fused_nchw``: GELU fused as below, convolutions on NCHW tensors;
-* ``fused``: the default: GELU fused into the convolutions and linear layers before it
-  (oneDNN post-ops), channels-last convolutions (``models/sam/cpu_fused.py``).
+* ``fused_whole``: GELU fused into the convolutions and linear layers before it (oneDNN
+  post-ops), channels-last convolutions, each MBConv block over the whole grid at once;
+* ``fused``: the default: as ``fused_whole``, and in fp32 the MBConv blocks of the first
+  stage band of rows by band, the residual added inside the last convolution
+  (``models/sam/cpu_fused.py``, ``inverted_residual_rows``).
 
 Rounds interleave the variants; prints the median wall and process CPU seconds per batch,
 the ratio to ``plain`` and the largest difference to ``plain``'s output.
@@ -44,7 +47,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--size", default="256,256", help="input H,W (box mode embeds whole fields: 520,696)")
     ap.add_argument("--precision", default="fp32", help="fp32, bf16 or both: fp32,bf16")
-    ap.add_argument("--variants", default="plain,channels_last,fused_nchw,fused")
+    ap.add_argument("--variants", default="plain,channels_last,fused_nchw,fused_whole,fused")
     args = ap.parse_args()
     precisions = args.precision.split(",")
     if not precisions or any(p not in ("fp32", "bf16") for p in precisions):
@@ -61,6 +64,7 @@ def main() -> None:
         "plain": (False, x),
         "channels_last": (False, x.contiguous(memory_format=torch.channels_last)),
         "fused_nchw": ("nchw", x),
+        "fused_whole": ("whole", x),
         "fused": (True, x),
     }
     names = args.variants.split(",")
@@ -79,6 +83,7 @@ def main() -> None:
                 for key, (fused, inp) in variants.items():
                     cpu_fused.set_enabled(bool(fused))
                     cpu_fused.set_channels_last(fused != "nchw")
+                    cpu_fused.set_row_bands(fused is True)
                     t0, c0 = time.perf_counter(), time.process_time()
                     with precision(key[1]):
                         out = enc(inp)
@@ -88,6 +93,7 @@ def main() -> None:
                         outs[key] = out.float()
         cpu_fused.set_enabled(True)
         cpu_fused.set_channels_last(True)
+        cpu_fused.set_row_bands(True)
         base = sorted(w for w, _ in res[base_key])[args.rounds // 2]
         for key, v in res.items():
             wall = sorted(w for w, _ in v)[args.rounds // 2]

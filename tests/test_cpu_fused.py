@@ -15,8 +15,10 @@ fast_bf16 = pytest.mark.skipif(not cpu_fused._fast_bf16, reason="a CPU without A
 @pytest.fixture(autouse=True)
 def _restore():
     prev, avail = cpu_fused.set_enabled(True), cpu_fused._available
+    bands = cpu_fused.set_row_bands(True)
     yield
     cpu_fused.set_enabled(prev)
+    cpu_fused.set_row_bands(bands)
     cpu_fused._available = avail
 
 
@@ -76,6 +78,71 @@ def test_tinyvit_runs_fused_and_gives_the_plain_result(monkeypatch):
     assert len(seen) >= 7  # patch embed, 2 MBConv x 2, downsampling x 2
     assert fused.is_contiguous()
     torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-4)
+
+
+def _random_mbconv(dim=8):
+    from napari_gpuseg.models.sam.tiny_vit import MBConv
+
+    torch.manual_seed(1)
+    blk = MBConv(dim, dim, 4.0)
+    for bn in (blk.conv1.bn, blk.conv2.bn, blk.conv3.bn):  # BatchNorms that change something
+        bn.weight.data.uniform_(0.5, 1.5)
+        bn.bias.data.normal_()
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+    return blk.eval()
+
+
+@pytest.mark.parametrize("band_bytes", [1, 2000, 1 << 30])  # bands of 3 rows (the least), 5 rows, one
+def test_mbconv_band_by_band_gives_the_whole_grids_result(monkeypatch, band_bytes):
+    """Bands of rows: a band's depthwise window reaches into its neighbours' rows, the image's
+    top and bottom rows keep the zero padding, the residual is added inside the last conv."""
+    blk = _random_mbconv()
+    x = torch.randn(2, 8, 13, 11).contiguous(memory_format=torch.channels_last)  # 13 rows: a short last band
+    with torch.inference_mode():
+        cpu_fused.set_row_bands(False)
+        whole = blk(x)
+        cpu_fused.set_row_bands(True)
+        assert cpu_fused.rows_active(x)
+        monkeypatch.setattr(cpu_fused, "ROW_BAND_BYTES", band_bytes)
+        convs = (blk.conv1, blk.conv2, blk.conv3)
+        banded = cpu_fused.inverted_residual_rows(x, *(c.folded() for c in convs), band_bytes=band_bytes)
+        assert blk(x).is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(banded, whole, rtol=1e-5, atol=1e-5)
+    assert (banded - whole).abs().max() < 1e-5 < whole.abs().max()
+
+
+def test_mbconv_bands_only_in_fp32_inference():
+    blk = _random_mbconv()
+    x = torch.randn(1, 8, 6, 6)
+    with torch.inference_mode():
+        assert cpu_fused.rows_active(x)
+        assert not cpu_fused.rows_active(x[0])  # not a batch
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not cpu_fused.rows_active(x)  # bf16 keeps the whole-grid ops
+        prev = cpu_fused.set_row_bands(False)
+        assert not cpu_fused.rows_active(x)
+        cpu_fused.set_row_bands(prev)
+    assert not cpu_fused.rows_active(x)  # autograd on
+    blk.train()
+    blk(x).sum().backward()
+    assert blk.conv3.c.weight.grad is not None
+
+
+def test_a_failing_band_kernel_falls_back_to_the_plain_ops(monkeypatch, caplog):
+    blk = _random_mbconv()
+    x = torch.randn(1, 8, 9, 7)
+    def broken(*_a):
+        raise RuntimeError("no such kernel")
+    with torch.inference_mode():
+        cpu_fused.set_enabled(False)
+        plain = blk(x)
+        cpu_fused.set_enabled(True)
+        monkeypatch.setattr(cpu_fused.torch.ops.mkldnn._convolution_pointwise_, "binary", broken, raising=False)
+        y = blk(x)
+        assert not cpu_fused.active(x)
+    torch.testing.assert_close(y, plain, rtol=1e-5, atol=1e-5)
+    assert "plain ops" in caplog.text
 
 
 def test_a_failing_kernel_falls_back_for_good(monkeypatch, caplog):

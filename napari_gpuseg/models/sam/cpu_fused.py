@@ -13,6 +13,13 @@ AVX512-BF16 or AMX (where the policy picks bf16; the operands go to bf16 as auto
 send them, and the result is bf16). Anything else takes the plain ops.
 If a fused call fails once (an older or unusual build), the plain ops are used from then on.
 
+TinyViT's first stage (MBConv blocks on the full-resolution grid, 64 -> 256 -> 64 channels)
+is bound by memory traffic rather than arithmetic: each of its 256-channel activations is
+64 MB for one 256 px view, far over any cache. In fp32, :func:`inverted_residual_rows` runs a
+block band of rows by band (each band's expanded activations stay in the cache) and adds the
+residual inside the last convolution (an oneDNN sum post-op); same arithmetic, other order of
+the final additions.
+
 On by default where the kernels exist; ``NAPARI_GPUSEG_CPU_FUSION=0`` turns it off.
 Measured with ``benchmarks/encoder_cpu.py`` (``docs/benchmarks.md``). fp32, on two 2-core
 AVX2 CPUs: LiteMedSAM's encoder ran 1.41x faster with two threads on one (1.31x with one
@@ -55,6 +62,8 @@ def _ops_present() -> bool:
 _available = _ops_present()
 _fast_bf16 = cpu_has_fast_bf16()  # bf16 operands only where the CPU computes them natively
 _channels_last = True  # fused convolutions on channels-last tensors (False: as they come, NCHW)
+_row_bands = True  # MBConv blocks band of rows by band (inverted_residual_rows)
+ROW_BAND_BYTES = 8 << 20  # one band's expanded activations (fits a CPU's last-level cache)
 
 
 def set_channels_last(flag: bool) -> bool:
@@ -66,6 +75,13 @@ def set_channels_last(flag: bool) -> bool:
 
 def channels_last() -> bool:
     return _channels_last
+
+
+def set_row_bands(flag: bool) -> bool:
+    """Run MBConv blocks band by band (True) or whole (False); returns the previous setting."""
+    global _row_bands
+    prev, _row_bands = _row_bands, bool(flag)
+    return prev
 
 
 def set_enabled(flag: bool) -> bool:
@@ -153,3 +169,51 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
             _disable(err)
     y = F.linear(x, weight, bias)
     return F.gelu(y) if act == "gelu" else y
+
+
+def rows_active(x: torch.Tensor) -> bool:
+    """Whether :func:`inverted_residual_rows` serves ``x``: the fused path in fp32 (no
+    autocast), channels-last convolutions, a 4-D batch."""
+    return (_row_bands and _channels_last and x.ndim == 4 and x.dtype == torch.float32
+            and not _cpu_autocast() and active(x))
+
+
+def inverted_residual_rows(x: torch.Tensor, expand, depthwise, project, band_bytes: int = ROW_BAND_BYTES
+                           ) -> torch.Tensor:
+    """``gelu(project(gelu(depthwise(gelu(expand(x))))) + x)`` (TinyViT's MBConv in eval,
+    BatchNorms folded) computed a band of rows at a time. ``expand`` and ``project`` are
+    1x1 convolutions, ``depthwise`` a stride-1 depthwise convolution with a square kernel
+    and ``kernel // 2`` padding, each a ``(weight, bias)`` pair. A band's expanded input
+    takes ``kernel // 2`` rows more on each side inside the image; at the image's top and
+    bottom the depthwise convolution's own zero padding applies, as on the whole image. Call
+    where :func:`rows_active`; on a build whose ops differ the plain ops give the result."""
+    (w1, b1), (w2, b2), (w3, b3) = expand, depthwise, project
+    k = w2.shape[-1]
+    if w2.shape[-2] != k or k % 2 == 0:
+        raise ValueError(f"a square odd depthwise kernel is needed, got {tuple(w2.shape[-2:])}")
+    halo = k // 2
+    _, _, h, w = x.shape
+    rows = int(min(h, max(2 * halo + 1, band_bytes // max(1, w * w1.shape[0] * x.element_size()))))
+    x = x.contiguous(memory_format=torch.channels_last)
+    cl = torch.channels_last
+    try:
+        out = torch.empty_like(x, memory_format=cl)
+        for r0 in range(0, h, rows):
+            r1 = min(h, r0 + rows)
+            s0, s1 = max(0, r0 - halo), min(h, r1 + halo)
+            y = torch.ops.mkldnn._convolution_pointwise(x[:, :, s0:s1], w1, b1, [0, 0], [1, 1], [1, 1], 1,
+                                                        "gelu", [None], "none")
+            y = torch.ops.mkldnn._convolution_pointwise(y, w2, b2, [halo, halo], [1, 1], [1, 1], w2.shape[0],
+                                                        "gelu", [None], "none")
+            y = y[:, :, r0 - s0:r1 - s0].contiguous(memory_format=cl)  # rows whose window lay inside
+            band = out[:, :, r0:r1]  # rows of a channels-last tensor: one contiguous block
+            band.copy_(x[:, :, r0:r1])
+            torch.ops.mkldnn._convolution_pointwise_.binary(band, y, w3, b3, [0, 0], [1, 1], [1, 1], 1,
+                                                            "add", None, None, [], None)
+            torch.ops.aten.gelu_(band)
+        return out
+    except (RuntimeError, TypeError, AttributeError) as err:  # a build whose op differs
+        _disable(err)
+    y = F.gelu(F.conv2d(x, w1, b1))
+    y = F.gelu(F.conv2d(y, w2, b2, 1, halo, 1, w2.shape[0]))
+    return F.gelu(F.conv2d(y, w3, b3) + x)

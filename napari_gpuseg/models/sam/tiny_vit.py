@@ -44,16 +44,24 @@ class Conv2d_BN(nn.Sequential):  # noqa: N801 - official name
         nn.init.constant_(bn.bias, 0)
         self.add_module("bn", bn)
 
+    def foldable(self) -> bool:
+        bn = self.bn
+        return not self.training and bn.track_running_stats and bn.running_var is not None
+
+    def folded(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The convolution's weight and bias with the BatchNorm folded in (eval); folded from
+        the current parameters on every call, so never stale."""
+        c, bn = self.c, self.bn
+        scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+        return c.weight * scale[:, None, None, None], bn.bias - bn.running_mean * scale
+
     def forward(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
         c, bn = self.c, self.bn
-        if self.training or not bn.track_running_stats or bn.running_var is None:
+        if not self.foldable():
             y = bn(c(x))
             return F.gelu(y) if act == "gelu" else y
-        # eval: fold the BatchNorm into the conv (one pass over the activations instead
-        # of two); folded from the current parameters on every call, so never stale
-        scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
-        weight = c.weight * scale[:, None, None, None]
-        bias = bn.bias - bn.running_mean * scale
+        # eval: one pass over the activations instead of two
+        weight, bias = self.folded()
         return cpu_fused.conv2d(x, weight, bias, c.stride, c.padding, c.dilation, c.groups, act)
 
 
@@ -90,6 +98,9 @@ class MBConv(nn.Module):
         self.act3 = nn.GELU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        convs = (self.conv1, self.conv2, self.conv3)
+        if cpu_fused.rows_active(x) and all(c.foldable() for c in convs) and self.conv2.c.stride == (1, 1):
+            return cpu_fused.inverted_residual_rows(x, *(c.folded() for c in convs))  # same maths, in cache
         y = self.conv1(x, act="gelu")
         y = self.conv2(y, act="gelu")
         y = self.conv3(y)
