@@ -5,10 +5,12 @@ input) run as
 * ``channels_last``: plain ops, channels-last input (oneDNN picks NHWC convolutions);
 * ``fused_nchw``: GELU fused as below, convolutions on NCHW tensors;
 * ``fused_whole``: GELU fused into the convolutions and linear layers before it (oneDNN
-  post-ops), channels-last convolutions, each MBConv block over the whole grid at once;
+  post-ops), channels-last convolutions, each MBConv block over the whole grid at once and
+  each attention layer over all its windows at once (the encoder before the two below);
 * ``fused``: the default: as ``fused_whole``, and in fp32 the MBConv blocks of the first
   stage band of rows by band, the residual added inside the last convolution
-  (``models/sam/cpu_fused.py``, ``inverted_residual_rows``).
+  (``models/sam/cpu_fused.py``, ``inverted_residual_rows``), and attention a few windows at a
+  time (``models/sam/tiny_vit.py``, ``ATTENTION_CHUNK_BYTES``).
 
 Rounds interleave the variants; prints the median wall and process CPU seconds per batch,
 the ratio to ``plain`` and the largest difference to ``plain``'s output.
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from napari_gpuseg.engine.sam.loader import load_sam_model  # noqa: E402
 from napari_gpuseg.engine.runtime.device import make_policy  # noqa: E402
 from napari_gpuseg.models.cpu_bf16 import cpu_has_fast_bf16  # noqa: E402
-from napari_gpuseg.models.sam import cpu_fused  # noqa: E402
+from napari_gpuseg.models.sam import cpu_fused, tiny_vit  # noqa: E402
 
 from _machine import cpu_flags, cpu_name  # noqa: E402  (benchmarks/, the script's folder)
 
@@ -68,6 +70,7 @@ def main() -> None:
         "fused": (True, x),
     }
     names = args.variants.split(",")
+    chunk = tiny_vit.ATTENTION_CHUNK_BYTES
     variants = {(v, p): every[v] for v in names for p in precisions}
     base_key = ("plain" if "plain" in names else names[0], precisions[0])
     print(f"{cpu_name()} ({cpu_flags()}), torch {torch.__version__}, "
@@ -84,6 +87,7 @@ def main() -> None:
                     cpu_fused.set_enabled(bool(fused))
                     cpu_fused.set_channels_last(fused != "nchw")
                     cpu_fused.set_row_bands(fused is True)
+                    tiny_vit.ATTENTION_CHUNK_BYTES = chunk if fused is True else 1 << 62
                     t0, c0 = time.perf_counter(), time.process_time()
                     with precision(key[1]):
                         out = enc(inp)
@@ -94,6 +98,7 @@ def main() -> None:
         cpu_fused.set_enabled(True)
         cpu_fused.set_channels_last(True)
         cpu_fused.set_row_bands(True)
+        tiny_vit.ATTENTION_CHUNK_BYTES = chunk
         base = sorted(w for w, _ in res[base_key])[args.rounds // 2]
         for key, v in res.items():
             wall = sorted(w for w, _ in v)[args.rounds // 2]

@@ -353,3 +353,23 @@ def test_reference_torchvision_stub():
     img = (np.arange(40 * 60 * 3) % 251).astype(np.uint8).reshape(40, 60, 3)
     expected = np.array(Image.fromarray(img).resize((96, 64), Image.BILINEAR))
     assert np.array_equal(ResizeLongestSide(96).apply_image(img), expected)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 200_000])  # one window at a time; several, the last short
+def test_tinyvit_attention_a_few_windows_at_a_time_gives_the_all_windows_result(monkeypatch, chunk_bytes):
+    from napari_gpuseg.models.sam import tiny_vit
+
+    model = ref.randomize_(build_sam("lite_medsam", image_size=64), seed=3).eval()
+    enc = model.image_encoder
+    x = torch.rand(2, 3, 64, 80)  # windows padded at the right, two images
+    with torch.inference_mode():
+        monkeypatch.setattr(tiny_vit, "ATTENTION_CHUNK_BYTES", 1 << 62)
+        whole = enc(x)
+        calls = []
+        attend = tiny_vit.Attention._attend
+        monkeypatch.setattr(tiny_vit.Attention, "_attend", lambda self, *a: (calls.append(a[0].shape[0]),
+                                                                            attend(self, *a))[1])
+        monkeypatch.setattr(tiny_vit, "ATTENTION_CHUNK_BYTES", chunk_bytes)
+        chunked = enc(x)
+    assert max(calls) < 20 and len(calls) > 10  # a stage's windows went in parts
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)

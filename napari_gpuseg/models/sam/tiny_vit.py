@@ -32,6 +32,9 @@ from . import cpu_fused
 from .common import LayerNorm2d, layer_norm, softmax_lastdim
 
 
+ATTENTION_CHUNK_BYTES = 1 << 20  # CPU inference: windows whose attention matrices fill about this
+
+
 class Conv2d_BN(nn.Sequential):  # noqa: N801 - official name
     """Conv (no bias) + BatchNorm, keys ``c`` and ``bn``; ``forward(x, act="gelu")`` adds
     the GELU that follows it (one fused pass on CPU, see :mod:`.cpu_fused`)."""
@@ -178,12 +181,25 @@ class Attention(nn.Module):
         qkv = self.qkv(layer_norm(x, self.norm)).view(b, n, self.num_heads, -1)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.d], dim=3)
         q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
-        attn = (q @ k.transpose(-2, -1)) * self.scale
         bias = self.attention_biases[:, self.attention_bias_idxs]
+        if x.device.type == "cpu" and not torch.is_grad_enabled() and b > 1:
+            # CPU inference: a few windows at a time, so that each attention matrix (5 heads
+            # x 196 x 196 in the 14 px windows) is scaled, biased and normalised while it is
+            # in the cache rather than in four passes over all windows' matrices at once
+            step = max(1, ATTENTION_CHUNK_BYTES // (self.num_heads * n * n * 4))
+            parts = [self._attend(q[i:i + step], k[i:i + step], v[i:i + step], bias)
+                     for i in range(0, b, step)]
+            out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        else:
+            out = self._attend(q, k, v, bias)
+        return self.proj(out.transpose(1, 2).reshape(b, n, -1))
+
+    def _attend(self, q, k, v, bias):
+        """``softmax(q k^T * scale + bias) v`` for ``B x heads x N x d`` q, k, v."""
+        attn = (q @ k.transpose(-2, -1)) * self.scale
         attn = attn + bias.to(torch.float32 if attn.dtype == torch.float16 else attn.dtype)
         attn = softmax_lastdim(attn)
-        out = (attn.to(v.dtype) @ v).transpose(1, 2).reshape(b, n, -1)
-        return self.proj(out)
+        return attn.to(v.dtype) @ v
 
 
 class TinyViTBlock(nn.Module):
