@@ -10,7 +10,11 @@ test processes of the run, and compute and store it when it is not there.
 
 A stored output is what the forward pass computed for exactly that input: the key is a
 hash of the input's values, its shape, dtype and the autocast state, and of the encoder's
-weights; nothing is stored when gradients flow to the encoder's weights. Everything above
+weights and buffers; nothing is stored when gradients flow to the encoder's weights. The
+encoder's trunk (``TinyViT.trunk``: every stage but the last ones) is kept the same way,
+keyed by the trunk's own weights: the tuned models (``cells_nuclei_sam``, adapted decoders)
+train only the last stage and neck, so a view they share with LiteMedSAM runs its trunk once,
+and training runs that cache trunk outputs find them. Everything above
 the encoder (the engine's views, caches, pause points, workers) runs as it does without
 the memo, only sooner. Tests about scheduling, priorities, cancelling, latency or the encoder
 itself (``test_sam_annotator_priorities``, ``test_sam_models``, a cancelled stack, ...) do
@@ -33,22 +37,35 @@ def _version(tensor) -> int | None:
         return None
 
 
-def _weights_key(module) -> str:
-    """A hash of every weight of ``module``, computed again only when a weight changed
-    (another tensor, or one written to in place)."""
-    state = tuple((p.data_ptr(), _version(p)) for p in module.parameters())
-    cached = getattr(module, "_test_memo_weights", None)
+def _tensors(module, part: str):
+    """``module``'s parameters and buffers: all of them (``part`` "all"), or those of its trunk
+    (``part`` "trunk:N": the patch embedding and every stage but the last N)."""
+    items = list(module.named_parameters()) + list(module.named_buffers())
+    if part == "all":
+        return [t for _, t in items]
+    first_kept = len(module.layers) - int(part.split(":")[1])
+    prefixes = ("patch_embed.",) + tuple(f"layers.{i}." for i in range(first_kept))
+    return [t for name, t in items if name.startswith(prefixes)]
+
+
+def _weights_key(module, part: str = "all") -> str:
+    """A hash of ``module``'s weights and buffers (or its trunk's), computed again only when
+    one changed (another tensor, or one written to in place)."""
+    tensors = _tensors(module, part)
+    state = tuple((t.data_ptr(), _version(t)) for t in tensors)
+    memo = module.__dict__.setdefault("_test_memo_weights", {})
+    cached = memo.get(part)
     if cached is not None and cached[0] == state:
         return cached[1]
     h = hashlib.blake2b(digest_size=16)
-    for p in module.parameters():
-        h.update(str((tuple(p.shape), p.dtype)).encode())
-        h.update(p.detach().float().contiguous().cpu().numpy().tobytes())
-    module._test_memo_weights = (state, h.hexdigest())
-    return module._test_memo_weights[1]
+    for t in tensors:
+        h.update(str((tuple(t.shape), t.dtype)).encode())
+        h.update(t.detach().float().contiguous().cpu().numpy().tobytes())
+    memo[part] = (state, h.hexdigest())
+    return h.hexdigest()
 
 
-def _input_key(module, x) -> str:
+def _input_key(module, x, part: str = "all") -> str:
     import torch
 
     try:
@@ -58,9 +75,24 @@ def _input_key(module, x) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(x.detach().contiguous().cpu().numpy().tobytes() if x.dtype != torch.bfloat16
              else x.detach().float().contiguous().cpu().numpy().tobytes())
-    h.update("|".join((_weights_key(module), str(x.dtype), str(tuple(x.shape)), str(x.device.type),
+    h.update("|".join((part, _weights_key(module, part), str(x.dtype), str(tuple(x.shape)), str(x.device.type),
                        str(autocast), str(module.training))).encode())
     return h.hexdigest()
+
+
+def _look_up(folder, key, x, compute):
+    """The stored output for ``key``, or ``compute()``'s, stored."""
+    import torch
+
+    path = folder / f"{key}.pt"
+    if path.exists():
+        return torch.load(path, map_location=x.device, weights_only=True)
+    out = compute()
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".part")
+    os.close(fd)
+    torch.save(torch.utils._pytree.tree_map(lambda t: t.detach().cpu() if torch.is_tensor(t) else t, out), tmp)
+    os.replace(tmp, path)  # whole files only: another test process may read it at once
+    return out
 
 
 def install() -> None:
@@ -72,25 +104,27 @@ def install() -> None:
 
     from napari_gpuseg.models.sam import tiny_vit
 
-    forward = tiny_vit.TinyViT.forward
+    forward, trunk = tiny_vit.TinyViT.forward, tiny_vit.TinyViT.trunk
+
+    def grads_flow(x, tensors) -> bool:
+        return torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in tensors))
 
     def memo_forward(self, x, *args, **kwargs):
         folder = _STATE["folder"]
-        if folder is None or args or kwargs or (torch.is_grad_enabled() and (
-                x.requires_grad or any(p.requires_grad for p in self.parameters()))):
+        if folder is None or args or kwargs or grads_flow(x, self.parameters()):
             return forward(self, x, *args, **kwargs)
-        path = folder / f"{_input_key(self, x)}.pt"
-        if path.exists():
-            return torch.load(path, map_location=x.device, weights_only=True)
-        out = forward(self, x)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".part")
-        os.close(fd)
-        torch.save(out.detach().cpu(), tmp)
-        os.replace(tmp, path)  # whole files only: another test process may read it at once
-        return out
+        return _look_up(folder, _input_key(self, x), x, lambda: forward(self, x))
 
-    memo_forward.__doc__ = forward.__doc__
-    tiny_vit.TinyViT.forward = memo_forward
+    def memo_trunk(self, x, stages: int = 1):
+        folder = _STATE["folder"]
+        part = f"trunk:{int(stages)}"
+        if folder is None or self.training or grads_flow(x, _tensors(self, part)):  # (BatchNorms learn)
+            return trunk(self, x, stages)
+        tokens, hw = _look_up(folder, _input_key(self, x, part), x, lambda: trunk(self, x, stages))
+        return tokens, tuple(int(v) for v in hw)
+
+    memo_forward.__doc__, memo_trunk.__doc__ = forward.__doc__, trunk.__doc__
+    tiny_vit.TinyViT.forward, tiny_vit.TinyViT.trunk = memo_forward, memo_trunk
     _STATE["installed"] = True
 
 

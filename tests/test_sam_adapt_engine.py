@@ -51,6 +51,7 @@ def test_the_few_object_schedule_is_bound_by_visits_per_object_not_by_the_machin
     assert [few_object_config(n).orientations for n in (1, 15, 20, 40, 100, 160, 500)] == [8, 8, 8, 4, 1, 1, 1]
 
 
+@pytest.mark.usefixtures("reuse_embeddings")
 def test_adapt_saves_into_the_users_list_with_the_image_name(cells, embeddings, tmp_path, monkeypatch):
     require_lite_medsam()
     monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(tmp_path / "cache"))
