@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -178,15 +178,16 @@ def rows_active(x: torch.Tensor) -> bool:
             and not _cpu_autocast() and active(x))
 
 
-def inverted_residual_rows(x: torch.Tensor, expand, depthwise, project, band_bytes: int = ROW_BAND_BYTES
-                           ) -> torch.Tensor:
+def inverted_residual_rows(x: torch.Tensor, expand, depthwise, project, band_bytes: int = ROW_BAND_BYTES,
+                           before_band: Optional[Callable[[], object]] = None) -> torch.Tensor:
     """``gelu(project(gelu(depthwise(gelu(expand(x))))) + x)`` (TinyViT's MBConv in eval,
     BatchNorms folded) computed a band of rows at a time. ``expand`` and ``project`` are
     1x1 convolutions, ``depthwise`` a stride-1 depthwise convolution with a square kernel
     and ``kernel // 2`` padding, each a ``(weight, bias)`` pair. A band's expanded input
     takes ``kernel // 2`` rows more on each side inside the image; at the image's top and
-    bottom the depthwise convolution's own zero padding applies, as on the whole image. Call
-    where :func:`rows_active`; on a build whose ops differ the plain ops give the result."""
+    bottom the depthwise convolution's own zero padding applies, as on the whole image.
+    ``before_band()`` is called before each band (the encoder's pause points). Call where
+    :func:`rows_active`; on a build whose ops differ the plain ops give the result."""
     (w1, b1), (w2, b2), (w3, b3) = expand, depthwise, project
     k = w2.shape[-1]
     if w2.shape[-2] != k or k % 2 == 0:
@@ -199,6 +200,8 @@ def inverted_residual_rows(x: torch.Tensor, expand, depthwise, project, band_byt
     try:
         out = torch.empty_like(x, memory_format=cl)
         for r0 in range(0, h, rows):
+            if before_band is not None:
+                before_band()
             r1 = min(h, r0 + rows)
             s0, s1 = max(0, r0 - halo), min(h, r1 + halo)
             y = torch.ops.mkldnn._convolution_pointwise(x[:, :, s0:s1], w1, b1, [0, 0], [1, 1], [1, 1], 1,

@@ -91,6 +91,14 @@ class PatchEmbed(nn.Module):
         return self.seq[2](self.seq[0](x, act="gelu"))
 
 
+class BandMark(nn.Module):
+    """Called before each band of rows of a banded MBConv (no weights, does nothing): the
+    place where forward pre-hooks, the engine's pause points among them, run between bands."""
+
+    def forward(self) -> None:
+        return None
+
+
 class MBConv(nn.Module):
     def __init__(self, in_chans: int, out_chans: int, expand_ratio: float):
         super().__init__()
@@ -99,11 +107,13 @@ class MBConv(nn.Module):
         self.conv2 = Conv2d_BN(hidden, hidden, ks=3, stride=1, pad=1, groups=hidden)  # + GELU
         self.conv3 = Conv2d_BN(hidden, out_chans, ks=1, bn_weight_init=0.0)
         self.act3 = nn.GELU()
+        self.rows = BandMark()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         convs = (self.conv1, self.conv2, self.conv3)
         if cpu_fused.rows_active(x) and all(c.foldable() for c in convs) and self.conv2.c.stride == (1, 1):
-            return cpu_fused.inverted_residual_rows(x, *(c.folded() for c in convs))  # same maths, in cache
+            # same maths band of rows by band, in the cache (conv1-3 and act3 are not called)
+            return cpu_fused.inverted_residual_rows(x, *(c.folded() for c in convs), before_band=self.rows)
         y = self.conv1(x, act="gelu")
         y = self.conv2(y, act="gelu")
         y = self.conv3(y)

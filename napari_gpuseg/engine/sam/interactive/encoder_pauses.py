@@ -16,11 +16,12 @@ from .inputs import PreparedImage
 
 # before each block, its attention (and its qkv / output projections), MLP (and its layers),
 # convolutions and activations (a GELU fused into its convolution or linear layer has none of
-# its own), each downsampling and its layers, each layer of the neck and of the patch
-# embedding: 110 points per TinyViT forward (at 256 px the MBConv stage and the neck run on
-# large maps), so a queued prompt waits a fraction of a block
+# its own), each band of rows of an MBConv block run band by band (``rows``), each
+# downsampling and its layers, each layer of the neck and of the patch embedding: about 110
+# points per TinyViT forward (at 256 px the MBConv stage and the neck run on large maps), so
+# a queued prompt waits a fraction of a block
 _PAUSE_AT = re.compile(
-    r"(^|\.)(blocks\.\d+(\.(attn|mlp|local_conv|conv\d|act\d|(attn|mlp)\.\w+))?"
+    r"(^|\.)(blocks\.\d+(\.(attn|mlp|local_conv|conv\d|act\d|rows|(attn|mlp)\.\w+))?"
     r"|downsample(\.\w+)?|neck(\.\d+)?|patch_embed(\.seq\.\d+)?)$")
 
 
