@@ -32,6 +32,7 @@ def frame(shared_data, tmp_path, monkeypatch):
         # the decoder alone: the dock's wiring is tested here (the encoder's last stage learning,
         # and the session switching to it: test_annotator_adapt_engine)
         cfg.encoder_lr = 0.0
+        cfg.first_output = None  # which candidate first clicks train is measured in test_sam_adapt_engine
         return cfg
 
     monkeypatch.setattr(sam_adapt, "few_object_config", short)

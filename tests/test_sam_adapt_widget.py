@@ -28,6 +28,7 @@ def short(minutes, objects):
     cfg = ADAPT(minutes, objects)
     cfg.max_steps, cfg.view_zooms, cfg.objects_per_view, cfg.orientations = 3, (1.0,), 2, 1
     cfg.encoder_lr = 0.0  # the decoder alone: the dock's wiring is tested here (the encoder: test_sam_adapt_engine)
+    cfg.first_output = None  # and which candidate first clicks train is measured there too
     return cfg
 
 
