@@ -17,7 +17,7 @@ TinyViT's first stage (MBConv blocks on the full-resolution grid, 64 -> 256 -> 6
 is bound by memory traffic rather than arithmetic: each of its 256-channel activations is
 64 MB for one 256 px view, far over any cache. In fp32, :func:`inverted_residual_rows` runs a
 block band of rows by band (each band's expanded activations stay in the cache) and adds the
-residual inside the last convolution (an oneDNN sum post-op); same arithmetic, other order of
+residual inside the last convolution (oneDNN adds it into the output); same arithmetic, other order of
 the final additions. With the attention run a few windows at a time (``tiny_vit``), LiteMedSAM's
 encoder ran 1.15-1.30x faster than the same fused kernels over the whole grid on a 2-core
 AVX2-only AMD EPYC (one 256 px view; a 520x696 field 1.28x), whose core streams about 3-4 GB/s.
