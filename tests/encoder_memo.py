@@ -14,8 +14,7 @@ weights and buffers; nothing is stored when gradients flow to the encoder's weig
 encoder's trunk (``TinyViT.trunk``: every stage but the last ones) is kept the same way,
 keyed by the trunk's own weights: the tuned models (``cells_nuclei_sam``, adapted decoders)
 train only the last stage and neck, so a view they share with LiteMedSAM runs its trunk once,
-and training runs that cache trunk outputs find them. Everything above
-the encoder (the engine's views, caches, pause points, workers) runs as it does without
+and training runs that cache trunk outputs find them. Everything above the encoder (the engine's views, caches, pause points, workers) runs as it does without
 the memo, only sooner. Tests about scheduling, priorities, cancelling, latency or the encoder
 itself (``test_sam_annotator_priorities``, ``test_sam_models``, a cancelled stack, ...) do
 not opt in: their encoder runs every time.
@@ -80,6 +79,15 @@ def _input_key(module, x, part: str = "all") -> str:
     return h.hexdigest()
 
 
+def _to_host(out):
+    """``out`` (a tensor, or the trunk's (tokens, (h, w))) with its tensors detached on the host."""
+    import torch
+
+    if torch.is_tensor(out):
+        return out.detach().cpu()
+    return tuple(_to_host(v) if torch.is_tensor(v) else v for v in out)
+
+
 def _look_up(folder, key, x, compute):
     """The stored output for ``key``, or ``compute()``'s, stored."""
     import torch
@@ -90,14 +98,14 @@ def _look_up(folder, key, x, compute):
     out = compute()
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".part")
     os.close(fd)
-    torch.save(torch.utils._pytree.tree_map(lambda t: t.detach().cpu() if torch.is_tensor(t) else t, out), tmp)
+    torch.save(_to_host(out), tmp)
     os.replace(tmp, path)  # whole files only: another test process may read it at once
     return out
 
 
 def install() -> None:
-    """Wrap ``TinyViT.forward`` once per process; it consults the memo only while a test
-    of an opted-in module runs (:func:`use`)."""
+    """Wrap ``TinyViT.forward`` and ``TinyViT.trunk`` once per process; they consult the memo
+    only while a test of an opted-in module runs (:func:`use`)."""
     if _STATE["installed"]:
         return
     import torch
