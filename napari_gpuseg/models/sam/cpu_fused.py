@@ -181,7 +181,7 @@ def rows_active(x: torch.Tensor) -> bool:
 
 
 def inverted_residual_rows(x: torch.Tensor, expand, depthwise, project, band_bytes: int = ROW_BAND_BYTES,
-                           before_band: Optional[Callable[[], object]] = None) -> torch.Tensor:
+                           before_band: Optional[Callable[[], object]] = None) -> Optional[torch.Tensor]:
     """``gelu(project(gelu(depthwise(gelu(expand(x))))) + x)`` (TinyViT's MBConv in eval,
     BatchNorms folded) computed a band of rows at a time. ``expand`` and ``project`` are
     1x1 convolutions, ``depthwise`` a stride-1 depthwise convolution with a square kernel
@@ -189,7 +189,8 @@ def inverted_residual_rows(x: torch.Tensor, expand, depthwise, project, band_byt
     takes ``kernel // 2`` rows more on each side inside the image; at the image's top and
     bottom the depthwise convolution's own zero padding applies, as on the whole image.
     ``before_band()`` is called before each band (the encoder's pause points). Call where
-    :func:`rows_active`; on a build whose ops differ the plain ops give the result."""
+    :func:`rows_active`. None on a build whose ops differ (the fused path is then off, and the
+    caller runs its own plain ops)."""
     (w1, b1), (w2, b2), (w3, b3) = expand, depthwise, project
     k = w2.shape[-1]
     if w2.shape[-2] != k or k % 2 == 0:
@@ -219,6 +220,4 @@ def inverted_residual_rows(x: torch.Tensor, expand, depthwise, project, band_byt
         return out
     except (RuntimeError, TypeError, AttributeError) as err:  # a build whose op differs
         _disable(err)
-    y = F.gelu(F.conv2d(x, w1, b1))
-    y = F.gelu(F.conv2d(y, w2, b2, 1, halo, 1, w2.shape[0]))
-    return F.gelu(F.conv2d(y, w3, b3) + x)
+        return None

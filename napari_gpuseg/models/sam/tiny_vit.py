@@ -113,7 +113,9 @@ class MBConv(nn.Module):
         convs = (self.conv1, self.conv2, self.conv3)
         if cpu_fused.rows_active(x) and all(c.foldable() for c in convs) and self.conv2.c.stride == (1, 1):
             # same maths band of rows by band, in the cache (conv1-3 and act3 are not called)
-            return cpu_fused.inverted_residual_rows(x, *(c.folded() for c in convs), before_band=self.rows)
+            out = cpu_fused.inverted_residual_rows(x, *(c.folded() for c in convs), before_band=self.rows)
+            if out is not None:
+                return out  # None: the build lacks an op, the fused path is off; the plain ops below
         y = self.conv1(x, act="gelu")
         y = self.conv2(y, act="gelu")
         y = self.conv3(y)
