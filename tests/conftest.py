@@ -36,6 +36,39 @@ if _WORKERS > 1:  # this process's torch, and the environment its subprocesses i
     os.environ["OMP_NUM_THREADS"] = str(_threads)
     torch.set_num_threads(_threads)
 
+# Full garbage-collector passes are frequent in this suite: napari 0.9 runs one for every layer
+# it removes (a Windows OpenGL workaround in ``VispyCanvas._clean_and_update_scenegraph``; a
+# viewer's tear-down removes each layer), the annotator dock runs one when it opens on an empty
+# viewer (its first-layer warm-up) and one when it switches models, and the viewer tests run
+# one before each viewer. Each pass walks every object the process holds: with torch, napari,
+# Qt and the test modules imported, about 0.2 s. Once the tests are collected, the modules a
+# viewer test imports are imported too and everything alive is frozen (``gc.freeze``): those
+# objects live as long as the process anyway, and later passes walk only what the tests made.
+# Before this, about 200 s of the suite's test time went to these passes (py-spy, 2-core AVX2
+# EPYC). No viewer exists yet at that point, so napari's check that each test's viewers are
+# collected still sees every one of them.
+_FROZEN_MODULES = ("napari._qt.qt_main_window", "napari._qt.qt_viewer", "napari._vispy.canvas",
+                   "napari.layers", "napari.viewer", "vispy.scene")
+
+
+def pytest_collection_finish(session):
+    import gc
+    import importlib
+    import pkgutil
+
+    try:
+        for name in _FROZEN_MODULES:
+            importlib.import_module(name)
+        import napari_gpuseg.widgets as widgets
+
+        for info in pkgutil.iter_modules(widgets.__path__, widgets.__name__ + "."):
+            importlib.import_module(info.name)
+    except ImportError:  # the GUI-free run at the lowest torch has no napari or Qt
+        pass
+    gc.collect()
+    gc.freeze()
+
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 if not SHARED_DATA.exists():  # CI clones next to ../shared as well; allow an override
     SHARED_DATA = Path(os.environ.get("NAPARI_GPUSEG_SHARED_DATA", SHARED_DATA))

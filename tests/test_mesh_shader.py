@@ -8,13 +8,17 @@ from napari_gpuseg.widgets import _mesh_shader
 
 @pytest.fixture
 def vispy_as_is():
-    """vispy's own ``_build_color_transform`` for the test; the patch is back afterwards if it
-    was there before (another dock of the run installed it)."""
+    """vispy's own ``_build_color_transform`` and no holder for the test; the patch and the
+    holders are back afterwards as they were (an annotator dock of an earlier test in this
+    process may still hold it until Qt deletes the dock)."""
     from vispy.visuals.mesh import MeshVisual
 
     was = getattr(MeshVisual._build_color_transform, _mesh_shader._MARK, False)
+    holders = _mesh_shader._HOLDERS[0]
+    _mesh_shader._HOLDERS[0] = 0
     _mesh_shader.uninstall()
     yield
+    _mesh_shader._HOLDERS[0] = holders
     if was:
         _mesh_shader.install()
     else:
