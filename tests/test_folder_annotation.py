@@ -4,6 +4,7 @@ object over the same folders finds the labels and the resume point as they were 
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -117,6 +118,46 @@ def test_annotate_reopen_resume_skip_and_foreign_labels_kept(shared_data, tmp_pa
     doc = json.loads((out / PROGRESS_NAME).read_text())
     assert doc["images"][f"{stems[2]}.tif"]["state"] == SKIPPED
     g.close()
+
+
+def test_closing_after_next_stops_the_prefetched_embedding_the_last_image_took_over(shared_data, tmp_path,
+                                                                                     monkeypatch):
+    """The next image is embedded ahead; Next takes that job over as the open image's embedding.
+    On the last image no later prefetch replaces it: closing the folder cancels it, as it cancels
+    a prefetch not yet taken (the job kept an encoder busy for half a minute after the folder
+    dock had closed)."""
+    from napari_gpuseg.engine.annotate import folder as folder_mod
+    from napari_gpuseg.engine.runtime.job import CANCELLED
+
+    def endless(engine_of, img, progress=None, cancel=None):  # an embedding that never ends by itself
+        while True:
+            yield
+            time.sleep(0.005)
+
+    monkeypatch.setattr(folder_mod, "_embed_and_warm", endless)
+    images, out = tmp_path / "images", tmp_path / "out"
+    copy_fields(shared_data, images, 2)
+    w = InferenceWorker()
+    try:
+        f = FolderAnnotation(AnnotationSession(None, worker=w), images, out, embed=False)
+        job = _prefetch_job(f, 1)
+        f.next()  # the last image opens: its prefetch embedding goes on
+        assert f.index == 1 and not job.wait(0.2)
+        f.close()
+        assert job.wait(30) and job.status == CANCELLED
+    finally:
+        w.shutdown()
+
+
+def _prefetch_job(f, index):
+    """The job embedding image ``index`` ahead, once it is submitted."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ahead = f._ahead
+        if ahead is not None and ahead.index == index and ahead.job is not None:
+            return ahead.job
+        time.sleep(0.01)
+    raise AssertionError(f"image {index} was not prefetched")
 
 
 def test_presegmentation_shown_then_accepted_by_next(shared_data, tmp_path):

@@ -120,6 +120,7 @@ class FolderAnnotation:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="napari-gpuseg-folder")
         self._ahead: _Ahead | None = None
         self._embed_job = None  # the current image's embedding (the prefetch waits for it)
+        self._taken_job = None  # the prefetch embedding of the open image: it goes on as its embedding
         self._closed = False
         self._lock = threading.RLock()  # _ahead: the caller's thread and the worker's callbacks
         self.listeners: list[Callable[[], None]] = []  # called after every change of state
@@ -471,8 +472,12 @@ class FolderAnnotation:
 
     def _take_ahead_locked(self, index: int):
         ahead = self._ahead
+        taken, self._taken_job = self._taken_job, None
+        if taken is not None:  # the image it embeds is left now
+            taken.cancel()
         if ahead is not None and ahead.index == index:
             self._ahead = None
+            self._taken_job = ahead.job
             try:
                 return ahead.read.result()
             except Exception:  # noqa: BLE001 - read again below: its error is the one to show
@@ -504,10 +509,14 @@ class FolderAnnotation:
         return ahead.job.wait(timeout)
 
     def close(self) -> None:
-        """Stop reading ahead (the labels are saved as they change)."""
+        """Stop reading ahead, and the embedding the open image took over from it (the labels
+        are saved as they change)."""
         with self._lock:
             self._closed = True
             self._drop_ahead()
+            taken, self._taken_job = self._taken_job, None
+            if taken is not None:
+                taken.cancel()
         if self._session_edited in self.session.labels_listeners:
             self.session.labels_listeners.remove(self._session_edited)
         self._pool.shutdown(wait=False, cancel_futures=True)
