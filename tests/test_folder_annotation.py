@@ -120,12 +120,11 @@ def test_annotate_reopen_resume_skip_and_foreign_labels_kept(shared_data, tmp_pa
     g.close()
 
 
-def test_closing_after_next_stops_the_prefetched_embedding_the_last_image_took_over(shared_data, tmp_path,
-                                                                                     monkeypatch):
+def test_closing_stops_the_embeddings_of_the_open_and_the_next_image(shared_data, tmp_path, monkeypatch):
     """The next image is embedded ahead; Next takes that job over as the open image's embedding.
     On the last image no later prefetch replaces it: closing the folder cancels it, as it cancels
-    a prefetch not yet taken (the job kept an encoder busy for half a minute after the folder
-    dock had closed)."""
+    a prefetch not yet taken and the open image's own embedding (each kept an encoder busy for
+    many seconds after the folder dock had closed)."""
     from napari_gpuseg.engine.annotate import folder as folder_mod
     from napari_gpuseg.engine.runtime.job import CANCELLED
 
@@ -145,6 +144,19 @@ def test_closing_after_next_stops_the_prefetched_embedding_the_last_image_took_o
         assert f.index == 1 and not job.wait(0.2)
         f.close()
         assert job.wait(30) and job.status == CANCELLED
+        # the open image's own embedding stops with the folder too (the docs' example left it
+        # embedding a field's tiles in the background after its close())
+        session, embeds = AnnotationSession(None, worker=w), []
+
+        def embed_async(on_done=None, on_cancelled=None, **_kw):
+            embeds.append(w.submit(endless, None, None, on_result=on_done, on_cancelled=on_cancelled))
+            return embeds[-1]
+
+        session.embed_async = embed_async
+        g = FolderAnnotation(session, images, out, prefetch=False)
+        assert len(embeds) == 1 and not embeds[0].wait(0.2)
+        g.close()
+        assert embeds[0].wait(30) and embeds[0].status == CANCELLED
     finally:
         w.shutdown()
 

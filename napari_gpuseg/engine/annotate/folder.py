@@ -509,14 +509,16 @@ class FolderAnnotation:
         return ahead.job.wait(timeout)
 
     def close(self) -> None:
-        """Stop reading ahead, and the embedding the open image took over from it (the labels
-        are saved as they change)."""
+        """Stop reading ahead and embedding: the next image's embedding, and the open image's
+        (its own, or the one it took over from reading ahead). The labels are saved as they
+        change."""
         with self._lock:
             self._closed = True
             self._drop_ahead()
-            taken, self._taken_job = self._taken_job, None
-            if taken is not None:
-                taken.cancel()
+            for job in (self._taken_job, self._embed_job):
+                if job is not None:
+                    job.cancel()
+            self._taken_job = self._embed_job = None
         if self._session_edited in self.session.labels_listeners:
             self.session.labels_listeners.remove(self._session_edited)
         self._pool.shutdown(wait=False, cancel_futures=True)
