@@ -14,10 +14,11 @@ weights and buffers; nothing is stored when gradients flow to the encoder's weig
 encoder's trunk (``TinyViT.trunk``: every stage but the last ones) is kept the same way,
 keyed by the trunk's own weights: the tuned models (``cells_nuclei_sam``, adapted decoders)
 train only the last stage and neck, so a view they share with LiteMedSAM runs its trunk once,
-and training runs that cache trunk outputs find them. Everything above the encoder (the engine's views, caches, pause points, workers) runs as it does without
-the memo, only sooner. Tests about scheduling, priorities, cancelling, latency or the encoder
-itself (``test_sam_annotator_priorities``, ``test_sam_models``, a cancelled stack, ...) do
-not opt in: their encoder runs every time.
+and training runs that cache trunk outputs find them. Everything above the encoder (the
+engine's views, caches, pause points, workers) runs as it does without the memo, only sooner.
+Tests about scheduling, priorities, cancelling, latency or the encoder itself
+(``test_sam_annotator_priorities``, ``test_sam_models``, a cancelled stack, ...) do not opt
+in: their encoder runs every time.
 """
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def _to_host(out):
 
     if torch.is_tensor(out):
         return out.detach().cpu()
-    return tuple(_to_host(v) if torch.is_tensor(v) else v for v in out)
+    return tuple(v.detach().cpu() if torch.is_tensor(v) else v for v in out)
 
 
 def _look_up(folder, key, x, compute):
