@@ -56,6 +56,7 @@ def dock(viewer, name):
     return viewer.window.add_plugin_dock_widget("napari-gpuseg", name)[1]
 
 
+@pytest.mark.slow
 def test_segment_everything_lists_the_adapted_decoder_and_runs_with_it(make_napari_viewer, qtbot, adapted,
                                                                        cells, monkeypatch):
     path, label = adapted
@@ -86,6 +87,7 @@ def test_segment_everything_lists_the_adapted_decoder_and_runs_with_it(make_napa
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_adapt_sam_starts_from_the_adapted_decoder(make_napari_viewer, qtbot, adapted, cells, tmp_path,
                                                    monkeypatch):
     from napari_gpuseg.engine.sam.training import finetune

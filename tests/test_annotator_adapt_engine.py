@@ -57,6 +57,7 @@ def short(n_objects: int) -> object:
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_adapting_to_committed_cells_switches_the_session_and_lists_it(frame, worker, embeddings, tmp_path,
                                                                        monkeypatch):
     require_lite_medsam()

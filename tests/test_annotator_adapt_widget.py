@@ -71,6 +71,7 @@ def open_annotator(make_napari_viewer, qtbot, monkeypatch, img):
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_cancel_then_adapt_to_these_objects(make_napari_viewer, qtbot, monkeypatch, frame):
     img, gt, steps = frame
     viewer, w, dock = open_annotator(make_napari_viewer, qtbot, monkeypatch, img)

@@ -164,6 +164,7 @@ def test_random_vit_b_generator_matches_official(shared_data):
 
 
 @torch.no_grad()
+@pytest.mark.slow
 def test_lite_medsam_generator_matches_official_with_crops_and_cleanup(shared_data, cv2_stub, monkeypatch):
     from segment_anything import SamAutomaticMaskGenerator
     from segment_anything.utils.transforms import ResizeLongestSide

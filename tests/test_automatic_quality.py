@@ -54,6 +54,7 @@ def _row(name: str, s: dict) -> str:
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_ground_truth_and_detector_boxes(engine, val):
     imgs, gts = val
     gt_boxes = [boxes_from_labels(g) for g in gts]

@@ -133,6 +133,7 @@ def test_boxes_of_a_hand_made_shapes_layer_over_a_scaled_image(make_napari_viewe
         assert iou(out.data == np.bincount(hit[hit > 0]).argmax(), gt == i) > 0.6
 
 
+@pytest.mark.slow
 def test_the_microscopy_decoder_gets_its_measured_settings_and_finds_the_nuclei(make_napari_viewer, qtbot, crop):
     """Choosing ``nuclei_sam`` gives segment-everything mode the settings measured for
     click-tuned decoders (benchmarks/everything_params.py), not the official ones, which

@@ -191,6 +191,7 @@ def corner_runs(lite_engine, shared_data):
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_field_box_mode_on_a_real_field_is_as_good_with_fewer_encoder_passes(corner_runs):
     """A 300 x 400 corner of a held-out BBBC039 field (4 tiles or a field map 1.8 inputs
     large), ground-truth boxes, native views only: the field map (box mode's default for

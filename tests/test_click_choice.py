@@ -54,6 +54,7 @@ def test_the_engine_keeps_the_candidate_the_decoder_file_names(cache, tmp_path):
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_the_shipped_decoder_keeps_the_choice_its_file_names_and_the_session_clicks_what_was_measured(cache, cells):
     """The shipped file names the first-click rule measured on its 291 training objects (a
     fixed candidate only where it beat the IoU head's choice by more than 0.01); the engine
@@ -104,6 +105,7 @@ def test_every_rule_measured_from_one_decode_gives_each_rules_own_masks(cache, c
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_the_shipped_decoder_blends_as_measured_and_the_session_clicks_what_was_measured(cache, cells):
     """The shipped file names the blend measured on its 291 training objects (kept only where it
     beat one kept by more than 0.01); measuring on whole cells leaves the engine as it was, and

@@ -49,13 +49,10 @@ def rel(page: Path) -> str:
 
 PY_BLOCKS = [(rel(p), i, body) for p in PAGES if p.name != "README.md"
              for i, (_k, body) in enumerate(blocks(p, "python"))]
-# blocks that load SAM's encoder or Dask: minutes at the minimum-torch CI step, so "slow" there
-HEAVY = ("load_engine", "run_blocks")
 
 
 def _param(page, index, body):
-    marks = [pytest.mark.slow] if any(word in body for word in HEAVY) else []
-    return pytest.param(page, index, body, id=f"{page}[{index}]", marks=marks)
+    return pytest.param(page, index, body, id=f"{page}[{index}]")
 
 
 @pytest.fixture

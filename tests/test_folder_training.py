@@ -181,6 +181,7 @@ def test_no_annotation_no_training(shared_data, tmp_path):
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_adapt_sam_on_annotated_cells(shared_data, tmp_path):
     require_lite_medsam()
     images, out, adapted = tmp_path / "images", tmp_path / "out", tmp_path / "adapted"

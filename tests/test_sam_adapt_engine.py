@@ -52,6 +52,7 @@ def test_the_few_object_schedule_is_bound_by_visits_per_object_not_by_the_machin
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_adapt_saves_into_the_users_list_with_the_image_name(cells, embeddings, tmp_path, monkeypatch):
     require_lite_medsam()
     monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(tmp_path / "cache"))

@@ -36,6 +36,7 @@ ADAPT = sam_adapt.adapt_config
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_adapt_sam_saves_beside_the_image_and_the_annotator_switches(make_napari_viewer, qtbot, field,
                                                                       monkeypatch):
     monkeypatch.setattr(sam_adapt, "adapt_config", short)

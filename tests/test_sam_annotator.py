@@ -767,7 +767,7 @@ def test_the_stack_embeds_in_the_worker_while_the_event_loop_runs(make_napari_vi
 
     from qtpy.QtCore import QTimer
 
-    vol = tifffile.imread(shared_data / "synthetic3d" / "image.tif")[:4] + 7
+    vol = tifffile.imread(shared_data / "synthetic3d" / "image.tif")[:2] + 7
     viewer = make_napari_viewer()
     viewer.add_image(vol, name="volume")
     w = open_dock(viewer)

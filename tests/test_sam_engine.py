@@ -98,6 +98,7 @@ def val_crops(shared_data):
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_box_prompts_on_bbbc039_validation(lite_engine, val_crops):
     """Ground-truth boxes (3 px margin) on native-resolution 256x256 crops of the 8 held-out
     BBBC039 fields: mean IoU >= 0.80; all boxes of a crop in one decoder call."""
@@ -113,6 +114,7 @@ def test_box_prompts_on_bbbc039_validation(lite_engine, val_crops):
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_tiling_beats_shrinking_a_whole_field(lite_engine, shared_data):
     """A 300x400 region of a field: native-resolution tiles give better masks than one 2.7x-shrunk view."""
     f = sorted((shared_data / "bbbc039" / "images").glob("*.tif"))[-3]

@@ -51,6 +51,7 @@ def tiny_config(**kw):
     return SamTuneConfig(**base)
 
 
+@pytest.mark.slow
 def test_short_training_learns_clicks_and_the_checkpoint_round_trips(lite, train_crop, tmp_path):
     from napari_gpuseg.engine.runtime.device import make_policy
 
@@ -111,6 +112,7 @@ def test_the_encoder_splits_before_any_of_its_last_three_stages_and_refuses_the_
         SamTuneConfig(encoder_stages=4).check()
 
 
+@pytest.mark.slow
 def test_the_encoders_last_stages_train_with_the_decoder_and_travel_in_the_file(lite, train_crop, tmp_path):
     """``encoder_lr``: the last ``encoder_stages`` stages and the neck change (the rest of the
     encoder does not), the file carries them, and the tuned engine, the reloaded file and the
@@ -159,6 +161,7 @@ def test_the_encoders_last_stages_train_with_the_decoder_and_travel_in_the_file(
         finetune_sam([img], [lab], model=broken, config=tiny_config(max_steps=1, encoder_lr=1e-4))
 
 
+@pytest.mark.slow
 def test_training_steps_run_in_fp32_on_a_cpu_whose_policy_picks_bf16(lite, train_crop, monkeypatch):
     """A CPU with AVX512-BF16 or AMX gets bf16 for inference; the decoder's training steps
     stay fp32 there (at the short run's lr 1e-3 they diverged in bf16), while validation
@@ -245,6 +248,7 @@ def test_bad_training_labels_are_refused():
 
 
 @pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
 def test_shipped_decoder_is_the_default_and_clicks_work(lite, val_crop):
     assert registry.DEFAULT_MODEL == "cells_nuclei_sam"
     # both shipped files: small (a decoder is 8 MB; the default's also carries its encoder's
@@ -517,6 +521,7 @@ def _seeded_step(engine, views, cfg):
     return loss, grads
 
 
+@pytest.mark.slow
 def test_a_training_step_decodes_a_few_objects_at_a_time_with_the_same_gradients(lite, train_crop):
     """A step's objects go through the decoder two at a time on a CPU (each object holds
     about 90 MiB of activations per decode), each group's loss back-propagated before the

@@ -230,6 +230,7 @@ class _ConvsInFp32:
 
 @needs_asset
 @torch.no_grad()
+@pytest.mark.slow
 def test_lite_medsam_bf16_autocast_masks_match_fp32(lite):
     """The encoder and decoder under bf16 autocast give the fp32 masks. On a CPU without
     fast bf16 (where the device policy never picks bf16) the convolutions stay in fp32:

@@ -79,6 +79,7 @@ def test_ctrl_c_during_training_saves_the_best_decoder_so_far(lite, crop, tmp_pa
     assert reloaded.info.decoder_tuned
 
 
+@pytest.mark.slow
 def test_train_sam_cli_ctrl_c_exits_130_with_one_line_and_the_decoder(tmp_path, capsys, shared_data, monkeypatch):
     from napari_gpuseg.cli.main import main
 
