@@ -167,11 +167,12 @@ def _no_viewer_left_behind(request):
 
 
 def _stop_docks_of_closed_windows() -> None:
-    """The plugin's docks still alive after their test stop their work now, as their close
-    button would stop it (``DockWidget.on_closed``). Closing napari's window does not take a
-    dock's widget out of it; the dock stops when Qt deletes its widget, a test or two later in
-    this process, and until then its background encoder work (an image's tiles, a prefetch)
-    ran beside the next tests: about 25 s of CPU in the suite."""
+    """The plugin's docks still alive after their test stop their work now, as napari's
+    window closing stops them (``DockWidget.on_closed``). A dock learns which window it sits
+    in once shown, or once Qt's event loop has run after napari put it there; a test that
+    closes a never-shown viewer before that would leave the dock's background encoder work
+    (an image's tiles, a prefetch) running beside the next tests until Qt deletes the widget.
+    Idempotent for the docks already stopped."""
     import sys
 
     if "napari_gpuseg.widgets._dock" not in sys.modules:

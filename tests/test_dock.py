@@ -64,6 +64,17 @@ def _manifest_docks() -> list[tuple[str, str]]:
     return re.findall(r"python_name:\s*(napari_gpuseg\.widgets\.\w+):(\w+)", text)
 
 
+def _manifest_titles() -> list[str]:
+    """The names of napari.yaml's widget contributions, as the Plugins menu lists them."""
+    import re
+    from pathlib import Path
+
+    import napari_gpuseg
+
+    text = (Path(napari_gpuseg.__file__).parent / "napari.yaml").read_text(encoding="utf-8")
+    return re.findall(r"- command: napari-gpuseg\.\w+\n\s+display_name: (.+)", text)
+
+
 def test_batch_size_boxes_read_Auto_in_every_dock(make_napari_viewer):
     """Every dock of napari.yaml: its spin boxes with a special text read "Auto", and those of
     the docks with a per-call batch size are there."""
@@ -205,3 +216,69 @@ def test_a_long_layer_name_is_cut_in_the_middle_for_the_status_line():
     name = "IXMtest_A02_s1_w1B8B3C6E8-6F0B-4F1B-9D4B-1E2E8A0B2C3D"
     cut = short_name(name)
     assert len(cut) == 24 and cut.startswith("IXMtest_A02") and cut.endswith("2C3D") and "…" in cut
+
+
+def test_closing_napari_s_window_stops_every_dock_in_it(make_napari_viewer, qtbot, monkeypatch):
+    """napari keeps the docks' widgets until Qt deletes its closed window: each dock stops when
+    the window closes (``viewer.close()``, the window's close button), as its own close button
+    stops it, and once only when both happen. Hiding the window stops nothing."""
+    import importlib
+
+    from napari_gpuseg.widgets._dock import DockWidget
+
+    stopped = []
+    for module, name in _manifest_docks():
+        cls = getattr(importlib.import_module(module), name)
+        monkeypatch.setattr(cls, "on_closed", lambda self, n=name: stopped.append(n))
+    viewer = make_napari_viewer()
+    opened = {}
+    for title in _manifest_titles():
+        dock, widget = viewer.window.add_plugin_dock_widget("napari-gpuseg", title)
+        assert isinstance(widget, DockWidget), title
+        opened[type(widget).__name__] = dock, widget
+    assert {"SamAnnotatorWidget", "AnnotateFolderWidget", "SamAutomaticWidget"} <= set(opened)
+    window = opened["SamAutomaticWidget"][1].window()
+    window.hide()
+    window.show()
+    qtbot.wait(50)
+    assert stopped == []
+    opened["UNetPredictWidget"][0].destroyOnClose()  # one dock closed by its close button first
+    assert stopped == ["UNetPredictWidget"]
+    viewer.close()
+    assert sorted(stopped) == sorted(list(opened) + ["UNetPredictWidget"])
+
+
+def test_a_close_the_window_refuses_stops_no_dock(qtbot):
+    """A close the shown window refuses (napari asks to confirm) is not followed by the window
+    hiding: the dock goes on; once a close is accepted, it stops."""
+    from qtpy.QtCore import Qt
+    from qtpy.QtWidgets import QDockWidget, QMainWindow
+
+    from napari_gpuseg.widgets._dock import DockWidget
+
+    class Window(QMainWindow):
+        accept = False
+
+        def closeEvent(self, event):  # noqa: N802 - Qt name
+            event.setAccepted(self.accept)
+
+    class Dock(DockWidget):
+        stops = 0
+
+        def on_closed(self):
+            self.stops += 1
+
+    window, dock = Window(), Dock()
+    qtbot.addWidget(window)
+    holder = QDockWidget("dock")
+    holder.setWidget(dock)
+    window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, holder)
+    window.show()
+    qtbot.waitExposed(window)
+    window.close()
+    qtbot.wait(50)
+    assert window.isVisible() and dock.stops == 0
+    window.accept = True
+    window.close()
+    qtbot.waitUntil(lambda: dock.stops == 1, timeout=5000)
+    assert not window.isVisible()

@@ -878,3 +878,18 @@ def test_closing_the_dock_stops_its_work_and_lets_go_of_the_viewer(make_napari_v
     w2.pos_layer.add(np.array([[64.0, 64.0]]))
     qtbot.waitUntil(w2.has_preview, timeout=WAIT)
     assert viewer.bind_key("Shift-C", None) is not None
+
+
+def test_closing_napari_s_window_stops_the_annotator_s_tiles(make_napari_viewer, qtbot, shared_data):
+    """``viewer.close()`` (a script, or the window's close button) stops the annotator as its
+    own close button does: napari keeps the dock's widget, and the field's tiles would go on."""
+    img = tifffile.imread(shared_data / "bbbc039" / "images" / "IXMtest_A02_s1.tif") + 3  # 36 tiles
+    viewer = make_napari_viewer()
+    viewer.add_image(img, name="field")
+    _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
+    qtbot.waitUntil(lambda: w.worker.busy, timeout=WAIT)
+    qtbot.wait(20)  # Qt's event loop turns once, as it always does in a window
+    viewer.close()
+    qtbot.waitUntil(lambda: not w.worker.busy, timeout=WAIT)
+    assert not w.session.is_embedded()  # cancelled, not finished
+    assert viewer.bind_key("Shift-C", None) is None  # its keys let go

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from qtpy.QtCore import QEvent, QSize, Qt
-from qtpy.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QScrollArea, QSpinBox, QWidget
+from qtpy.QtCore import QEvent, QObject, QSize, Qt, QTimer
+from qtpy.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QProgressBar, QPushButton, QScrollArea, QSpinBox,
+                            QWidget)
 
 from . import _bridge
 
@@ -130,6 +131,42 @@ class StatusLabel(QLabel):
         return QSize(hint.width(), max(hint.height(), self._reserved()))
 
 
+class _WindowCloseWatch(QObject):
+    """Stops a dock when napari's window it sits in closes (the window's close button,
+    ``viewer.close()``): napari keeps the dock's widget until Qt deletes the window, and its
+    background work (an image's tiles, a folder's next image) would go on until then.
+
+    A shown window's Close counts once the window hides right after it: napari's confirm
+    dialog may refuse it, and then it stays shown. A window never shown (``show=False``) closes
+    when told to: napari asks for no confirmation there. A window hidden or minimised without a
+    Close stops nothing."""
+
+    def __init__(self, dock: "DockWidget", window: QMainWindow) -> None:
+        super().__init__(dock)  # goes with the dock (Qt drops the filter with it)
+        self._dock = dock
+        self._closing = False
+        window.installEventFilter(self)
+
+    def eventFilter(self, obj, ev) -> bool:  # noqa: N802 - Qt name
+        kind = ev.type()
+        if kind == QEvent.Type.Close and not obj.isVisible():
+            self._closed(obj)
+        elif kind == QEvent.Type.Close:
+            self._closing = True
+            QTimer.singleShot(0, self._refused)  # no hide right after it: it was refused
+        elif kind == QEvent.Type.Hide and self._closing and not ev.spontaneous():
+            self._closed(obj)
+        return False
+
+    def _closed(self, window) -> None:
+        self._closing = False
+        window.removeEventFilter(self)
+        self._dock.on_closed()
+
+    def _refused(self) -> None:
+        self._closing = False
+
+
 class DockWidget(QWidget):
     """Base of the docks. Call :meth:`_make_status_parts` (and :meth:`_make_run_buttons`)
     while building the UI and put the widgets they make in the layout."""
@@ -139,22 +176,42 @@ class DockWidget(QWidget):
 
     worker = None  # the docks that submit jobs set their InferenceWorker here
     _docked = False  # in a dock of napari's window (set on the first parent change)
+    _window_watch = None  # watches napari's window for its close (set once the dock is in it)
 
     def event(self, ev) -> bool:  # noqa: N802 - Qt name
         # napari takes a closed dock's widget out of its QDockWidget (parent None) and keeps it
         # until the window closes (its key bindings still refer to it): the dock stops here
-        if ev.type() == QEvent.Type.ParentChange:
+        kind = ev.type()
+        if kind == QEvent.Type.ParentChange:
             if self.parent() is not None:
                 self._docked = True
             elif self._docked:
                 self._docked = False
                 self.on_closed()
+            if self._docked and self._window_watch is None:  # napari puts the dock in its window next
+                QTimer.singleShot(0, self._watch_window)
+        elif kind == QEvent.Type.Show:
+            self._watch_window()
         return super().event(ev)
 
+    def _watch_window(self) -> None:
+        """Watch napari's window this dock sits in for its close (once)."""
+        if self._window_watch is not None or not self._docked:
+            return
+        try:
+            window = self.parentWidget()
+            while window is not None and not isinstance(window, QMainWindow):
+                window = window.parentWidget()  # a floating dock keeps the window as its parent
+        except RuntimeError:  # the dock was deleted before the call came
+            return
+        if window is not None:
+            self._window_watch = _WindowCloseWatch(self, window)
+
     def on_closed(self) -> None:
-        """The dock was closed (its widget taken out of the window): its run is cancelled
-        (:meth:`cancel`: what a run saved so far stays saved). Docks with more in the
-        background or keys bound in the viewer stop and let go of them here too."""
+        """The dock was closed (its widget taken out of the window), or napari's window it sat
+        in closed: its run is cancelled (:meth:`cancel`: what a run saved so far stays saved).
+        Docks with more in the background or keys bound in the viewer stop and let go of them
+        here too. Called again when both happen: idempotent."""
         self.cancel()
 
     def cancel(self) -> None:
