@@ -162,28 +162,4 @@ def _no_viewer_left_behind(request):
         if n:
             warnings.warn(f"{n} napari viewer(s) left open by an earlier test were closed", stacklevel=1)
     yield
-    if viewer_test:  # (after napari's fixture has closed the test's viewers)
-        _stop_docks_of_closed_windows()
 
-
-def _stop_docks_of_closed_windows() -> None:
-    """The plugin's docks still alive after their test stop their work now, as napari's
-    window closing stops them (``DockWidget.on_closed``). A dock learns which window it sits
-    in once shown, or once Qt's event loop has run after napari put it there; a test that
-    closes a never-shown viewer before that would leave the dock's background encoder work
-    (an image's tiles, a prefetch) running beside the next tests until Qt deletes the widget.
-    Idempotent for the docks already stopped."""
-    import sys
-
-    if "napari_gpuseg.widgets._dock" not in sys.modules:
-        return
-    from qtpy.QtWidgets import QApplication
-
-    from napari_gpuseg.widgets._dock import DockWidget
-
-    for widget in QApplication.allWidgets():
-        if isinstance(widget, DockWidget):
-            try:
-                widget.on_closed()
-            except Exception:  # noqa: BLE001 - a widget half taken down by its test's teardown
-                pass

@@ -888,7 +888,6 @@ def test_closing_napari_s_window_stops_the_annotator_s_tiles(make_napari_viewer,
     viewer.add_image(img, name="field")
     _dock, w = viewer.window.add_plugin_dock_widget("napari-gpuseg", "SAM annotator")
     qtbot.waitUntil(lambda: w.worker.busy, timeout=WAIT)
-    qtbot.wait(20)  # Qt's event loop turns once, as it always does in a window
     viewer.close()
     qtbot.waitUntil(lambda: not w.worker.busy, timeout=WAIT)
     assert not w.session.is_embedded()  # cancelled, not finished

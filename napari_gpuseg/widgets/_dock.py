@@ -136,20 +136,36 @@ class _WindowCloseWatch(QObject):
     ``viewer.close()``): napari keeps the dock's widget until Qt deletes the window, and its
     background work (an image's tiles, a folder's next image) would go on until then.
 
-    A shown window's Close counts once the window hides right after it: napari's confirm
-    dialog may refuse it, and then it stays shown. A window never shown (``show=False``) closes
-    when told to: napari asks for no confirmation there. A window hidden or minimised without a
-    Close stops nothing."""
+    It watches the dock's outermost holder: napari's window once the dock is in it, and until
+    then the holder napari moves into the window (followed when it moves, with no wait for
+    Qt's event loop). A shown window's Close counts once the window hides right after it:
+    napari's confirm dialog may refuse it, and then the window stays shown. A window never
+    shown (``show=False``) closes when told to: napari asks for no confirmation there. A window
+    hidden or minimised without a Close stops nothing."""
 
-    def __init__(self, dock: "DockWidget", window: QMainWindow) -> None:
-        super().__init__(dock)  # goes with the dock (Qt drops the filter with it)
+    def __init__(self, dock: "DockWidget") -> None:
+        super().__init__(dock)  # goes with the dock
         self._dock = dock
         self._closing = False
-        window.installEventFilter(self)
+        self.follow()
+
+    def follow(self) -> None:
+        """Watch the dock's outermost holder now (it moved, or the dock did). Installing the
+        filter again is a no-op; a holder left behind keeps it, and only its moves count. No
+        reference to the window is kept: a closed viewer must be free to go."""
+        top = self._dock
+        while top.parentWidget() is not None:
+            top = top.parentWidget()
+        if top is not self._dock:
+            top.installEventFilter(self)
 
     def eventFilter(self, obj, ev) -> bool:  # noqa: N802 - Qt name
         kind = ev.type()
-        if kind == QEvent.Type.Close and not obj.isVisible():
+        if kind == QEvent.Type.ParentChange:
+            self.follow()
+        elif not isinstance(obj, QMainWindow):
+            pass
+        elif kind == QEvent.Type.Close and not obj.isVisible():
             self._closed(obj)
         elif kind == QEvent.Type.Close:
             self._closing = True
@@ -176,36 +192,22 @@ class DockWidget(QWidget):
 
     worker = None  # the docks that submit jobs set their InferenceWorker here
     _docked = False  # in a dock of napari's window (set on the first parent change)
-    _window_watch = None  # watches napari's window for its close (set once the dock is in it)
+    _window_watch = None  # stops the dock when napari's window closes (made when first docked)
 
     def event(self, ev) -> bool:  # noqa: N802 - Qt name
         # napari takes a closed dock's widget out of its QDockWidget (parent None) and keeps it
         # until the window closes (its key bindings still refer to it): the dock stops here
-        kind = ev.type()
-        if kind == QEvent.Type.ParentChange:
+        if ev.type() == QEvent.Type.ParentChange:
             if self.parent() is not None:
                 self._docked = True
+                if self._window_watch is None:
+                    self._window_watch = _WindowCloseWatch(self)
+                else:
+                    self._window_watch.follow()
             elif self._docked:
                 self._docked = False
                 self.on_closed()
-            if self._docked and self._window_watch is None:  # napari puts the dock in its window next
-                QTimer.singleShot(0, self._watch_window)
-        elif kind == QEvent.Type.Show:
-            self._watch_window()
         return super().event(ev)
-
-    def _watch_window(self) -> None:
-        """Watch napari's window this dock sits in for its close (once)."""
-        if self._window_watch is not None or not self._docked:
-            return
-        try:
-            window = self.parentWidget()
-            while window is not None and not isinstance(window, QMainWindow):
-                window = window.parentWidget()  # a floating dock keeps the window as its parent
-        except RuntimeError:  # the dock was deleted before the call came
-            return
-        if window is not None:
-            self._window_watch = _WindowCloseWatch(self, window)
 
     def on_closed(self) -> None:
         """The dock was closed (its widget taken out of the window), or napari's window it sat
