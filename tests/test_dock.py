@@ -221,7 +221,8 @@ def test_a_long_layer_name_is_cut_in_the_middle_for_the_status_line():
 def test_closing_napari_s_window_stops_every_dock_in_it(make_napari_viewer, qtbot, monkeypatch):
     """napari keeps the docks' widgets until Qt deletes its closed window: each dock stops when
     the window closes (``viewer.close()``, the window's close button), as its own close button
-    stops it, and once only when both happen. Hiding the window stops nothing."""
+    stops it; a dock closed by its button first is told again (``on_closed`` is idempotent).
+    Hiding the window stops nothing."""
     import importlib
 
     from napari_gpuseg.widgets._dock import DockWidget
