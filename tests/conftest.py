@@ -155,8 +155,7 @@ def _no_viewer_left_behind(request):
     and a viewer whose test's teardown failed (that test reports it) closed, so that one
     broken teardown fails one test, not every viewer test after it in that worker (napari's
     fixture refuses to start while one is left)."""
-    viewer_test = "make_napari_viewer" in request.fixturenames
-    if viewer_test:
+    if "make_napari_viewer" in request.fixturenames:
         _ask_gl_facts_once(request)
         n = _close_leaked_viewers()
         if n:

@@ -53,26 +53,26 @@ def test_dock_errors_go_to_status_line_notification_and_log(qtbot, caplog, monke
     assert [r.getMessage() for r in caplog.records] == [msg] and caplog.records[0].exc_info
 
 
-def _manifest_docks() -> list[tuple[str, str]]:
-    """(module, class) of every widget contribution in napari.yaml."""
-    import re
+def _manifest() -> str:
     from pathlib import Path
 
     import napari_gpuseg
 
-    text = (Path(napari_gpuseg.__file__).parent / "napari.yaml").read_text(encoding="utf-8")
-    return re.findall(r"python_name:\s*(napari_gpuseg\.widgets\.\w+):(\w+)", text)
+    return (Path(napari_gpuseg.__file__).parent / "napari.yaml").read_text(encoding="utf-8")
+
+
+def _manifest_docks() -> list[tuple[str, str]]:
+    """(module, class) of every widget contribution in napari.yaml."""
+    import re
+
+    return re.findall(r"python_name:\s*(napari_gpuseg\.widgets\.\w+):(\w+)", _manifest())
 
 
 def _manifest_titles() -> list[str]:
     """The names of napari.yaml's widget contributions, as the Plugins menu lists them."""
     import re
-    from pathlib import Path
 
-    import napari_gpuseg
-
-    text = (Path(napari_gpuseg.__file__).parent / "napari.yaml").read_text(encoding="utf-8")
-    return re.findall(r"- command: napari-gpuseg\.\w+\n\s+display_name: (.+)", text)
+    return re.findall(r"- command: napari-gpuseg\.\w+\n\s+display_name: (.+)", _manifest())
 
 
 def test_batch_size_boxes_read_Auto_in_every_dock(make_napari_viewer):

@@ -149,20 +149,22 @@ class _WindowCloseWatch(QObject):
         self._closing = False
         self.follow()
 
-    def follow(self) -> None:
-        """Watch the dock's outermost holder now (it moved, or the dock did). Installing the
-        filter again is a no-op; a holder left behind keeps it, and only its moves count. No
-        reference to the window is kept: a closed viewer must be free to go."""
+    def follow(self):
+        """Watch the dock's outermost holder now (it moved, or the dock did) and return it.
+        Installing the filter again is a no-op. No reference to the window is kept: a closed
+        viewer must be free to go."""
         top = self._dock
         while top.parentWidget() is not None:
             top = top.parentWidget()
         if top is not self._dock:
             top.installEventFilter(self)
+        return top
 
     def eventFilter(self, obj, ev) -> bool:  # noqa: N802 - Qt name
         kind = ev.type()
         if kind == QEvent.Type.ParentChange:
-            self.follow()
+            if self.follow() is not obj:  # the holder went into the window: only the window counts now
+                obj.removeEventFilter(self)
         elif not isinstance(obj, QMainWindow):
             pass
         elif kind == QEvent.Type.Close and not obj.isVisible():
