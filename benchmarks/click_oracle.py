@@ -15,8 +15,8 @@ decoder's single-mask output at each), and the script prints, as mean IoU per ob
 - each candidate on its own, at each scale;
 - *oracle*: the best of the candidates for every object, chosen with the ground truth. No
   rule that picks among these candidates (a size prior, another score) can beat it;
-- the engine's masks thresholded at other logit levels than 0 (a boundary bias would show
-  as a gain here);
+- the engine's masks thresholded at other logit levels than 0, and grown or shrunk by 1-3 px
+  (a boundary bias would show as a gain here), and its median area against the object's;
 - *size prior*: the candidate whose area is nearest (in log) to a size the annotator could
   know: the median area of 5 other objects of the same field (as if the user had committed
   them; 5 draws, seeded), and the object's own area (a prior that knew each object's size).
@@ -29,6 +29,7 @@ import torch
 from scipy import ndimage as ndi
 
 import tifffile
+from skimage.morphology import disk
 
 from _data import dsb2018_field, shared_data
 from _machine import machine_line
@@ -41,6 +42,7 @@ from napari_gpuseg.engine.sam.training.simulated_prompts import interior_point
 from napari_gpuseg.engine.sam.interactive.predictor import Prompt
 
 THRESHOLDS = (-2.0, -1.0, 0.0, 1.0, 2.0)
+GROW = (-2, -1, 1, 2, 3)  # px: the engine's mask grown (negative: shrunk) by a disk of this radius
 
 
 def _full_logits(low_res: torch.Tensor, view, shape) -> np.ndarray:
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
     engine = load_engine(args.model, cache=EmbeddingCache(max_bytes=2 << 30))
     scales = ["click view", "native"] if engine.click_zoom > 1 else ["native"]
     names = ["single"] + [f"multi {k}" for k in (1, 2, 3)]
-    cand, areas, chosen, truth_area, field = [], [], [], [], []
+    cand, areas, chosen, truth_area, field, grown, area_ratio = [], [], [], [], [], [], []
     for f, (img, labels, objs) in enumerate(fields_of(args)):
         image = engine.prepare(img)
         for oid, s in objs:
@@ -117,6 +119,10 @@ def main(argv=None) -> int:
             res = engine.predict(image, [prompt], multimask=True)[0]
             full = _full_logits(res.low_res, res.view, labels.shape)
             chosen.append([_iou(full > t, truth) for t in THRESHOLDS])
+            mask = full > 0
+            grown.append([_iou((ndi.binary_dilation if k > 0 else ndi.binary_erosion)(mask, disk(abs(k))), truth)
+                          for k in GROW])
+            area_ratio.append(mask.sum() / max(1, truth.sum()))
             c_iou, c_area = np.zeros((len(scales), 4)), np.zeros((len(scales), 4))
             for j, zoom in enumerate([True, False][:len(scales)]):
                 view = engine.route(image, prompt, zoom=zoom)
@@ -141,6 +147,8 @@ def main(argv=None) -> int:
         print(f"  {scale:10s} " + "  ".join(f"{n} {cand[:, j, c].mean():.3f}" for c, n in enumerate(names)))
     print(f"  oracle (best of {len(scales) * 4} candidates per object): {cand.reshape(len(cand), -1).max(1).mean():.3f}")
     print("  engine's mask at logit threshold " + "  ".join(f"{t:+g}: {v:.3f}" for t, v in zip(THRESHOLDS, chosen.mean(0))))
+    print("  engine's mask grown by " + "  ".join(f"{k:+d} px: {v:.3f}" for k, v in zip(GROW, np.mean(grown, 0)))
+          + f"; its area / the object's, median {np.median(area_ratio):.2f}")
     print(f"  objects under IoU 0.5 / 0.7: {np.mean(chosen[:, 2] < 0.5):.2f} / {np.mean(chosen[:, 2] < 0.7):.2f}")
     flat, flat_area = cand.reshape(len(cand), -1), areas.reshape(len(cand), -1)
     committed, own = size_prior(flat, flat_area, np.array(truth_area), np.array(field))

@@ -15,13 +15,16 @@
 # orientations of each picture; $VIEWS_PER_STEP (default 4); $DEVICE and $PRECISION as in train-sam.
 # Time-bound (embedding excluded): the weights depend on the machine's speed. Last, which candidate
 # a first click keeps is measured on the training objects (scripts/calibrate_iou_head.py
-# --choose-output); train-sam runs with --choose-output 0 for that reason.
+# --choose-output); train-sam runs with --choose-output 0 for that reason. Then whether its
+# candidates are blended (--choose-blend) and the logit its mask is cut at (--choose-threshold).
 #
 # The shipped file: stage 1 on 2026-11-28 (AMD EPYC, avx2 only, fp32: 460 steps in 5,100 s),
 # stage 2 on 2026-11-29 (AMD EPYC Zen 4, avx512_bf16: 403 steps in 2,716 s, best held-back score
 # at step 380), the IoU head's choice kept. Validation (benchmarks/clicks.py, card for the command),
 # stage 1 -> this file: scratch_assay t07-t09 cells 1 click 0.527 -> 0.561, box 0.673 -> 0.709;
-# BBBC039 val 1 click 0.903 -> 0.909; dsb2018/ 0.753 -> 0.778. Then: update CELLS_NUCLEI_SAM_SHA256
+# BBBC039 val 1 click 0.903 -> 0.909; dsb2018/ 0.753 -> 0.778; the blend (2026-11-29) and the
+# first click cut at logit -2 (2026-11-30) since: weights/CELLS_NUCLEI_SAM_CARD.md.
+# Then: update CELLS_NUCLEI_SAM_SHA256
 # and the size in napari_gpuseg/models/registry.py and the numbers in weights/CELLS_NUCLEI_SAM_CARD.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,4 +68,5 @@ $CMD train-sam "${DATA_ARGS[@]}" --model "$WORK/stage1.pt" --out "$OUT" \
 
 python scripts/calibrate_iou_head.py "$OUT" "$OUT" --choose-output ${EMB_CACHE:+--cache-dir "$EMB_CACHE"}
 python scripts/calibrate_iou_head.py "$OUT" "$OUT" --choose-blend ${EMB_CACHE:+--cache-dir "$EMB_CACHE"}
+python scripts/calibrate_iou_head.py "$OUT" "$OUT" --choose-threshold ${EMB_CACHE:+--cache-dir "$EMB_CACHE"}
 sha256sum "$OUT"

@@ -50,7 +50,8 @@ import torch
 from napari_gpuseg.engine import load_engine
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.training.iou_head import first_click_samples, fit_iou_head
-from napari_gpuseg.engine.sam.training.click_choice import BLENDS, choose_click_blend, choose_click_output
+from napari_gpuseg.engine.sam.training.click_choice import (BLENDS, THRESHOLDS, choose_click_blend,
+                                                           choose_click_output, choose_click_threshold)
 from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder, save_decoder, set_decoder_fields
 
 
@@ -79,6 +80,10 @@ def main(argv=None) -> int:
     ap.add_argument("--choose-output", action="store_true",
                     help="leave the head as it is: measure which candidate a first click should keep "
                          "(click_choice.choose_click_output) and store it in OUT as click_output")
+    ap.add_argument("--choose-threshold", action="store_true",
+                    help="leave the head as it is: measure first clicks with their mask cut at logit 0 and at each "
+                         f"of {', '.join(f'{t:g}' for t in THRESHOLDS)}, and store the best in OUT as "
+                         "click_threshold (None: 0)")
     args = ap.parse_args(argv)
     env = os.environ.get("NAPARI_GPUSEG_SHARED_DATA")
     data = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -91,6 +96,8 @@ def main(argv=None) -> int:
         return choose_output(engine, data, args.decoder, args.out, t0)
     if args.choose_blend:
         return choose_blend(engine, data, args.decoder, args.out, t0, doc)
+    if args.choose_threshold:
+        return choose_threshold(engine, data, args.decoder, args.out, t0)
     feats, ious = [], []
     for image, labels, cap in training_fields(data):
         f, i = first_click_samples(engine, tifffile.imread(image), tifffile.imread(labels), cap, seed=0)
@@ -176,6 +183,34 @@ def choose_blend(engine, data: Path, decoder: str, out: str, t0: float, doc: dic
         set_decoder_fields(out, click_output=None)
     set_decoder_fields(out, click_blend=chosen, click_blend_choice={
         "blend": chosen, "objects": n, "one_click_iou": {names[r]: round(v, 4) for r, v in means.items()},
+        "data": "scratch_assay cells t00-t06 (15 per frame), bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})
+    print(f"wrote {out} in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
+    return 0
+
+
+def choose_threshold(engine, data: Path, decoder: str, out: str, t0: float) -> int:
+    """``--choose-threshold``: one click per training object with the decoder's first-click
+    rule as it is (``click_output`` / ``click_blend``) and its mask cut at logit 0 and at each
+    of :data:`~napari_gpuseg.engine.sam.training.click_choice.THRESHOLDS`
+    (:func:`~napari_gpuseg.engine.sam.training.click_choice.choose_click_threshold`); OUT is the
+    decoder with the chosen logit stored as ``click_threshold`` (None: 0) and what was measured
+    as ``click_threshold_choice``. Run after ``--choose-output`` and ``--choose-blend``."""
+    fields = training_fields(data)
+    chosen, means, per_rule = choose_click_threshold(engine, [(tifffile.imread(i), tifffile.imread(m), cap)
+                                                              for i, m, cap in fields])
+    names = {r: f"logit {r:+g}" for r in means}
+    print("| training objects | n | " + " | ".join(names.values()) + " |")
+    print("| --- | ---: |" + " ---: |" * len(means))
+    for kind in dict.fromkeys(i.parent.parent.name for i, _m, _c in fields):
+        idx = [k for k, (i, _m, _c) in enumerate(fields) if i.parent.parent.name == kind]
+        cat = {r: np.concatenate([per_rule[r][k] for k in idx]) for r in means}
+        print(f"| {kind} | {len(cat[0.0])} | " + " | ".join(f"{v.mean():.3f}" for v in cat.values()) + " |")
+    n = len(np.concatenate(per_rule[0.0]))
+    print(f"| all | {n} | " + " | ".join(f"{v:.3f}" for v in means.values()) + " |")
+    print(f"click_threshold: {chosen} (None: logit 0)")
+    _copy(decoder, out)
+    set_decoder_fields(out, click_threshold=chosen, click_threshold_choice={
+        "threshold": chosen, "objects": n, "one_click_iou": {names[r]: round(v, 4) for r, v in means.items()},
         "data": "scratch_assay cells t00-t06 (15 per frame), bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})
     print(f"wrote {out} in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
     return 0

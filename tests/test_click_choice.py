@@ -5,12 +5,14 @@ import shutil
 import numpy as np
 import pytest
 import tifffile
+import torch
 
 from napari_gpuseg.engine import AnnotationSession, load_engine
 from napari_gpuseg.engine.annotate.session_clicks import session_click_ious
 from napari_gpuseg.engine.sam.interactive.cache import EmbeddingCache
 from napari_gpuseg.engine.sam.interactive.prompt_types import Prompt
-from napari_gpuseg.engine.sam.training.click_choice import choose_click_output, output_to_train
+from napari_gpuseg.engine.sam.training.click_choice import (THRESHOLDS, choose_click_output, choose_click_threshold,
+                                                           output_to_train)
 from napari_gpuseg.models import registry
 from napari_gpuseg.models.sam.decoder_checkpoint import read_decoder, set_decoder_fields
 from napari_gpuseg.models.state_dict_loading import CheckpointError
@@ -51,6 +53,57 @@ def test_the_engine_keeps_the_candidate_the_decoder_file_names(cache, tmp_path):
     with pytest.raises(CheckpointError, match="'click_output' must be None or a candidate index"):
         set_decoder_fields(path, click_output=7)
     assert read_decoder(path)["click_output"] == 2
+
+
+def test_a_first_click_is_cut_at_the_logit_the_decoder_file_names(cache, tmp_path):
+    """``click_threshold`` moves a first click's outline (its logits shifted, so the mask
+    shown is the mask input a corrective click refines); boxes and corrective clicks are cut
+    at 0 as before."""
+    path = tmp_path / "decoder.pt"
+    shutil.copyfile(SHIPPED, path)
+    image = np.zeros((96, 96), np.float32)
+    image[30:60, 35:70] = 1.0
+    image[40:50, 45:60] = 0.6
+    click = Prompt(points=np.array([[50.0, 45.0]]), labels=np.array([1]))
+    box = Prompt(box=np.array([35.0, 30.0, 69.0, 59.0]))
+    got = {}
+    for thr in (None, -4.0, 4.0):
+        set_decoder_fields(path, click_threshold=thr)
+        engine = load_engine(str(path), cache=cache)
+        assert engine.click_threshold == (thr or 0.0)
+        first = engine.predict(image, [click], multimask=True)[0]
+        again = Prompt(points=np.array([[50.0, 45.0], [20.0, 20.0]]), labels=np.array([1, 0]), mask_input=first)
+        got[thr] = first, engine.predict(image, [box])[0], engine.predict(image, [again])[0]
+    (zero, box0, _), (low, box_low, _), (high, box_high, _) = got[None], got[-4.0], got[4.0]
+    torch.testing.assert_close(low.low_res, zero.low_res + 4.0)  # the same logits, shifted
+    torch.testing.assert_close(high.low_res, zero.low_res - 4.0)
+    assert (low.mask >= zero.mask).all() and (zero.mask >= high.mask).all()
+    assert low.mask.sum() > zero.mask.sum() > high.mask.sum()
+    assert low.score == zero.score == high.score
+    assert np.array_equal(box0.mask, box_low.mask) and np.array_equal(box0.mask, box_high.mask)
+    with pytest.raises(CheckpointError, match="'click_threshold' must be None or a logit"):
+        set_decoder_fields(path, click_threshold=-20.0)
+
+
+@pytest.mark.usefixtures("reuse_embeddings")
+@pytest.mark.slow
+def test_the_shipped_decoder_cuts_first_clicks_as_measured_and_the_session_clicks_what_was_measured(cache, cells):
+    """The shipped file names the logit measured on its 291 training objects (kept only where it
+    beat 0 by more than 0.005); measuring on whole cells leaves the engine as it was, and the
+    annotator's path gives the masks measured at that logit."""
+    doc = read_decoder(SHIPPED)
+    stored = doc["click_threshold_choice"]
+    assert stored["objects"] == 291 and stored["threshold"] == doc["click_threshold"] == -2.0
+    ious = stored["one_click_iou"]
+    assert ious["logit -2"] == max(ious.values()) > ious["logit +0"] + 0.005
+    engine = load_engine(cache=cache)
+    img, lab = cells
+    chosen, means, per_rule = choose_click_threshold(engine, [(img, lab, 10)])
+    assert engine.click_threshold == -2.0 and set(means) == {0.0, *THRESHOLDS}  # left as it was
+    assert all(len(np.concatenate(v)) == 10 for v in per_rule.values())
+    through = session_click_ious(AnnotationSession(engine, cache=cache), img, lab, clicks=1, max_objects=10, box=False)
+    assert through["clicks"][:, 0].mean() == pytest.approx(means[-2.0], abs=1e-6)
+    assert means[-2.0] > means[0.0]  # whole cells: the outline drawn lower is the closer one
 
 
 @pytest.mark.usefixtures("reuse_embeddings")

@@ -248,7 +248,7 @@ def test_the_default_model_blends_a_first_clicks_candidates(shared_data):
 
     require_lite_medsam()
     engine = load_engine(cache=EmbeddingCache())
-    assert engine.click_blend == 10.0 and engine.click_output is None
+    assert engine.click_blend == 10.0 and engine.click_output is None and engine.click_threshold == -2.0
     d = shared_data / "scratch_assay" / "cells"
     img = tifffile.imread(d / "images" / "t03.tif")[:, :256]
     prepared = engine.prepare(img)

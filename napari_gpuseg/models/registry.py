@@ -68,7 +68,7 @@ class ModelSpec:
         return (58.395, 57.12, 57.375) if self.normalization == "sam" else (1.0, 1.0, 1.0)
 
 
-CELLS_NUCLEI_SAM_SHA256 = "09bbea8de5561768c5df74bf9f22b5dbf0a934305b69263e56e07c3385942fa0"  # weights/cells_nuclei_sam_decoder.pt (card: CELLS_NUCLEI_SAM_CARD.md)
+CELLS_NUCLEI_SAM_SHA256 = "4e595091933a8791fa8ffff658cc518921a598a218a13770d490dd10826a2732"  # weights/cells_nuclei_sam_decoder.pt (card: CELLS_NUCLEI_SAM_CARD.md)
 NUCLEI_SAM_SHA256 = "fc51a2a549e17eab49925aaa0766034909014dafe737625715760865a3ece9b4"  # weights/nuclei_sam_decoder.pt (card: NUCLEI_SAM_CARD.md)
 _SAM_SRC = "https://github.com/facebookresearch/segment-anything"
 _SAM_URL = "https://dl.fbaipublicfiles.com/segment_anything/"
@@ -84,7 +84,7 @@ MODELS: Dict[str, ModelSpec] = {
         ),
         ModelSpec(
             "cells_nuclei_sam", "lite_medsam", 256, "minmax", "cells_nuclei_sam_decoder.pt", None,
-            CELLS_NUCLEI_SAM_SHA256, 14509461, "Apache-2.0",
+            CELLS_NUCLEI_SAM_SHA256, 14509845, "Apache-2.0",
             "shipped with napari-gpuseg (weights/CELLS_NUCLEI_SAM_CARD.md); encoder: LiteMedSAM",
             "LiteMedSAM with a decoder tuned on whole cells and nuclei: clicks and boxes (default)",
             base="lite_medsam",

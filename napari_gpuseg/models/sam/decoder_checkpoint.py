@@ -35,6 +35,7 @@ ENCODER = "image_encoder"  # the prefix of tuned image-encoder tensors a checkpo
 ARCHS = ("vit_b", "vit_l", "vit_h", "vit_t", "lite_medsam")  # as models.sam.build.ARCHS
 CLICK_ZOOM = (1.0, 4.0)  # the click scales a decoder may be trained at (finetune's limits)
 CANDIDATES = 4  # a tuned decoder's first-click candidates: its single-mask output, then SAM's three
+CLICK_THRESHOLD = (-8.0, 8.0)  # the logits a first click's mask may be cut at (0: SAM's own)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -136,7 +137,8 @@ def check_decoder(doc: Mapping, source=None) -> dict:
     non-empty string, ``base_sha256`` None or 64 hex digits, ``arch`` empty or a known
     architecture, ``image_size`` a positive integer (0 or None: unknown), ``click_zoom`` a number
     in :data:`CLICK_ZOOM`, ``click_output`` None or a candidate index (0 the single-mask
-    output, 1-3 SAM's three), ``click_blend`` None or a number in (0, 100], ``state`` a
+    output, 1-3 SAM's three), ``click_blend`` None or a number in (0, 100], ``click_threshold``
+    None or a logit in :data:`CLICK_THRESHOLD`, ``state`` a
     non-empty mapping of names to tensors, all of them finite. Else :class:`CheckpointError`
     naming the file and the field. ``source``: the file, for the message."""
     if not is_decoder_checkpoint(doc):
@@ -167,6 +169,11 @@ def check_decoder(doc: Mapping, source=None) -> dict:
     if blend is not None and (isinstance(blend, bool) or not isinstance(blend, (int, float))
                               or not math.isfinite(blend) or not 0 < blend <= 100):
         raise _bad(source, f"'click_blend' must be None or a number above 0 and at most 100, got {blend!r:.80}")
+    thr = doc.get("click_threshold")
+    lo, hi = CLICK_THRESHOLD
+    if thr is not None and (isinstance(thr, bool) or not isinstance(thr, (int, float))
+                            or not math.isfinite(thr) or not lo <= thr <= hi):
+        raise _bad(source, f"'click_threshold' must be None or a logit from {lo:g} to {hi:g}, got {thr!r:.80}")
     state = doc.get("state")
     if not isinstance(state, Mapping) or not state:
         raise _bad(source, f"'state' must map parameter names to tensors, got {type(state).__name__}")
@@ -253,5 +260,6 @@ def apply_decoder(sam: nn.Module, doc: Mapping, source: str | os.PathLike | None
     sam.click_zoom = float(doc.get("click_zoom", 1.0))  # the scale its clicks were trained at
     sam.click_output = doc.get("click_output")  # the candidate a first click keeps (None: the head's)
     sam.click_blend = doc.get("click_blend")  # None, or the temperature its candidates are blended with
+    sam.click_threshold = doc.get("click_threshold")  # None (0), or the logit a first click's mask is cut at
     sam.decoder_base = doc.get("base")
     return sam

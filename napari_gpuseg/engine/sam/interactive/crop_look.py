@@ -88,6 +88,7 @@ def crop_look(engine, image, prompt: Prompt, multimask: bool = False) -> MaskRes
                                       engine.candidates if multimask else "single", side=side)
     chosen, scores = keep_best(low_res.float(), iou.float(), multimask, engine.click_output,
                                engine.blend_for(multimask))
+    chosen = engine.first_click_logits(chosen, multimask)
     mask = render_masks(chosen, view, engine.MASK_RENDER_BYTES)[0]
     return MaskResult(mask, view.y0, view.x0, float(scores[0]), None, view,
                       iou.float().cpu().numpy()[0])

@@ -72,6 +72,10 @@ class SamEngine(ViewSets):
         # weighted by softmax(click_blend x predicted IoU) (keep_best, blend_views), where the
         # decoder file names the temperature, measured on training objects (None: the best one)
         self.click_blend: float | None = getattr(sam, "click_blend", None)
+        # the logit a first click's mask is cut at (SAM's 0 unless the decoder names one,
+        # measured on training objects: a decoder whose first masks come out smaller than the
+        # objects it learned draws them at a lower level, see click_choice.choose_click_threshold)
+        self.click_threshold: float = float(getattr(sam, "click_threshold", None) or 0.0)
         self.last_batch_size: int | None = None
         self._extra_views: dict[str, list[View]] = {}  # ad-hoc views made per image digest
         # per embedding: the decoder's work that depends on the image alone (see fast_decoder)
@@ -383,11 +387,18 @@ class SamEngine(ViewSets):
             if reuse is not None and self._reused is not None:
                 self._reused[reuse] = (low_res, iou)
         chosen, scores = keep_best(low_res, iou, multimask, self.click_output, self.blend_for(multimask))
+        chosen = self.first_click_logits(chosen, multimask and prompts[0].mask_input is None)
         full_np = render_masks(chosen, view, self.MASK_RENDER_BYTES)
         scores_np = scores.cpu().numpy()
         all_scores = iou.cpu().numpy()
         return [MaskResult(full_np[i], view.y0, view.x0, float(scores_np[i]), chosen[i].detach(),
                            view, all_scores[i]) for i in range(len(prompts))]
+
+    def first_click_logits(self, logits: torch.Tensor, first_click: bool) -> torch.Tensor:
+        """A first click's kept logits (a multimask prompt without a mask input) shifted so
+        that its mask, cut at 0, is the logits above :attr:`click_threshold`; the shifted
+        logits are also what a corrective click refines (the mask shown is its mask input)."""
+        return logits - self.click_threshold if first_click and self.click_threshold else logits
 
     def blend_for(self, multimask: bool) -> float | None:
         """The temperature a multimask prompt's candidates are blended with (None: keep one)."""

@@ -203,8 +203,9 @@ def finetune_sam(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], mod
         sam.encoder_id = f"{base_identity(engine)[0]}+{encoder_digest(tuned)}"
         engine.info = dataclasses.replace(engine.info, encoder=sam.encoder_id)
     # a base decoder's measured first-click candidate (click_choice) says nothing about the
-    # retrained one: the IoU head's choice until it is measured again
+    # retrained one: the IoU head's choice (and logit 0) until it is measured again
     sam.click_output = engine.click_output = None
+    sam.click_threshold, engine.click_threshold = None, 0.0
     seconds = time.perf_counter() - t0
     path = None
     if out_path is not None and stopped != "cancelled":
