@@ -165,14 +165,7 @@ def choose_blend(engine, data: Path, decoder: str, out: str, t0: float, doc: dic
     chosen, means, per_rule = choose_click_blend(engine, [(tifffile.imread(i), tifffile.imread(m), cap)
                                                           for i, m, cap in fields])
     names = {r: "one kept" if r is None else f"blend {r:g}" for r in means}
-    print("| training objects | n | " + " | ".join(names.values()) + " |")
-    print("| --- | ---: |" + " ---: |" * len(means))
-    for kind in dict.fromkeys(i.parent.parent.name for i, _m, _c in fields):
-        idx = [k for k, (i, _m, _c) in enumerate(fields) if i.parent.parent.name == kind]
-        cat = {r: np.concatenate([per_rule[r][k] for k in idx]) for r in means}
-        print(f"| {kind} | {len(cat[None])} | " + " | ".join(f"{v.mean():.3f}" for v in cat.values()) + " |")
-    n = len(np.concatenate(per_rule[None]))
-    print(f"| all | {n} | " + " | ".join(f"{v:.3f}" for v in means.values()) + " |")
+    n = _print_rules(fields, names, means, per_rule)
     if kept is not None:
         print(f"| candidate {kept} kept (--choose-output) | {n} | {kept_iou:.3f} |")
         if chosen is not None and means[chosen] <= kept_iou:
@@ -199,14 +192,7 @@ def choose_threshold(engine, data: Path, decoder: str, out: str, t0: float) -> i
     chosen, means, per_rule = choose_click_threshold(engine, [(tifffile.imread(i), tifffile.imread(m), cap)
                                                               for i, m, cap in fields])
     names = {r: f"logit {r:+g}" for r in means}
-    print("| training objects | n | " + " | ".join(names.values()) + " |")
-    print("| --- | ---: |" + " ---: |" * len(means))
-    for kind in dict.fromkeys(i.parent.parent.name for i, _m, _c in fields):
-        idx = [k for k, (i, _m, _c) in enumerate(fields) if i.parent.parent.name == kind]
-        cat = {r: np.concatenate([per_rule[r][k] for k in idx]) for r in means}
-        print(f"| {kind} | {len(cat[0.0])} | " + " | ".join(f"{v.mean():.3f}" for v in cat.values()) + " |")
-    n = len(np.concatenate(per_rule[0.0]))
-    print(f"| all | {n} | " + " | ".join(f"{v:.3f}" for v in means.values()) + " |")
+    n = _print_rules(fields, names, means, per_rule)
     print(f"click_threshold: {chosen} (None: logit 0)")
     _copy(decoder, out)
     set_decoder_fields(out, click_threshold=chosen, click_threshold_choice={
@@ -214,6 +200,21 @@ def choose_threshold(engine, data: Path, decoder: str, out: str, t0: float) -> i
         "data": "scratch_assay cells t00-t06 (15 per frame), bbbc039 first 16 (6 per field), dsb2018_more (3 per field)"})
     print(f"wrote {out} in {time.perf_counter() - t0:.0f} s (torch {torch.__version__})")
     return 0
+
+
+def _print_rules(fields, names: dict, means: dict, per_rule: dict) -> int:
+    """A table of one-click IoU per rule (``names``: each rule's column), one row per kind of
+    training object and one for all; returns the number of objects."""
+    print("| training objects | n | " + " | ".join(names.values()) + " |")
+    print("| --- | ---: |" + " ---: |" * len(means))
+    first = next(iter(means))
+    for kind in dict.fromkeys(i.parent.parent.name for i, _m, _c in fields):
+        idx = [k for k, (i, _m, _c) in enumerate(fields) if i.parent.parent.name == kind]
+        cat = {r: np.concatenate([per_rule[r][k] for k in idx]) for r in means}
+        print(f"| {kind} | {len(cat[first])} | " + " | ".join(f"{v.mean():.3f}" for v in cat.values()) + " |")
+    n = len(np.concatenate(per_rule[first]))
+    print(f"| all | {n} | " + " | ".join(f"{v:.3f}" for v in means.values()) + " |")
+    return n
 
 
 def _copy(decoder: str, out: str) -> None:

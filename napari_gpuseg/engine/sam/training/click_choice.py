@@ -98,21 +98,30 @@ def choose_click_blend(engine, fields: Iterable[tuple], blends=BLENDS, margin: f
     as it was."""
     if engine.click_output is not None:
         raise ValueError("a blend applies to the IoU head's choice only (click_output is set)")
-    fields = list(fields)
-    per_rule: dict = {}
-    before = engine.click_blend
-    try:
-        with engine.reuse_decodes():  # the decoder's outputs do not depend on the blend: decoded once
-            for blend in (None, *blends):
-                engine.click_blend = blend
-                per_rule[blend] = [click_ious(engine, im, lab, clicks=1, max_objects=cap, box=False,
-                                              cancel=cancel)["clicks"][:, 0] for im, lab, cap in fields]
-    finally:
-        engine.click_blend = before
-    means = {r: float(np.concatenate(v).mean()) if any(len(x) for x in v) else float("nan")
-             for r, v in per_rule.items()}
+    means, per_rule = _first_clicks_by_setting(engine, fields, "click_blend", (None, *blends), cancel)
     best = max(blends, key=lambda b: means[b])
     return (best if means[best] > means[None] + margin else None), means, per_rule
+
+
+def _first_clicks_by_setting(engine, fields: Iterable[tuple], name: str, values, cancel=None) -> tuple[dict, dict]:
+    """One click per object of each ``(image, labels, max_objects)`` in ``fields`` with the
+    engine's attribute ``name`` set to each of ``values`` in turn (a setting that changes what
+    is made of the decoder's outputs, not the outputs: each click is decoded once). Returns
+    (mean IoU per value; per value, each field's IoUs); the attribute is left as it was."""
+    fields = list(fields)
+    per_rule: dict = {}
+    before = getattr(engine, name)
+    try:
+        with engine.reuse_decodes():
+            for value in values:
+                setattr(engine, name, value)
+                per_rule[value] = [click_ious(engine, im, lab, clicks=1, max_objects=cap, box=False,
+                                              cancel=cancel)["clicks"][:, 0] for im, lab, cap in fields]
+    finally:
+        setattr(engine, name, before)
+    means = {r: float(np.concatenate(v).mean()) if any(len(x) for x in v) else float("nan")
+             for r, v in per_rule.items()}
+    return means, per_rule
 
 
 THRESHOLDS = (-3.0, -2.0, -1.0, 1.0)
@@ -127,19 +136,7 @@ def choose_click_threshold(engine, fields: Iterable[tuple], thresholds=THRESHOLD
     (``click_output`` / ``click_blend``). Returns (the threshold whose mean IoU beats 0 by
     more than ``margin``, the best of those, else None; mean IoU per threshold; per
     threshold, each field's IoUs). The engine's ``click_threshold`` is left as it was."""
-    fields = list(fields)
-    per_rule: dict = {}
-    before = engine.click_threshold
-    try:
-        with engine.reuse_decodes():  # the decoder's outputs do not depend on the threshold
-            for thr in (0.0, *thresholds):
-                engine.click_threshold = thr
-                per_rule[thr] = [click_ious(engine, im, lab, clicks=1, max_objects=cap, box=False,
-                                            cancel=cancel)["clicks"][:, 0] for im, lab, cap in fields]
-    finally:
-        engine.click_threshold = before
-    means = {r: float(np.concatenate(v).mean()) if any(len(x) for x in v) else float("nan")
-             for r, v in per_rule.items()}
+    means, per_rule = _first_clicks_by_setting(engine, fields, "click_threshold", (0.0, *thresholds), cancel)
     best = max(thresholds, key=lambda t: means[t])
     return (best if means[best] > means[0.0] + margin else None), means, per_rule
 
