@@ -302,7 +302,8 @@ class SamEngine(ViewSets):
         highest predicted IoU, or candidate :attr:`click_output` when the decoder names one,
         or, when it names :attr:`click_blend`, blends them by predicted IoU, a first click's
         two views joined (``decode_call.blend_views``; ``all_scores`` keeps every candidate's
-        score). ``near_box=True``: the mask
+        score); that first mask is cut at :attr:`click_threshold` (:meth:`first_click_logits`).
+        ``near_box=True``: the mask
         of a prompt with a box (and no mask input) is computed near its box only, the box
         grown by half its size per side (``fast_decoder.mask_region``, as box mode does);
         a mask reaching further is cut there. The same numbers inside; the decoder's mask
