@@ -4,7 +4,7 @@
 
 What the annotator's worker does on a GPU, without a window: a 520x696 BBBC039 validation
 field (the last 8 fields; never trained on) is prepared and every view a prompt may need is
-embedded (12 grid tiles + 24 finer click tiles for ``nuclei_sam``), then boxes and clicks are
+embedded (12 grid tiles + 24 finer click tiles for the default), then boxes and clicks are
 decoded one prompt per call, as a user's edits arrive. Sections:
 
 1. the device and the policy the engine picks (precision and why), one NVML reading;
@@ -42,6 +42,7 @@ from _machine import cpu_flags, cpu_name  # noqa: E402
 from _timing import timed  # noqa: E402
 from napari_gpuseg.engine import load_engine  # noqa: E402
 from napari_gpuseg.engine.runtime import memory  # noqa: E402
+from napari_gpuseg.models.registry import DEFAULT_MODEL  # noqa: E402
 from napari_gpuseg.engine.runtime.batching import BatchRunner  # noqa: E402
 from napari_gpuseg.engine.runtime.device import Policy, device_name, make_policy, synchronize  # noqa: E402
 from napari_gpuseg.engine.sam.training.click_eval import click_ious, interior_point, tight_box  # noqa: E402
@@ -248,7 +249,7 @@ def first_mask_pairs(args) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--model", default="nuclei_sam")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help=f"registry name or file (default {DEFAULT_MODEL})")
     ap.add_argument("--precision", default="auto", help="the engine's precision (auto: the policy's)")
     ap.add_argument("--fields", type=int, default=3, help="validation fields for the latency section")
     ap.add_argument("--objects", type=int, default=20, help="objects per field")
