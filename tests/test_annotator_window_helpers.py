@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from napari_gpuseg.widgets._annotation_layers import paint_preview
+from napari_gpuseg.widgets._annotation_layers import PAINTED, paint_preview
 
 
 def _disk(shape, cy, cx, r):
@@ -66,6 +66,25 @@ def test_a_stack_plane_is_painted_and_the_other_planes_are_cleared(make_napari_v
     assert not preview.data.any()
     paint_preview(preview, (2,), np.ones((5, 5), bool))  # a mask of another shape (stale): ignored
     assert not preview.data.any()
+
+
+def test_moving_through_a_stack_clears_only_the_plane_painted_before(make_napari_viewer):
+    viewer = make_napari_viewer()
+    shape = (6, 64, 80)
+    preview = viewer.add_labels(np.zeros(shape, np.uint8), name="SAM preview")
+    preview.data[4, :3, :3] = 1  # on a plane the preview never painted (made before it kept a record)
+    paint_preview(preview, (1,), _disk(shape[1:], 30, 30, 5))
+    assert not preview.data[4].any()  # no record yet: every other plane cleared once
+    assert preview.metadata[PAINTED] == (1,)
+    preview.data[5, :3, :3] = 7  # not the preview's: planes it did not paint are not read again
+    mask = _disk(shape[1:], 20, 40, 6)
+    paint_preview(preview, (3,), mask)
+    assert not preview.data[1].any()
+    np.testing.assert_array_equal(preview.data[3], mask)
+    assert preview.metadata[PAINTED] == (3,) and preview.data[5, 0, 0] == 7
+    preview.metadata[PAINTED] = (9,)  # a record that does not fit the layer (its data replaced)
+    paint_preview(preview, (0,), None)
+    assert not preview.data.any() and preview.metadata[PAINTED] == (0,)
 
 
 def test_a_plane_index_the_layer_does_not_have_paints_the_layer_whole(make_napari_viewer):

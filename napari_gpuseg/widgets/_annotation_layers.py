@@ -89,6 +89,7 @@ def ensure_layers(viewer, image) -> AnnotationLayers:
         np.zeros(shape, np.uint8), name=PREVIEW, opacity=0.6, **place))
     if preview.data.shape != shape:
         preview.data = np.zeros(shape, np.uint8)
+        preview.metadata.pop(PAINTED, None)
     for layer in (pos, neg, boxes, preview):
         _put(layer, place)
     lay = AnnotationLayers(pos, neg, boxes, labels, preview)
@@ -194,14 +195,26 @@ def paint_preview(preview: Layer, index: tuple, mask: np.ndarray | None) -> None
     edited on a 520x696 field changes an object's worth of pixels: show + repaint 41 -> 35 ms
     median on a 2-core AVX2-only EPYC (``benchmarks/first_mask.py --preview-paint alternate``).
     napari keeps each change in the layer's undo history (its last 100, the changed pixels
-    only); the session's undo is the one for commits."""
+    only); the session's undo is the one for commits.
+
+    On a stack, the plane last painted is kept in the layer's metadata (:data:`PAINTED`), so
+    only that plane is cleared when the user moves to another: the other planes are not read
+    again on every edit (a layer without the record, or with a record that does not fit its
+    shape, has all its other planes cleared once)."""
     data = preview.data
     if len(index) != data.ndim - 2:  # the layer holds another image's shape (a switch under way)
         index = ()
     plane = data[index] if index else data
     if mask is not None and mask.shape != plane.shape:
         return
-    _clear_other_planes(data, index)
+    if index:
+        painted = preview.metadata.get(PAINTED)
+        if _fits(painted, data.shape, len(index)):
+            if painted != index:
+                data[painted] = 0  # not on screen: napari reads it again when it is shown
+        else:
+            _clear_other_planes(data, index)
+        preview.metadata[PAINTED] = index
     changed = plane != (mask if mask is not None else 0)
     if not changed.any():
         return
@@ -209,6 +222,16 @@ def paint_preview(preview: Layer, index: tuple, mask: np.ndarray | None) -> None
     value = mask[where].astype(data.dtype) if mask is not None else data.dtype.type(0)
     at = tuple(np.full(where[0].size, i) for i in index) + where
     preview.data_setitem(at, value)
+
+
+PAINTED = "napari-gpuseg painted plane"
+"""The preview layer's metadata key for the stack plane :func:`paint_preview` last painted
+(the only plane besides the one on screen that may hold a preview)."""
+
+
+def _fits(painted, shape: tuple, n: int) -> bool:
+    return (isinstance(painted, tuple) and len(painted) == n
+            and all(isinstance(i, (int, np.integer)) and 0 <= i < s for i, s in zip(painted, shape)))
 
 
 def _clear_other_planes(data: np.ndarray, index: tuple) -> None:
