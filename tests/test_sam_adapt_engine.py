@@ -168,3 +168,28 @@ def test_a_cancel_while_the_first_click_choice_is_measured_keeps_nothing(cells, 
                            config=cfg, cancel=token)
     assert res.path is None and res.stopped == "cancelled"
     assert adapted_models(tmp_path) == [] and not list(tmp_path.glob("*.pt"))
+
+
+def test_info_lists_the_users_adapted_decoders_with_their_image_and_file(tmp_path, monkeypatch, capsys):
+    """``napari-gpuseg info`` names each adapted decoder (newest first), the image it came from
+    and the file to pass as ``--model``; one whose file is gone is not listed."""
+    from napari_gpuseg.cli.main import main
+    from napari_gpuseg.engine.sam.training.adapt import _record
+
+    monkeypatch.setenv("NAPARI_GPUSEG_CACHE", str(tmp_path / "cache"))
+    assert main(["info", "--device", "cpu"]) == 0
+    assert f"adapted:   none yet (kept in {tmp_path / 'cache' / 'adapted_sam'})" in capsys.readouterr().out
+    d = adapted_dir()
+    d.mkdir(parents=True)
+    for name, created, keep in (("t06_adapted", "2026-11-30T10:00:00", True), ("gone_adapted", "2026-11-30T11:00:00", False),
+                                ("t06_adapted_2", "2026-11-30T12:30:00", True)):
+        path = d / f"{name}.pt"
+        if keep:
+            path.write_bytes(b"decoder")
+        _record(d, {"name": name, "path": str(path), "image": "/data/t06.tif", "base": "nuclei_sam",
+                    "objects": 15, "created": created})
+    assert main(["info", "--device", "cpu"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("adapted:")]
+    assert lines == [
+        f"adapted:   t06_adapted_2 (from /data/t06.tif, 15 objects, on nuclei_sam, 2026-11-30 12:30): {d / 't06_adapted_2.pt'}",
+        f"adapted:   t06_adapted (from /data/t06.tif, 15 objects, on nuclei_sam, 2026-11-30 10:00): {d / 't06_adapted.pt'}"]

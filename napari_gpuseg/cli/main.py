@@ -4,7 +4,7 @@
     napari-gpuseg batch IN OUT ...       segment a folder (see ``napari-gpuseg batch -h``)
     napari-gpuseg train ...              train a U-Net (see ``napari-gpuseg train -h``)
     napari-gpuseg train-sam ...          fine-tune a SAM decoder (``napari-gpuseg train-sam -h``)
-    napari-gpuseg info                   device, precision, memory, models
+    napari-gpuseg info                   device, precision, memory, models (adapted ones too)
 """
 from __future__ import annotations
 
@@ -44,7 +44,26 @@ def _info(args) -> int:
             print(f"model:     {name}")
     except ImportError:
         pass
+    _print_adapted()
     return 0
+
+
+def _print_adapted() -> None:
+    """The user's adapted decoders (Adapt SAM, the annotator's *Adapt to these objects*),
+    newest first, each with the image it came from and the file to pass as ``--model``."""
+    from ..engine.sam.training.adapt import adapted_dir, adapted_models
+
+    entries = adapted_models()
+    if not entries:
+        print(f"adapted:   none yet (kept in {adapted_dir()})")
+        return
+    for e in entries:
+        image = e.get("image") or "an image"
+        objects = e.get("objects")
+        made = str(e.get("created", ""))[:16].replace("T", " ")
+        what = ", ".join(x for x in (f"from {image}", f"{objects} objects" if objects else "",
+                                     f"on {e.get('base')}" if e.get("base") else "", made) if x)
+        print(f"adapted:   {e.get('name')} ({what}): {e['path']}")
 
 
 def _missing(paths: list[str]) -> list[str]:
