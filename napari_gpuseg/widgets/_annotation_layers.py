@@ -208,6 +208,7 @@ def paint_preview(preview: Layer, index: tuple, mask: np.ndarray | None) -> None
     if mask is not None and mask.shape != plane.shape:
         return
     if index:
+        index = tuple(int(i) for i in index)
         painted = preview.metadata.get(PAINTED)
         if _fits(painted, data.shape, len(index)):
             if painted != index:
