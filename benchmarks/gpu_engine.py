@@ -42,12 +42,12 @@ from _machine import cpu_flags, cpu_name  # noqa: E402
 from _timing import timed  # noqa: E402
 from napari_gpuseg.engine import load_engine  # noqa: E402
 from napari_gpuseg.engine.runtime import memory  # noqa: E402
-from napari_gpuseg.models.registry import DEFAULT_MODEL  # noqa: E402
 from napari_gpuseg.engine.runtime.batching import BatchRunner  # noqa: E402
 from napari_gpuseg.engine.runtime.device import Policy, device_name, make_policy, synchronize  # noqa: E402
 from napari_gpuseg.engine.sam.training.click_eval import click_ious, interior_point, tight_box  # noqa: E402
 from napari_gpuseg.engine.sam.interactive.inputs import view_input  # noqa: E402
 from napari_gpuseg.engine.sam.interactive.predictor import Prompt  # noqa: E402
+from napari_gpuseg.models.registry import DEFAULT_MODEL  # noqa: E402
 
 OUT: dict = {}
 

@@ -388,6 +388,7 @@ class SamEngine(ViewSets):
             if reuse is not None and self._reused is not None:
                 self._reused[reuse] = (low_res, iou)
         chosen, scores = keep_best(low_res, iou, multimask, self.click_output, self.blend_for(multimask))
+        # one call's prompts all have a mask input or none (_decode_routed groups them so)
         chosen = self.first_click_logits(chosen, multimask and prompts[0].mask_input is None)
         full_np = render_masks(chosen, view, self.MASK_RENDER_BYTES)
         scores_np = scores.cpu().numpy()
